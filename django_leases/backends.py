@@ -1,0 +1,109 @@
+"""django.tasks backend: @task functions enqueue as job rows in the caller's transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.tasks import TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+
+from . import registry
+from .conf import LeaseOptions
+from .exceptions import InvalidJobArgument, InvalidLeaseOption
+from .states import JobState
+
+_STATUS = {
+    JobState.PENDING: TaskResultStatus.READY,
+    # A claimed job whose lease ran out stays RUNNING until it is claimed again or buried.
+    JobState.CLAIMED: TaskResultStatus.RUNNING,
+    JobState.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
+    JobState.DEAD: TaskResultStatus.FAILED,
+    JobState.CANCELLED: TaskResultStatus.FAILED,
+}
+
+
+class LeaseBackend(BaseTaskBackend):
+    """Stores tasks as jobs claimed under leases by ``manage.py run_lease_worker``."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    @property
+    def lease_options(self) -> LeaseOptions:
+        return LeaseOptions.from_dict(self.options)
+
+    @property
+    def database(self) -> str:
+        return self.options.get("DATABASE", "default")
+
+    def validate_task(self, task: Any) -> None:
+        super().validate_task(task)
+        registry.declare(self.alias, task)
+
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
+        from .models import Job
+
+        self.validate_task(task)
+        options = self.lease_options
+        try:
+            job = Job.objects.using(self.database).enqueue(
+                task.module_path, args, kwargs,
+                queue_name=task.queue_name, priority=task.priority, run_after=task.run_after,
+                lease_seconds=options.lease_seconds, max_attempts=options.max_attempts,
+            )
+        except (InvalidJobArgument, InvalidLeaseOption) as e:
+            raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
+        result = self._to_result(job, task)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: Any) -> TaskResult:
+        from .models import Job
+
+        try:
+            job = Job.objects.using(self.database).get(pk=int(result_id))
+        except (ValueError, TypeError, Job.DoesNotExist):
+            raise TaskResultDoesNotExist(result_id) from None
+        task = registry.lookup(self.alias, job.task_path)
+        if task is None:
+            registry.discover()
+            task = registry.lookup(self.alias, job.task_path)
+        if task is None:
+            raise InvalidTask(
+                f"Job {job.pk} names {job.task_path!r}, which is not a task declared for "
+                f"backend {self.alias!r}.")
+        return self._to_result(job, task)
+
+    def _to_result(self, job: Any, task: Any) -> TaskResult:
+        failures = list(job.failures.all()) if job.pk and job.attempts else []
+        worker_ids = [f.worker_id for f in failures]
+        if job.attempts > len(failures) and job.claimed_by:
+            worker_ids.append(job.claimed_by)
+        result = TaskResult(
+            task=task.using(queue_name=job.queue_name, priority=job.priority),
+            id=str(job.pk),
+            status=_STATUS[JobState(job.state)],
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            last_attempted_at=job.last_attempted_at,
+            args=job.args,
+            kwargs=job.kwargs,
+            backend=self.alias,
+            errors=[TaskError(exception_class_path=f.exception_class_path or "builtins.Exception",
+                              traceback=f.traceback or f.message) for f in failures],
+            worker_ids=worker_ids,
+        )
+        if job.state == JobState.SUCCEEDED:
+            object.__setattr__(result, "_return_value", job.result)
+        return result
+
+    def check(self, **kwargs: Any) -> list[Any]:
+        from .checks import check_backend
+
+        return check_backend(self.alias, self.options)

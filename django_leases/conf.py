@@ -1,0 +1,203 @@
+"""The backend's OPTIONS, with defaults modelled on SQS, validated in one place.
+
+Settings live in ``TASKS[alias]["OPTIONS"]`` (Django's convention for task backends) and are
+read when asked for, never at import time.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS
+
+from .exceptions import InvalidLeaseOption
+
+# SQS's visibility timeout bounds: 30 s by default, 12 h at most.
+DEFAULT_LEASE_SECONDS = 30.0
+MAX_LEASE_SECONDS = 12 * 60 * 60
+MIN_LEASE_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    default: Any
+    check_id: str
+    help: str
+
+
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        Option("DATABASE", DEFAULT_DB_ALIAS, "django_leases.E010",
+               "Database alias that holds this backend's jobs."),
+        Option("LEASE_SECONDS", DEFAULT_LEASE_SECONDS, "django_leases.E001",
+               "How long a claim stays valid without renewal (1 s to 12 h)."),
+        Option("HEARTBEAT_SECONDS", None, "django_leases.E002",
+               "Renewal period; shorter than the lease. None means lease / 3."),
+        Option("MAX_ATTEMPTS", 5, "django_leases.E005",
+               "Claims a job may use (an expired lease counts) before it is dead."),
+        Option("RETENTION_DAYS", 14, "django_leases.E006",
+               "How long finished jobs are kept before pruning."),
+        Option("POLL_SECONDS", 1.0, "django_leases.E007",
+               "How often an idle worker looks for due jobs."),
+        Option("CONCURRENCY", 1, "django_leases.E008",
+               "Handlers a worker process runs at once."),
+        Option("GRACE_SECONDS", 20.0, "django_leases.E009",
+               "How long a stopping worker lets handlers finish before releasing them."),
+        Option("NOTIFY", True, "django_leases.E011",
+               "Wake idle workers with LISTEN/NOTIFY on PostgreSQL; off for PgBouncer "
+               "transaction pooling."),
+    )
+}
+UNKNOWN_OPTION_ID = "django_leases.E003"
+
+
+def _number(name: str, value: Any, *, low: float, high: float | None = None,
+            integer: bool = False) -> float:
+    kind = "a whole number" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+        integer and not isinstance(value, int)
+    ):
+        raise InvalidLeaseOption(name, f"must be {kind}, got {value!r}")
+    if value < low or (high is not None and value > high):
+        upper = f" and at most {high:g}" if high is not None else ""
+        raise InvalidLeaseOption(name, f"must be at least {low:g}{upper}, got {value!r}")
+    return value
+
+
+def validate_lease(value: Any, name: str = "LEASE_SECONDS") -> float:
+    """Return the lease in seconds, or raise InvalidLeaseOption naming ``name``."""
+    return float(_number(name, value, low=MIN_LEASE_SECONDS, high=MAX_LEASE_SECONDS))
+
+
+def validate_heartbeat(value: Any, lease: float, name: str = "HEARTBEAT_SECONDS") -> float:
+    """Return the heartbeat period; it must be positive and shorter than the lease."""
+    if value is None:
+        return lease / 3
+    period = float(_number(name, value, low=0.01))
+    if period >= lease:
+        raise InvalidLeaseOption(
+            name, f"must be shorter than the lease ({lease:g} s), got {value!r}; "
+            "a renewal that comes after the lease ran out cannot keep the claim")
+    return period
+
+
+def validate_max_attempts(value: Any, name: str = "MAX_ATTEMPTS") -> int:
+    return int(_number(name, value, low=1, high=1000, integer=True))
+
+
+@dataclass(frozen=True)
+class LeaseOptions:
+    """One backend's validated options."""
+
+    database: str
+    lease_seconds: float
+    heartbeat_seconds: float
+    max_attempts: int
+    retention_days: float
+    poll_seconds: float
+    concurrency: int
+    grace_seconds: float
+    notify: bool
+
+    @classmethod
+    def from_dict(cls, options: dict[str, Any]) -> LeaseOptions:
+        """Validate ``options``; raise InvalidLeaseOption on the first problem."""
+        problems = validate_options(options)
+        if problems:
+            raise problems[0]
+        merged = {name: options.get(name, o.default) for name, o in OPTIONS.items()}
+        lease = validate_lease(merged["LEASE_SECONDS"])
+        return cls(
+            database=merged["DATABASE"],
+            lease_seconds=lease,
+            heartbeat_seconds=validate_heartbeat(merged["HEARTBEAT_SECONDS"], lease),
+            max_attempts=merged["MAX_ATTEMPTS"],
+            retention_days=float(merged["RETENTION_DAYS"]),
+            poll_seconds=float(merged["POLL_SECONDS"]),
+            concurrency=merged["CONCURRENCY"],
+            grace_seconds=float(merged["GRACE_SECONDS"]),
+            notify=merged["NOTIFY"],
+        )
+
+
+def validate_options(options: Any) -> list[InvalidLeaseOption]:
+    """Return every problem with a backend's OPTIONS dict (empty when valid)."""
+    if not isinstance(options, dict):
+        return [InvalidLeaseOption("OPTIONS", f"must be a dict, got {options!r}")]
+    problems: list[InvalidLeaseOption] = []
+    for name in options:
+        if name not in OPTIONS:
+            close = difflib.get_close_matches(str(name), OPTIONS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(InvalidLeaseOption(
+                str(name), f"is not an option of django_leases{hint} "
+                f"Known options: {', '.join(OPTIONS)}"))
+    merged = {name: options.get(name, o.default) for name, o in OPTIONS.items()}
+    checks = [
+        ("LEASE_SECONDS", lambda v: validate_lease(v)),
+        ("MAX_ATTEMPTS", validate_max_attempts),
+        ("RETENTION_DAYS", lambda v: _number("RETENTION_DAYS", v, low=1 / 24, high=3650)),
+        ("POLL_SECONDS", lambda v: _number("POLL_SECONDS", v, low=0.001, high=3600)),
+        ("CONCURRENCY", lambda v: _number("CONCURRENCY", v, low=1, high=1000, integer=True)),
+        ("GRACE_SECONDS", lambda v: _number("GRACE_SECONDS", v, low=0, high=MAX_LEASE_SECONDS)),
+    ]
+    for name, check in checks:
+        try:
+            check(merged[name])
+        except InvalidLeaseOption as e:
+            problems.append(e)
+    try:
+        lease = validate_lease(merged["LEASE_SECONDS"])
+    except InvalidLeaseOption:
+        lease = None
+    if lease is not None:
+        try:
+            validate_heartbeat(merged["HEARTBEAT_SECONDS"], lease)
+        except InvalidLeaseOption as e:
+            problems.append(e)
+    if not isinstance(merged["NOTIFY"], bool):
+        problems.append(InvalidLeaseOption("NOTIFY", f"must be True or False, got {merged['NOTIFY']!r}"))
+    if merged["DATABASE"] not in settings.DATABASES:
+        problems.append(InvalidLeaseOption(
+            "DATABASE", f"{merged['DATABASE']!r} is not in settings.DATABASES"))
+    return problems
+
+
+def check_id_for(problem: InvalidLeaseOption) -> str:
+    option = OPTIONS.get(problem.option)
+    return option.check_id if option else UNKNOWN_OPTION_ID
+
+
+def lease_backend_aliases() -> list[str]:
+    """Aliases in settings.TASKS whose backend is django_leases' LeaseBackend."""
+    from django.utils.module_loading import import_string
+
+    from .backends import LeaseBackend
+
+    aliases = []
+    for alias, params in getattr(settings, "TASKS", {}).items():
+        try:
+            cls = import_string(params.get("BACKEND", ""))
+        except ImportError:
+            continue
+        if isinstance(cls, type) and issubclass(cls, LeaseBackend):
+            aliases.append(alias)
+    return aliases
+
+
+def get_options(alias: str | None = None) -> LeaseOptions:
+    """Validated options of the backend ``alias`` (the first lease backend by default)."""
+    tasks = getattr(settings, "TASKS", {})
+    if alias is None:
+        aliases = lease_backend_aliases()
+        alias = aliases[0] if aliases else None
+    if alias is None:
+        return LeaseOptions.from_dict({})
+    if alias not in tasks:
+        raise InvalidLeaseOption("TASKS", f"no task backend named {alias!r}")
+    return LeaseOptions.from_dict(tasks[alias].get("OPTIONS", {}))

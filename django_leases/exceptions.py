@@ -1,0 +1,29 @@
+"""Exceptions raised by django_leases."""
+
+from __future__ import annotations
+
+
+class LeasesError(Exception):
+    """Base class for django_leases errors. Do not raise directly."""
+
+
+class InvalidJobArgument(LeasesError, ValueError):
+    """An argument does not round-trip through JSON; nothing was written."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class InvalidLeaseOption(LeasesError, ValueError):
+    """A lease, heartbeat or attempt setting is out of range; names the option."""
+
+    def __init__(self, option: str, reason: str) -> None:
+        self.option = option
+        self.reason = reason
+        super().__init__(f"{option}: {reason}")
+
+
+class LeaseLost(LeasesError):
+    """The claim was lost (renewal touched no row): stop, and discard the result."""

@@ -1,0 +1,129 @@
+"""The job record, its failure history and the worker processes that hold leases.
+
+Models know nothing of workers: every transition is a JobQuerySet verb (query.py).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+from .conf import DEFAULT_LEASE_SECONDS
+from .query import JobQuerySet, WorkerQuerySet
+from .states import FailureKind, JobState
+
+
+class Job(models.Model):
+    """One call of a registered task. Lease fields are written only by JobQuerySet verbs."""
+
+    queue_name = models.CharField(_("queue"), max_length=100, default="default")
+    task_path = models.CharField(_("task"), max_length=255)
+    args = models.JSONField(_("args"), default=list, blank=True)
+    kwargs = models.JSONField(_("kwargs"), default=dict, blank=True)
+    # Higher runs first, as in django.tasks (-100..100).
+    priority = models.SmallIntegerField(_("priority"), default=0)
+    state = models.CharField(
+        _("state"), max_length=10, choices=JobState.choices, default=JobState.PENDING
+    )
+
+    available_at = models.DateTimeField(_("available at"), db_default=Now())
+    lease_seconds = models.FloatField(_("lease (s)"), default=DEFAULT_LEASE_SECONDS)
+    lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
+    claim_token = models.UUIDField(_("claim token"), null=True, blank=True)
+    # Grows by one at every claim; handed to the handler to fence writes outside the queue.
+    fence = models.BigIntegerField(_("fence"), default=0)
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    max_attempts = models.PositiveIntegerField(_("max attempts"), default=5)
+    # Claims that ended because the lease ran out, counted apart from handler failures.
+    leases_lost = models.PositiveIntegerField(_("leases lost"), default=0)
+    claimed_by = models.CharField(_("claimed by"), max_length=200, blank=True, default="")
+    heartbeat_at = models.DateTimeField(_("last heartbeat"), null=True, blank=True)
+
+    cursor = models.JSONField(_("checkpoint cursor"), null=True, blank=True)
+    result = models.JSONField(_("result"), null=True, blank=True)
+
+    enqueued_at = models.DateTimeField(_("enqueued at"), db_default=Now())
+    started_at = models.DateTimeField(_("first claimed at"), null=True, blank=True)
+    last_attempted_at = models.DateTimeField(_("last claimed at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        indexes = [
+            # The claim's two halves: due pending jobs in claim order, and expired claims.
+            models.Index(
+                fields=["queue_name", "-priority", "available_at", "id"],
+                name="leases_job_pending_idx",
+                condition=models.Q(state=JobState.PENDING),
+            ),
+            models.Index(
+                fields=["lease_expires_at"], name="leases_job_claimed_idx",
+                condition=models.Q(state=JobState.CLAIMED),
+            ),
+            models.Index(
+                fields=["claim_token"], name="leases_job_token_idx",
+                condition=models.Q(claim_token__isnull=False),
+            ),
+            models.Index(fields=["state", "finished_at"], name="leases_job_finished_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=~models.Q(state=JobState.CLAIMED)
+                | (models.Q(lease_expires_at__isnull=False) & models.Q(claim_token__isnull=False)),
+                name="leases_job_claimed_has_lease",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(priority__gte=-100, priority__lte=100),
+                name="leases_job_priority_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} #{self.pk} ({self.state})"
+
+
+class JobFailure(models.Model):
+    """One attempt that did not succeed: an exception, an expired lease, an unrunnable row."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="failures")
+    attempt = models.PositiveIntegerField(_("attempt"))
+    fence = models.BigIntegerField(_("fence"))
+    worker_id = models.CharField(_("worker"), max_length=200, blank=True, default="")
+    kind = models.CharField(_("kind"), max_length=20, choices=FailureKind.choices)
+    exception_class_path = models.CharField(_("exception"), max_length=255, blank=True, default="")
+    message = models.TextField(_("message"), blank=True, default="")
+    traceback = models.TextField(_("traceback"), blank=True, default="")
+    recorded_at = models.DateTimeField(_("recorded at"), db_default=Now())
+
+    class Meta:
+        verbose_name = _("job failure")
+        verbose_name_plural = _("job failures")
+        ordering = ["job", "attempt", "id"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt}: {self.kind}"
+
+
+class WorkerProcess(models.Model):
+    """A run_lease_worker process, as it last reported itself (times on the DB clock)."""
+
+    worker_id = models.CharField(_("worker id"), max_length=200, unique=True)
+    hostname = models.CharField(_("host"), max_length=255)
+    pid = models.PositiveIntegerField(_("pid"))
+    queues = models.JSONField(_("queues"), default=list)
+    started_at = models.DateTimeField(_("started at"), db_default=Now())
+    last_seen_at = models.DateTimeField(_("last seen"), db_default=Now())
+    stopped_at = models.DateTimeField(_("stopped at"), null=True, blank=True)
+
+    objects = WorkerQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("worker process")
+        verbose_name_plural = _("worker processes")
+
+    def __str__(self) -> str:
+        return self.worker_id

@@ -1,0 +1,397 @@
+"""Every statement that decides who owns a job lives here.
+
+A write out of ``claimed`` is an UPDATE filtered on id, claim token and state; its rowcount
+is the answer (1: still the owner, 0: the claim is lost). Every timestamp written comes from
+the database clock (``Now()``); no datetime computed in Python is ever compared with a lease.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from django.db import connections, models, router, transaction
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from . import conf
+from .jsonsafe import ensure_json
+from .states import FailureKind, JobState
+
+if TYPE_CHECKING:
+    from .models import Job
+
+
+class ClaimRef(Protocol):
+    """What proves a claim: the job's id and the token its claim was given."""
+
+    pk: Any
+    claim_token: uuid.UUID | None
+
+
+def _lease_end(lease: float) -> Any:
+    return Now() + Value(timedelta(seconds=lease))
+
+
+def _lease_end_by_job(leases: Iterable[float], override: float | None) -> Any:
+    """Now() + each job's own lease_seconds, computed on the database clock."""
+    if override is not None:
+        return _lease_end(override)
+    whens = [When(lease_seconds=v, then=_lease_end(v)) for v in sorted(set(leases))]
+    return Case(*whens, default=_lease_end(conf.DEFAULT_LEASE_SECONDS))
+
+
+def _token_case(tokens: dict[Any, uuid.UUID]) -> Case:
+    return Case(
+        *[When(pk=pk, then=Value(token, output_field=models.UUIDField()))
+          for pk, token in tokens.items()],
+        output_field=models.UUIDField(),
+    )
+
+
+# Fields whose new values the claim sets on the database clock; dropped from the returned
+# instances so that reading them loads the database's value instead of a guess.
+_DB_CLOCK_FIELDS = ("lease_expires_at", "heartbeat_at", "last_attempted_at", "started_at")
+
+
+class JobQuerySet(models.QuerySet):
+    """Predicates and state transitions of jobs."""
+
+    # -- lease views -------------------------------------------------------------------
+
+    def claimable(self) -> JobQuerySet:
+        """Pending and due, or claimed with a lease that has run out."""
+        return self.filter(
+            Q(state=JobState.PENDING, available_at__lte=Now())
+            | Q(state=JobState.CLAIMED, lease_expires_at__lt=Now())
+        )
+
+    def expired(self) -> JobQuerySet:
+        """Claimed, and the lease has passed: any worker may claim it again."""
+        return self.filter(state=JobState.CLAIMED, lease_expires_at__lt=Now())
+
+    def stalled(self, silent_for: float) -> JobQuerySet:
+        """Claimed with a valid lease, but no heartbeat for ``silent_for`` seconds."""
+        return self.filter(
+            state=JobState.CLAIMED,
+            lease_expires_at__gte=Now(),
+            heartbeat_at__lt=Now() - Value(timedelta(seconds=silent_for)),
+        )
+
+    def healthy(self, silent_for: float) -> JobQuerySet:
+        """Claimed with a valid lease and a heartbeat within ``silent_for`` seconds."""
+        return self.filter(
+            state=JobState.CLAIMED,
+            lease_expires_at__gte=Now(),
+            heartbeat_at__gte=Now() - Value(timedelta(seconds=silent_for)),
+        )
+
+    # -- enqueue -----------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        task_path: str,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        queue_name: str = "default",
+        priority: int = 0,
+        run_after: datetime | None = None,
+        delay: float | None = None,
+        lease_seconds: float | None = None,
+        max_attempts: int | None = None,
+    ) -> Job:
+        """Insert a pending job in the caller's transaction and return it.
+
+        Raise InvalidJobArgument (naming the argument) or InvalidLeaseOption before anything
+        is written. ``delay`` counts from the database clock; ``run_after`` is the caller's
+        own absolute time.
+        """
+        from .exceptions import InvalidLeaseOption
+
+        args = ensure_json(list(args), "args")
+        kwargs = ensure_json(dict(kwargs or {}), "kwargs")
+        if not isinstance(task_path, str) or not task_path:
+            raise InvalidLeaseOption("task_path", f"must be a dotted path, got {task_path!r}")
+        if not isinstance(queue_name, str) or not 0 < len(queue_name) <= 100:
+            raise InvalidLeaseOption("queue_name", f"must be 1-100 characters, got {queue_name!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+            raise InvalidLeaseOption("priority", f"must be a whole number from -100 to 100, got {priority!r}")
+        if run_after is not None and delay is not None:
+            raise InvalidLeaseOption("run_after", "give run_after or delay, not both")
+        options = conf.get_options(None) if lease_seconds is None or max_attempts is None else None
+        lease = conf.validate_lease(
+            options.lease_seconds if lease_seconds is None else lease_seconds, "lease_seconds")
+        attempts = conf.validate_max_attempts(
+            options.max_attempts if max_attempts is None else max_attempts, "max_attempts")
+        fields: dict[str, Any] = {}
+        if run_after is not None:
+            if not isinstance(run_after, datetime) or timezone.is_naive(run_after):
+                raise InvalidLeaseOption("run_after", f"must be an aware datetime, got {run_after!r}")
+            fields["available_at"] = run_after
+        elif delay is not None:
+            if isinstance(delay, timedelta):
+                delay = delay.total_seconds()
+            if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+                raise InvalidLeaseOption("delay", f"must be seconds >= 0, got {delay!r}")
+            fields["available_at"] = _lease_end(delay)
+        return self.create(
+            task_path=task_path, args=args, kwargs=kwargs, queue_name=queue_name,
+            priority=priority, lease_seconds=lease, max_attempts=attempts, **fields,
+        )
+
+    # -- the claim and its owner's writes ----------------------------------------------
+
+    def claim(
+        self,
+        worker_id: str,
+        queues: Iterable[str] = ("default",),
+        limit: int = 1,
+        lease: float | None = None,
+    ) -> list[Job]:
+        """Claim up to ``limit`` due or expired jobs, by priority then due time.
+
+        Each claimed job gets a fresh claim token, fence + 1, attempts + 1 and a lease ending
+        at Now() + lease (its own lease_seconds unless ``lease`` is given). An expired claim
+        that has no attempts left is dead-lettered instead. Where the database has SKIP
+        LOCKED, rows another worker is claiming are passed over; elsewhere (SQLite) the
+        UPDATE re-checks the claim predicate, so two workers can never both win a row.
+        """
+        if limit < 1:
+            return []
+        db = self._db or router.db_for_write(self.model)
+        features = connections[db].features
+        candidates_qs = (
+            self.model._default_manager.using(db)
+            .filter(queue_name__in=list(queues))
+            .claimable()
+            .order_by("-priority", "available_at", "id")
+        )
+        if features.has_select_for_update_skip_locked:
+            with transaction.atomic(using=db):
+                candidates = list(candidates_qs.select_for_update(skip_locked=True)[:limit])
+                return self._take(db, candidates, worker_id, lease, locked=True)
+        candidates = list(candidates_qs[:limit])
+        return self._take(db, candidates, worker_id, lease, locked=False)
+
+    def _take(self, db: str, candidates: list[Job], worker_id: str, lease: float | None,
+              *, locked: bool) -> list[Job]:
+        if not candidates:
+            return []
+        manager = self.model._default_manager.using(db)
+        exhausted = [j for j in candidates
+                     if j.state == JobState.CLAIMED and j.attempts >= j.max_attempts]
+        if exhausted:
+            self._bury_expired(db, exhausted)
+        wanted = [j for j in candidates if j not in exhausted]
+        if not wanted:
+            return []
+        tokens = {j.pk: uuid.uuid4() for j in wanted}
+        claimed_count = manager.filter(pk__in=tokens).claimable().update(
+            state=JobState.CLAIMED,
+            claim_token=_token_case(tokens),
+            fence=F("fence") + 1,
+            attempts=F("attempts") + 1,
+            leases_lost=Case(
+                When(state=JobState.CLAIMED, then=F("leases_lost") + 1),
+                default=F("leases_lost"),
+                output_field=models.PositiveIntegerField(),
+            ),
+            claimed_by=worker_id,
+            lease_expires_at=_lease_end_by_job((j.lease_seconds for j in wanted), lease),
+            heartbeat_at=Now(),
+            last_attempted_at=Now(),
+            started_at=Case(When(started_at__isnull=True, then=Now()), default=F("started_at"),
+                            output_field=models.DateTimeField()),
+        )
+        if claimed_count != len(wanted):
+            # Lost a race for some rows (only possible without SKIP LOCKED): keep the ones
+            # that carry our tokens.
+            won = set(manager.filter(claim_token__in=tokens.values()).values_list("pk", flat=True))
+            wanted = [j for j in wanted if j.pk in won]
+        taken_over = [j for j in wanted if j.state == JobState.CLAIMED]
+        if taken_over:
+            self._record_expired(db, taken_over)
+        for job in wanted:
+            job.state = JobState.CLAIMED
+            job.claim_token = tokens[job.pk]
+            job.fence += 1
+            job.attempts += 1
+            job.claimed_by = worker_id
+            for name in _DB_CLOCK_FIELDS:
+                job.__dict__.pop(name, None)
+        return wanted
+
+    def _record_expired(self, db: str, jobs: list[Job]) -> None:
+        from .models import JobFailure
+
+        JobFailure.objects.using(db).bulk_create([
+            JobFailure(job_id=j.pk, attempt=j.attempts, fence=j.fence, worker_id=j.claimed_by,
+                       kind=FailureKind.LEASE_EXPIRED,
+                       message=f"lease of {j.lease_seconds:g} s ran out before {j.claimed_by or 'its worker'} acknowledged")
+            for j in jobs
+        ])
+
+    def _bury_expired(self, db: str, jobs: list[Job]) -> None:
+        """Dead-letter expired claims that have spent every attempt."""
+        manager = self.model._default_manager.using(db)
+        with transaction.atomic(using=db):
+            buried = []
+            for job in jobs:
+                # One conditional UPDATE per job: the token pins the claim that expired.
+                if manager.expired().filter(pk=job.pk, claim_token=job.claim_token).update(
+                    state=JobState.DEAD, finished_at=Now(), claim_token=None,
+                    lease_expires_at=None, leases_lost=F("leases_lost") + 1,
+                ) == 1:
+                    buried.append(job)
+            self._record_expired(db, buried)
+
+    def renew(self, claims: Iterable[ClaimRef], lease: float | None = None) -> set[Any]:
+        """Push the lease of every claim forward in one statement; return the ids still held.
+
+        An id missing from the answer is a lost claim: its handler must stop and its result
+        be discarded.
+        """
+        claims = list(claims)
+        if not claims:
+            return set()
+        db = self._db or router.db_for_write(self.model)
+        manager = self.model._default_manager.using(db)
+        ids = [c.pk for c in claims]
+        tokens = [c.claim_token for c in claims]
+        held = manager.filter(pk__in=ids, claim_token__in=tokens, state=JobState.CLAIMED)
+        renewed = held.update(
+            lease_expires_at=_lease_end_by_job(self._leases_of(claims), lease),
+            heartbeat_at=Now(),
+        )
+        if renewed == len(claims):
+            return set(ids)
+        # Tokens are unique per claim and never return to 'claimed', so this read can only
+        # shrink the answer (a job its owner just acknowledged), never grow it.
+        return set(held.values_list("pk", flat=True))
+
+    @staticmethod
+    def _leases_of(claims: list[Any]) -> list[float]:
+        return [getattr(c, "lease_seconds", conf.DEFAULT_LEASE_SECONDS) for c in claims]
+
+    def _owned(self, claim: ClaimRef) -> JobQuerySet:
+        db = self._db or router.db_for_write(self.model)
+        return self.model._default_manager.using(db).filter(
+            pk=claim.pk, claim_token=claim.claim_token, state=JobState.CLAIMED)
+
+    def ack(self, claim: ClaimRef, result: Any = None) -> bool:
+        """Mark the job succeeded if ``claim`` still owns it. Raise InvalidJobArgument if
+        ``result`` does not round-trip through JSON (nothing is written then)."""
+        result = ensure_json(result, "result")
+        return self._owned(claim).update(
+            state=JobState.SUCCEEDED, result=result, finished_at=Now(),
+            claim_token=None, lease_expires_at=None,
+        ) == 1
+
+    def fail(
+        self,
+        claim: ClaimRef,
+        *,
+        exception_class_path: str = "",
+        message: str = "",
+        traceback: str = "",
+        retry: bool = True,
+        retry_in: float = 0.0,
+        kind: str = FailureKind.EXCEPTION,
+    ) -> bool:
+        """Record a failed attempt if ``claim`` still owns the job.
+
+        The job goes back to pending after ``retry_in`` seconds (database clock) while it has
+        attempts left and ``retry`` is true, and is dead-lettered otherwise.
+        """
+        from .models import JobFailure
+
+        db = self._db or router.db_for_write(self.model)
+        if retry:
+            dead = Q(attempts__gte=F("max_attempts"))
+            state: Any = Case(When(dead, then=Value(JobState.DEAD)), default=Value(JobState.PENDING))
+            finished: Any = Case(When(dead, then=Now()), default=Value(None))
+        else:
+            state, finished = JobState.DEAD, Now()
+        with transaction.atomic(using=db):
+            if self._owned(claim).update(
+                state=state, finished_at=finished, available_at=_lease_end(max(retry_in, 0.0)),
+                claim_token=None, lease_expires_at=None,
+            ) != 1:
+                return False
+            job = self.model._default_manager.using(db).only("attempts", "fence", "claimed_by").get(pk=claim.pk)
+            JobFailure.objects.using(db).create(
+                job_id=claim.pk, attempt=job.attempts, fence=job.fence, worker_id=job.claimed_by,
+                kind=kind, exception_class_path=exception_class_path[:255],
+                message=message, traceback=traceback,
+            )
+        return True
+
+    def release(self, claim: ClaimRef) -> bool:
+        """Give the job back to pending at once without counting the attempt."""
+        return self._owned(claim).update(
+            state=JobState.PENDING, available_at=Now(), attempts=F("attempts") - 1,
+            claim_token=None, lease_expires_at=None,
+        ) == 1
+
+    def checkpoint(self, claim: ClaimRef, cursor: Any, lease: float | None = None) -> bool:
+        """Commit ``cursor`` and renew the lease in one conditional UPDATE."""
+        cursor = ensure_json(cursor, "cursor")
+        return self._owned(claim).update(
+            cursor=cursor,
+            lease_expires_at=_lease_end_by_job(self._leases_of([claim]), lease),
+            heartbeat_at=Now(),
+        ) == 1
+
+    # -- operator actions: conditional on state, answering how many changed -------------
+
+    def cancel(self) -> int:
+        """Cancel pending and claimed jobs; a running handler learns at its next renewal."""
+        return self.filter(state__in=[JobState.PENDING, JobState.CLAIMED]).update(
+            state=JobState.CANCELLED, finished_at=Now(), claim_token=None, lease_expires_at=None)
+
+    def requeue(self, *, reset_attempts: bool = True) -> int:
+        """Put dead and cancelled jobs back to pending, due now."""
+        changes: dict[str, Any] = {"attempts": 0} if reset_attempts else {
+            # Keep the count but leave room for one more try.
+            "max_attempts": Case(When(attempts__gte=F("max_attempts"), then=F("attempts") + 1),
+                                 default=F("max_attempts"))}
+        return self.filter(state__in=[JobState.DEAD, JobState.CANCELLED]).update(
+            state=JobState.PENDING, available_at=Now(), finished_at=None, **changes)
+
+    def retry_now(self) -> int:
+        """Make pending jobs due now."""
+        return self.filter(state=JobState.PENDING).update(available_at=Now())
+
+    def expire_now(self) -> int:
+        """End the lease of claimed jobs (a second ago, DB clock) so any worker may take them."""
+        return self.filter(state=JobState.CLAIMED).update(
+            lease_expires_at=Now() - Value(timedelta(seconds=1)))
+
+    def prune(self, older_than_days: float) -> int:
+        """Delete succeeded and cancelled jobs that finished more than N days ago."""
+        count, _ = self.filter(
+            state__in=[JobState.SUCCEEDED, JobState.CANCELLED],
+            finished_at__lt=Now() - Value(timedelta(days=older_than_days)),
+        ).delete()
+        return count
+
+
+class WorkerQuerySet(models.QuerySet):
+    """The worker processes' own rows (times on the database clock)."""
+
+    def register(self, worker_id: str, *, hostname: str, pid: int, queues: list[str]) -> None:
+        self.update_or_create(
+            worker_id=worker_id,
+            defaults={"hostname": hostname, "pid": pid, "queues": queues,
+                      "started_at": Now(), "last_seen_at": Now(), "stopped_at": None},
+        )
+
+    def seen(self, worker_id: str) -> int:
+        return self.filter(worker_id=worker_id).update(last_seen_at=Now())
+
+    def stopped(self, worker_id: str) -> int:
+        return self.filter(worker_id=worker_id).update(last_seen_at=Now(), stopped_at=Now())

@@ -1,0 +1,33 @@
+"""Job states. Importable before the app registry is ready (no models here)."""
+
+from __future__ import annotations
+
+from django.db.models import TextChoices
+from django.utils.translation import pgettext_lazy
+
+
+class JobState(TextChoices):
+    # Waiting for available_at; moved out by a claim, or by cancel.
+    PENDING = "pending", pgettext_lazy("Job state", "Pending")
+    # Held under a lease by the worker that owns claim_token; moved out by that worker's
+    # ack/fail/release, by another worker's claim once the lease expired, or by cancel.
+    CLAIMED = "claimed", pgettext_lazy("Job state", "Claimed")
+    # Acknowledged by its owner. Terminal.
+    SUCCEEDED = "succeeded", pgettext_lazy("Job state", "Succeeded")
+    # Given up on after max_attempts; kept for people and moved out only by requeue.
+    DEAD = "dead", pgettext_lazy("Job state", "Dead")
+    # Stopped by an operator. Terminal unless requeued.
+    CANCELLED = "cancelled", pgettext_lazy("Job state", "Cancelled")
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED})
+ACTIVE_STATES = frozenset({JobState.PENDING, JobState.CLAIMED})
+
+
+class FailureKind(TextChoices):
+    # The handler raised.
+    EXCEPTION = "exception", pgettext_lazy("Failure kind", "Exception")
+    # The lease ran out before the owner acknowledged; another claim took the job over.
+    LEASE_EXPIRED = "lease_expired", pgettext_lazy("Failure kind", "Lease expired")
+    # The job could not be run at all (unknown task, bad arguments).
+    UNRUNNABLE = "unrunnable", pgettext_lazy("Failure kind", "Unrunnable")

@@ -1,0 +1,91 @@
+"""Test settings: SQLite by default, PostgreSQL or MySQL when DATABASE_URL names one.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test
+    DATABASE_URL=sqlite:///path/to/file.sqlite3   (a file: worker processes share it)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent
+
+
+def database_from_url(url: str) -> dict:
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        name = unquote(parsed.path) or str(Path(tempfile.gettempdir()) / "django_leases.sqlite3")
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": name,
+            # A file, not memory, so real worker processes see the test database.
+            "TEST": {"NAME": name.replace(".sqlite3", "") + "-test.sqlite3"},
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    engine = {
+        "postgres": "django.db.backends.postgresql",
+        "postgresql": "django.db.backends.postgresql",
+        "mysql": "django.db.backends.mysql",
+    }[parsed.scheme]
+    return {
+        "ENGINE": engine,
+        "NAME": unquote(parsed.path.lstrip("/")),
+        "USER": unquote(parsed.username or ""),
+        "PASSWORD": unquote(parsed.password or ""),
+        "HOST": parsed.hostname or "",
+        "PORT": str(parsed.port or ""),
+        "CONN_MAX_AGE": 0,
+        "TEST": {"NAME": os.environ.get("LEASES_TEST_DB_NAME") or None},
+    }
+
+
+DATABASES = {"default": database_from_url(os.environ.get("DATABASE_URL", "sqlite://"))}
+
+SECRET_KEY = "tests-only"
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.admin",
+    "django_leases",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+TASKS = {
+    "default": {
+        "BACKEND": "django_leases.backends.LeaseBackend",
+        "QUEUES": ["default", "emails", "reports"],
+        "OPTIONS": {"LEASE_SECONDS": 30},
+    },
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_leases": {"handlers": ["console"], "level": "INFO"}},
+}
