@@ -1,0 +1,43 @@
+# Sourced by tests/run.sh and example_project/demo.sh: find a Python >= 3.12 and a virtualenv
+# in .venv with django-leases installed from pyproject.toml (extras in LEASES_EXTRAS).
+# LEASES_PYTHON=/path/to/python picks the interpreter; LEASES_VENV moves the virtualenv.
+
+leases_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+leases_find_python() {
+  local cand
+  local -a cands=()
+  [ -n "${LEASES_PYTHON:-}" ] && cands+=("$LEASES_PYTHON")
+  cands+=(python3.13 python3.12 python3.14 python3)
+  if command -v pyenv >/dev/null 2>&1; then
+    cands+=("$(pyenv root)"/versions/3.1[2-9]*/bin/python3)
+  fi
+  cands+=("$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3 /usr/local/bin/python3.1[2-9] /usr/bin/python3.1[2-9])
+  for cand in "${cands[@]}"; do
+    # A pyenv shim answers to the name but fails when that version is not selected: ask it.
+    if "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then
+      "$cand" -c 'import sys; print(sys.executable)'
+      return 0
+    fi
+  done
+  echo "django-leases needs Python 3.12 or newer (Django 6); none found." >&2
+  echo "Install python3.12 or set LEASES_PYTHON=/path/to/python3.12." >&2
+  return 1
+}
+
+leases_venv() {
+  local extras=${LEASES_EXTRAS:-test} python venv stamp want
+  venv=${LEASES_VENV:-$leases_root/.venv}
+  python=$(leases_find_python) || return 1
+  want="$python $extras $(cat "$leases_root/pyproject.toml" | cksum)"
+  stamp="$venv/.leases-stamp"
+  if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    echo "Setting up $venv with $("$python" -V) ..." >&2
+    rm -rf "$venv"
+    "$python" -m venv "$venv" || return 1
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2 || return 1
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$leases_root[$extras]" >&2 || return 1
+    echo "$want" > "$stamp"
+  fi
+  LEASES_VENV_PYTHON="$venv/bin/python"
+}
