@@ -358,7 +358,8 @@ class JobQuerySet(models.QuerySet):
         changes: dict[str, Any] = {"attempts": 0} if reset_attempts else {
             # Keep the count but leave room for one more try.
             "max_attempts": Case(When(attempts__gte=F("max_attempts"), then=F("attempts") + 1),
-                                 default=F("max_attempts"))}
+                                 default=F("max_attempts"),
+                                 output_field=models.PositiveIntegerField())}
         return self.filter(state__in=[JobState.DEAD, JobState.CANCELLED]).update(
             state=JobState.PENDING, available_at=Now(), finished_at=None, **changes)
 
