@@ -9,3 +9,8 @@ class DjangoLeasesConfig(AppConfig):
     label = "django_leases"
     verbose_name = _("Leased jobs")
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # django.tasks registers the check that runs each backend's check(); importing it
+        # here makes sure our backend's checks run even before any @task module is loaded.
+        import django.tasks  # noqa: F401

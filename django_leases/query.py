@@ -380,6 +380,78 @@ class JobQuerySet(models.QuerySet):
         ).delete()
         return count
 
+    # -- admin views -------------------------------------------------------------------
+    # Read-only views and conditional verbs for the admin. "Stalled" here is the design's
+    # full definition: renewals stopped for more than two heartbeat periods, or the worker
+    # that holds the claim is stopped or unseen for as long. Every comparison uses Now().
+
+    def _stalled_q(self, heartbeat_seconds: float) -> Q:
+        from .models import WorkerProcess
+
+        gone = WorkerProcess.objects.using(self.db).gone(heartbeat_seconds).values("worker_id")
+        return Q(state=JobState.CLAIMED, lease_expires_at__gte=Now()) & (
+            Q(heartbeat_at__lt=Now() - Value(timedelta(seconds=2 * heartbeat_seconds)))
+            | Q(claimed_by__in=gone)
+        )
+
+    def lease_valid(self) -> JobQuerySet:
+        """Claimed with a lease that has not run out (healthy or stalled)."""
+        return self.filter(state=JobState.CLAIMED, lease_expires_at__gte=Now())
+
+    def stalled_claims(self, heartbeat_seconds: float) -> JobQuerySet:
+        """Claimed with a valid lease, but silent for two heartbeat periods or its worker gone."""
+        return self.filter(self._stalled_q(heartbeat_seconds))
+
+    def with_lease_status(self, heartbeat_seconds: float) -> JobQuerySet:
+        """Annotate ``db_now`` and ``lease_status`` (healthy, stalled, expired or None).
+
+        ``db_now`` is the database clock of the same statement, so ages and countdowns shown
+        from it never depend on the web server's clock.
+        """
+        return self.annotate(
+            db_now=Now(),
+            lease_status=Case(
+                When(state=JobState.CLAIMED, lease_expires_at__lt=Now(), then=Value("expired")),
+                When(self._stalled_q(heartbeat_seconds), then=Value("stalled")),
+                When(state=JobState.CLAIMED, then=Value("healthy")),
+                default=Value(None),
+                output_field=models.CharField(),
+            ),
+        )
+
+    def census(self) -> list[dict[str, Any]]:
+        """Count jobs per (queue, task, state) in one GROUP BY: the admin's header and filters."""
+        return list(
+            self.order_by().values("queue_name", "task_path", "state")
+            .annotate(n=models.Count("*")).order_by()
+        )
+
+    def expire_stalled_now(self, heartbeat_seconds: float) -> int:
+        """End the lease of stalled claims only; the same UPDATE re-checks that each is stalled,
+        so a claim whose worker renewed in the meantime keeps its lease."""
+        return self.stalled_claims(heartbeat_seconds).expire_now()
+
+    def purge_finished(self) -> int:
+        """Delete succeeded and cancelled jobs (with their failure rows); return jobs deleted."""
+        _, per_model = self.filter(
+            state__in=[JobState.SUCCEEDED, JobState.CANCELLED]).delete()
+        return per_model.get(self.model._meta.label, 0)
+
+    def estimated_count(self) -> int | None:
+        """The planner's row estimate for this queryset on PostgreSQL (None elsewhere).
+
+        COUNT(*) reads every matching row; EXPLAIN reads statistics only, which is what a
+        paginator over a million jobs can afford.
+        """
+        import json
+
+        if connections[self.db].vendor != "postgresql":
+            return None
+        plan = json.loads(self.order_by().values("pk").explain(format="json"))
+        if isinstance(plan, list):
+            plan = plan[0]
+        return int(plan["Plan"]["Plan Rows"])
+
 
 class WorkerQuerySet(models.QuerySet):
     """The worker processes' own rows (times on the database clock)."""
@@ -396,3 +468,33 @@ class WorkerQuerySet(models.QuerySet):
 
     def stopped(self, worker_id: str) -> int:
         return self.filter(worker_id=worker_id).update(last_seen_at=Now(), stopped_at=Now())
+
+    # -- admin views -------------------------------------------------------------------
+
+    def _gone_q(self, heartbeat_seconds: float) -> Q:
+        return Q(stopped_at__isnull=False) | Q(
+            last_seen_at__lt=Now() - Value(timedelta(seconds=2 * heartbeat_seconds)))
+
+    def gone(self, heartbeat_seconds: float) -> WorkerQuerySet:
+        """Stopped, or not seen for more than two heartbeat periods (database clock)."""
+        return self.filter(self._gone_q(heartbeat_seconds))
+
+    def with_claims(self, heartbeat_seconds: float) -> WorkerQuerySet:
+        """Annotate ``db_now``, ``claims_held``, ``claims_expired`` and ``looks_gone``."""
+        from django.db.models.functions import Coalesce
+
+        from .models import Job
+
+        def count(**lookups: Any) -> Any:
+            held = (Job.objects.using(self.db)
+                    .filter(state=JobState.CLAIMED, claimed_by=models.OuterRef("worker_id"), **lookups)
+                    .order_by().values("claimed_by").annotate(n=models.Count("*")).values("n"))
+            return Coalesce(models.Subquery(held), 0)
+
+        return self.annotate(
+            db_now=Now(),
+            claims_held=count(),
+            claims_expired=count(lease_expires_at__lt=Now()),
+            looks_gone=Case(When(self._gone_q(heartbeat_seconds), then=Value(True)),
+                            default=Value(False), output_field=models.BooleanField()),
+        )

@@ -1,0 +1,116 @@
+"""Enqueueing through django.tasks: job rows written in the caller's transaction."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.tasks import TaskResultStatus, task_backends
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils import timezone
+
+from django_leases import registry
+from django_leases.models import Job
+from django_leases.states import JobState
+from tests.testapp.tasks import add, send_receipt
+
+pytestmark = pytest.mark.django_db
+
+
+def test_task_enqueue_writes_a_job_row_that_get_result_reads_back():
+    result = add.enqueue(2, 3)
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.task_path, job.args, job.state) == ("tests.testapp.tasks.add", [2, 3], JobState.PENDING)
+    assert result.status == TaskResultStatus.READY
+    assert result.enqueued_at == job.enqueued_at
+    again = add.get_result(result.id)
+    assert again.args == [2, 3] and again.task.func is add.func
+
+
+def test_queue_priority_and_run_after_reach_the_row():
+    when = timezone.now() + timedelta(hours=1)
+    result = send_receipt.using(run_after=when).enqueue(7)
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.queue_name, job.priority, job.available_at) == ("emails", 10, when)
+
+
+def test_enqueue_inside_a_rolled_back_transaction_leaves_no_job():
+    """Invariant 3: the job exists exactly when the caller's transaction commits."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        add.enqueue(1, 1)
+        assert Job.objects.count() == 1
+        raise RuntimeError("rollback")
+    assert Job.objects.count() == 0
+
+
+def test_arguments_that_do_not_round_trip_raise_invalid_task_naming_them():
+    """Invariant 3: a refused enqueue writes nothing and says which argument."""
+    with pytest.raises(InvalidTask, match=r"args\[1\]"):
+        add.enqueue(1, timezone.now())
+    assert Job.objects.count() == 0
+
+
+def test_enqueue_sends_task_enqueued():
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append(task_result.id)
+
+    task_enqueued.connect(receiver)
+    try:
+        result = add.enqueue(1, 2)
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert seen == [result.id]
+
+
+def test_status_follows_the_job_state():
+    result = add.enqueue(1, 2)
+    [job] = Job.objects.claim("w")
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING and result.worker_ids == ["w"]
+    Job.objects.filter(pk=job.pk).expire_now()
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING  # expired but not yet reclaimed
+    [job] = Job.objects.claim("w2")
+    Job.objects.ack(job, 3)
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 3
+    assert result.worker_ids == ["w", "w2"] and result.attempts == 2
+    assert result.finished_at is not None
+
+
+def test_a_dead_job_is_failed_with_its_errors():
+    result = add.enqueue(1, 2)
+    Job.objects.filter(pk=int(result.id)).update(max_attempts=1)
+    [job] = Job.objects.claim("w")
+    Job.objects.fail(job, exception_class_path="builtins.ZeroDivisionError",
+                     message="division by zero", traceback="Traceback: ZeroDivisionError")
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class is ZeroDivisionError
+    assert "ZeroDivisionError" in error.traceback
+
+
+def test_unknown_result_id_raises_does_not_exist():
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result("999999")
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result("not-a-number")
+
+
+def test_a_row_naming_an_undeclared_function_is_never_imported():
+    """The registry, not the row, decides what code runs."""
+    job = Job.objects.enqueue("tests.testapp.tasks.not_a_task", [])
+    assert registry.lookup("default", "tests.testapp.tasks.not_a_task") is None
+    with pytest.raises(InvalidTask, match="not a task declared"):
+        task_backends["default"].get_result(str(job.pk))
+    assert "tests.testapp.tasks.add" in registry.declared("default")
+
+
+def test_queues_outside_the_backend_are_refused():
+    with pytest.raises(InvalidTask, match="Queue"):
+        add.using(queue_name="nope")
