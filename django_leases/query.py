@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from django.db import connections, models, router, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, models, router, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -67,6 +67,15 @@ class JobQuerySet(models.QuerySet):
         return self.filter(
             Q(state=JobState.PENDING, available_at__lte=Now())
             | Q(state=JobState.CLAIMED, lease_expires_at__lt=Now())
+        )
+
+    def claim_order(self, queues: Iterable[str]) -> JobQuerySet:
+        """Claimable jobs of ``queues`` in the order a claim takes them (partial indexes
+        leases_job_pending_idx and leases_job_claimed_idx serve it)."""
+        return (
+            self.filter(queue_name__in=list(queues))
+            .claimable()
+            .order_by("-priority", "available_at", "id")
         )
 
     def expired(self) -> JobQuerySet:
@@ -138,10 +147,12 @@ class JobQuerySet(models.QuerySet):
             if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
                 raise InvalidLeaseOption("delay", f"must be seconds >= 0, got {delay!r}")
             fields["available_at"] = _lease_end(delay)
-        return self.create(
+        job = self.create(
             task_path=task_path, args=args, kwargs=kwargs, queue_name=queue_name,
             priority=priority, lease_seconds=lease, max_attempts=attempts, **fields,
         )
+        _notify_on_commit(job._state.db or DEFAULT_DB_ALIAS, queue_name)
+        return job
 
     # -- the claim and its owner's writes ----------------------------------------------
 
@@ -164,12 +175,7 @@ class JobQuerySet(models.QuerySet):
             return []
         db = self._db or router.db_for_write(self.model)
         features = connections[db].features
-        candidates_qs = (
-            self.model._default_manager.using(db)
-            .filter(queue_name__in=list(queues))
-            .claimable()
-            .order_by("-priority", "available_at", "id")
-        )
+        candidates_qs = self.model._default_manager.using(db).claim_order(queues)
         if features.has_select_for_update_skip_locked:
             with transaction.atomic(using=db):
                 candidates = list(candidates_qs.select_for_update(skip_locked=True)[:limit])
@@ -451,6 +457,94 @@ class JobQuerySet(models.QuerySet):
         if isinstance(plan, list):
             plan = plan[0]
         return int(plan["Plan"]["Plan Rows"])
+
+
+    # -- worker verbs --
+
+    def ack_many(self, outcomes: Sequence[tuple[ClaimRef, Any]]) -> set[Any]:
+        """Mark several jobs succeeded, each with its result, where the claim still owns
+        the job; return the ids acknowledged. Raise InvalidJobArgument (nothing written) if
+        a result does not round-trip through JSON.
+
+        The owned rows are locked by a SELECT ... FOR UPDATE before the one UPDATE, so the
+        answer names exactly the rows this call moved (the UPDATE clears the tokens that
+        would otherwise tell them apart).
+        """
+        results = {c.pk: ensure_json(r, "result") for c, r in outcomes}
+        if not results:
+            return set()
+        db = self._db or router.db_for_write(self.model)
+        owned = self.model._default_manager.using(db).filter(
+            pk__in=list(results), claim_token__in=[c.claim_token for c, _ in outcomes],
+            state=JobState.CLAIMED)
+        with transaction.atomic(using=db):
+            ids = set(owned.select_for_update().values_list("pk", flat=True))
+            if not ids:
+                return set()
+            result: Any = None
+            if any(results[pk] is not None for pk in ids):
+                result = Case(
+                    *[When(pk=pk, then=Value(results[pk], output_field=models.JSONField()))
+                      for pk in ids],
+                    output_field=models.JSONField(),
+                )
+            owned.filter(pk__in=ids).update(
+                state=JobState.SUCCEEDED, result=result, finished_at=Now(),
+                claim_token=None, lease_expires_at=None,
+            )
+        return ids
+
+    def listen(self) -> Any:
+        """Open a dedicated autocommit connection that LISTENs for enqueue wake-ups.
+
+        Return the psycopg connection (iterate ``.notifies(timeout=...)``; payloads are
+        queue names; ``.close()`` it when done), or None unless the database is PostgreSQL.
+        It stands apart from Django's connections, so CONN_MAX_AGE and transactions never
+        touch it.
+        """
+        db = self._db or router.db_for_write(self.model)
+        if connections[db].vendor != "postgresql":
+            return None
+        wrapper = connections.create_connection(db)
+        wrapper.ensure_connection()
+        raw = wrapper.connection
+        raw.autocommit = True
+        raw.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
+        return raw
+
+
+# Enqueue wake-ups on PostgreSQL: the channel; the payload is the queue name.
+NOTIFY_CHANNEL = "django_leases"
+
+
+def _notify_enabled(db: str) -> bool:
+    """NOTIFY is on for a PostgreSQL database unless the lease backend using it says NOTIFY=False."""
+    if connections[db].vendor != "postgresql":
+        return False
+    for alias in conf.lease_backend_aliases():
+        options = conf.get_options(alias)
+        if options.database == db:
+            return options.notify
+    return conf.get_options(None).notify
+
+
+def _notify_on_commit(db: str, queue_name: str) -> None:
+    """Wake idle workers once the enqueueing transaction commits (a worker woken before the
+    commit would find nothing)."""
+    if not _notify_enabled(db):
+        return
+
+    def send() -> None:
+        try:
+            with connections[db].cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue_name])
+        except DatabaseError:
+            # The job is committed and polling finds it: a lost wake-up must not turn a
+            # successful enqueue into an error.
+            pass
+
+    transaction.on_commit(send, using=db)
+
 
 
 class WorkerQuerySet(models.QuerySet):
