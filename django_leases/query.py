@@ -197,15 +197,17 @@ class JobQuerySet(models.QuerySet):
             return []
         tokens = {j.pk: uuid.uuid4() for j in wanted}
         claimed_count = manager.filter(pk__in=tokens).claimable().update(
-            state=JobState.CLAIMED,
-            claim_token=_token_case(tokens),
-            fence=F("fence") + 1,
-            attempts=F("attempts") + 1,
+            # MySQL assigns left to right and later expressions see earlier assignments:
+            # read the old state before it is overwritten.
             leases_lost=Case(
                 When(state=JobState.CLAIMED, then=F("leases_lost") + 1),
                 default=F("leases_lost"),
                 output_field=models.PositiveIntegerField(),
             ),
+            state=JobState.CLAIMED,
+            claim_token=_token_case(tokens),
+            fence=F("fence") + 1,
+            attempts=F("attempts") + 1,
             claimed_by=worker_id,
             lease_expires_at=_lease_end_by_job((j.lease_seconds for j in wanted), lease),
             heartbeat_at=Now(),
