@@ -11,9 +11,10 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 
 from . import registry
-from .conf import LeaseOptions
+from .conf import LeaseOptions, validate_lease, validate_max_attempts
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
 from .states import JobState
+from .task import LeaseTask
 
 _STATUS = {
     JobState.PENDING: TaskResultStatus.READY,
@@ -32,6 +33,7 @@ class LeaseBackend(BaseTaskBackend):
     supports_async_task = True
     supports_get_result = True
     supports_priority = True
+    task_class = LeaseTask
 
     @property
     def lease_options(self) -> LeaseOptions:
@@ -43,18 +45,32 @@ class LeaseBackend(BaseTaskBackend):
 
     def validate_task(self, task: Any) -> None:
         super().validate_task(task)
+        try:
+            if getattr(task, "lease", None) is not None:
+                validate_lease(task.lease, "lease")
+            if getattr(task, "max_attempts", None) is not None:
+                validate_max_attempts(task.max_attempts, "max_attempts")
+        except InvalidLeaseOption as e:
+            raise InvalidTask(f"{task.module_path}: {e}") from e
         registry.declare(self.alias, task)
+
+    def job_options(self, task: Any) -> tuple[float, int]:
+        """Lease and max attempts for ``task``'s jobs: the task's, else its queue's, else the
+        backend's."""
+        lease, attempts = self.lease_options.for_queue(task.queue_name)
+        return (getattr(task, "lease", None) or lease,
+                getattr(task, "max_attempts", None) or attempts)
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
         from .models import Job
 
         self.validate_task(task)
-        options = self.lease_options
+        lease, max_attempts = self.job_options(task)
         try:
             job = Job.objects.using(self.database).enqueue(
                 task.module_path, args, kwargs,
                 queue_name=task.queue_name, priority=task.priority, run_after=task.run_after,
-                lease_seconds=options.lease_seconds, max_attempts=options.max_attempts,
+                lease_seconds=lease, max_attempts=max_attempts,
             )
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e

@@ -48,6 +48,8 @@ OPTIONS: dict[str, Option] = {
                "Handlers a worker process runs at once."),
         Option("GRACE_SECONDS", 20.0, "django_leases.E009",
                "How long a stopping worker lets handlers finish before releasing them."),
+        Option("QUEUE_OPTIONS", {}, "django_leases.E012",
+               "Per-queue LEASE_SECONDS / MAX_ATTEMPTS, e.g. {'reports': {'LEASE_SECONDS': 600}}."),
         Option("NOTIFY", True, "django_leases.E011",
                "Wake idle workers with LISTEN/NOTIFY on PostgreSQL; off for PgBouncer "
                "transaction pooling."),
@@ -103,6 +105,13 @@ class LeaseOptions:
     concurrency: int
     grace_seconds: float
     notify: bool
+    queue_options: dict[str, dict[str, Any]]
+
+    def for_queue(self, queue_name: str) -> tuple[float, int]:
+        """The (lease seconds, max attempts) a job of ``queue_name`` gets by default."""
+        per_queue = self.queue_options.get(queue_name, {})
+        return (float(per_queue.get("LEASE_SECONDS", self.lease_seconds)),
+                int(per_queue.get("MAX_ATTEMPTS", self.max_attempts)))
 
     @classmethod
     def from_dict(cls, options: dict[str, Any]) -> LeaseOptions:
@@ -122,6 +131,7 @@ class LeaseOptions:
             concurrency=merged["CONCURRENCY"],
             grace_seconds=float(merged["GRACE_SECONDS"]),
             notify=merged["NOTIFY"],
+            queue_options=dict(merged["QUEUE_OPTIONS"]),
         )
 
 
@@ -160,6 +170,7 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
             validate_heartbeat(merged["HEARTBEAT_SECONDS"], lease)
         except InvalidLeaseOption as e:
             problems.append(e)
+    problems.extend(_queue_option_problems(merged["QUEUE_OPTIONS"]))
     if not isinstance(merged["NOTIFY"], bool):
         problems.append(InvalidLeaseOption("NOTIFY", f"must be True or False, got {merged['NOTIFY']!r}"))
     if merged["DATABASE"] not in settings.DATABASES:
@@ -168,7 +179,35 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
     return problems
 
 
+PER_QUEUE = ("LEASE_SECONDS", "MAX_ATTEMPTS")
+
+
+def _queue_option_problems(per_queue: Any) -> list[InvalidLeaseOption]:
+    if not isinstance(per_queue, dict):
+        return [InvalidLeaseOption("QUEUE_OPTIONS", f"must be a dict of queue name to options, got {per_queue!r}")]
+    problems = []
+    for queue, options in per_queue.items():
+        name = f"QUEUE_OPTIONS[{queue!r}]"
+        if not isinstance(options, dict):
+            problems.append(InvalidLeaseOption(name, f"must be a dict, got {options!r}"))
+            continue
+        for key, value in options.items():
+            try:
+                if key == "LEASE_SECONDS":
+                    validate_lease(value, f"{name}['LEASE_SECONDS']")
+                elif key == "MAX_ATTEMPTS":
+                    validate_max_attempts(value, f"{name}['MAX_ATTEMPTS']")
+                else:
+                    raise InvalidLeaseOption(
+                        f"{name}[{key!r}]", f"is not a per-queue option; use one of {', '.join(PER_QUEUE)}")
+            except InvalidLeaseOption as e:
+                problems.append(e)
+    return problems
+
+
 def check_id_for(problem: InvalidLeaseOption) -> str:
+    if problem.option.startswith("QUEUE_OPTIONS"):
+        return OPTIONS["QUEUE_OPTIONS"].check_id
     option = OPTIONS.get(problem.option)
     return option.check_id if option else UNKNOWN_OPTION_ID
 

@@ -114,3 +114,44 @@ def test_a_row_naming_an_undeclared_function_is_never_imported():
 def test_queues_outside_the_backend_are_refused():
     with pytest.raises(InvalidTask, match="Queue"):
         add.using(queue_name="nope")
+
+
+needs_task_kwargs = pytest.mark.skipif(
+    __import__("django").VERSION < (6, 1),
+    reason="Django 6.0's @task passes no extra options; per-queue OPTIONS cover it there")
+
+
+@needs_task_kwargs
+def test_per_task_lease_options_reach_the_job():
+    from django.tasks import task
+
+    from tests.testapp.tasks import build_report
+
+    report = task(queue_name="reports", lease=120, max_attempts=9)(build_report)
+    job = Job.objects.get(pk=int(report.enqueue("q3").id))
+    assert (job.lease_seconds, job.max_attempts) == (120, 9)
+
+
+@needs_task_kwargs
+@pytest.mark.parametrize(("options", "named"), [({"lease": 0.1}, "lease"),
+                                                ({"lease": 50_000}, "lease"),
+                                                ({"max_attempts": 0}, "max_attempts")])
+def test_bad_per_task_options_fail_at_decoration_time_naming_the_option(options, named):
+    from django.tasks import task
+
+    from tests.testapp.tasks import build_report
+
+    with pytest.raises(InvalidTask, match=named):
+        task(**options)(build_report)
+
+
+def test_per_queue_options_apply_where_the_task_sets_none(settings):
+    settings.TASKS = {"default": {
+        "BACKEND": "django_leases.backends.LeaseBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"LEASE_SECONDS": 40, "QUEUE_OPTIONS": {"emails": {"LEASE_SECONDS": 300, "MAX_ATTEMPTS": 2}}},
+    }}
+    receipt = send_receipt.enqueue(1)
+    total = add.enqueue(1, 1)
+    assert Job.objects.filter(pk=int(receipt.id)).values_list("lease_seconds", "max_attempts").get() == (300, 2)
+    assert Job.objects.filter(pk=int(total.id)).values_list("lease_seconds", "max_attempts").get() == (40, 5)

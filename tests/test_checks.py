@@ -34,6 +34,10 @@ def ids(options):
         ({"GRACE_SECONDS": -1}, "django_leases.E009", "GRACE_SECONDS"),
         ({"DATABASE": "nowhere"}, "django_leases.E010", "DATABASE"),
         ({"NOTIFY": "yes"}, "django_leases.E011", "NOTIFY"),
+        ({"QUEUE_OPTIONS": {"reports": {"LEASE_SECONDS": 0}}}, "django_leases.E012",
+         "QUEUE_OPTIONS['reports']['LEASE_SECONDS']"),
+        ({"QUEUE_OPTIONS": {"reports": {"LEASE": 60}}}, "django_leases.E012",
+         "QUEUE_OPTIONS['reports']['LEASE']"),
     ],
 )
 def test_each_bad_option_is_an_error_with_its_own_id_naming_the_option(options, check_id, named):
