@@ -1,6 +1,7 @@
 # Sourced by tests/run.sh and example_project/demo.sh: find a Python >= 3.12 and a virtualenv
 # in .venv with django-leases installed from pyproject.toml (extras in LEASES_EXTRAS).
-# LEASES_PYTHON=/path/to/python picks the interpreter; LEASES_VENV moves the virtualenv.
+# LEASES_PYTHON=/path/to/python picks the interpreter; LEASES_VENV moves the virtualenv;
+# LEASES_DJANGO="django>=6.0,<6.1" pins another Django into it.
 
 leases_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -29,7 +30,7 @@ leases_venv() {
   local extras=${LEASES_EXTRAS:-test} python venv stamp want
   venv=${LEASES_VENV:-$leases_root/.venv}
   python=$(leases_find_python) || return 1
-  want="$python $extras $(cat "$leases_root/pyproject.toml" | cksum)"
+  want="$python $extras ${LEASES_DJANGO:+$LEASES_DJANGO }$(cksum < "$leases_root/pyproject.toml")"
   stamp="$venv/.leases-stamp"
   if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "Setting up $venv with $("$python" -V) ..." >&2
@@ -37,6 +38,9 @@ leases_venv() {
     "$python" -m venv "$venv" || return 1
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2 || return 1
     "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$leases_root[$extras]" >&2 || return 1
+    if [ -n "${LEASES_DJANGO:-}" ]; then
+      "$venv/bin/python" -m pip install -q --disable-pip-version-check "$LEASES_DJANGO" >&2 || return 1
+    fi
     echo "$want" > "$stamp"
   fi
   LEASES_VENV_PYTHON="$venv/bin/python"
