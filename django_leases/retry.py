@@ -1,0 +1,111 @@
+"""Retry ladders: how long a failed job waits before its next attempt.
+
+A ladder is an interval, never a timestamp: the database adds it to its own Now() when the
+failure is recorded, so worker clocks play no part.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .exceptions import InvalidLeaseOption
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Either an explicit ladder of delays (the last step repeats) or exponential backoff.
+
+    ``Retry(delays=[10, 60, 300, 1800])`` waits 10 s after the first failure, 60 s after the
+    second, and so on. ``Retry(base=10, factor=2, cap=3600, jitter=0.1)`` waits
+    base * factor**(n-1), capped, then spread by +-jitter so failures of many jobs at once do
+    not come back at once.
+    """
+
+    delays: tuple[float, ...] = ()
+    base: float = 10.0
+    factor: float = 2.0
+    cap: float = 3600.0
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "delays", tuple(self.delays))
+        for i, d in enumerate(self.delays):
+            _non_negative(f"retry.delays[{i}]", d)
+        _non_negative("retry.base", self.base)
+        _non_negative("retry.cap", self.cap)
+        if isinstance(self.factor, bool) or not isinstance(self.factor, int | float) or self.factor < 1:
+            raise InvalidLeaseOption("retry.factor", f"must be a number >= 1, got {self.factor!r}")
+        if isinstance(self.jitter, bool) or not isinstance(self.jitter, int | float) or not 0 <= self.jitter < 1:
+            raise InvalidLeaseOption("retry.jitter", f"must be from 0 to below 1, got {self.jitter!r}")
+
+    def nominal(self, failures: int) -> float:
+        """The delay after the ``failures``-th failure, before jitter."""
+        if failures < 1:
+            return 0.0
+        if self.delays:
+            return float(self.delays[min(failures, len(self.delays)) - 1])
+        return float(min(self.cap, self.base * self.factor ** (failures - 1)))
+
+    def delay(self, failures: int, rand: Callable[[], float] = random.random) -> float:
+        """The delay to wait after the ``failures``-th failure, jitter included."""
+        nominal = self.nominal(failures)
+        if self.delays or not self.jitter:
+            return nominal
+        return max(0.0, nominal * (1 + self.jitter * (2 * rand() - 1)))
+
+    def longest(self, failures: int) -> float:
+        """The most ``delay(failures)`` can be."""
+        return self.nominal(failures) * (1 if self.delays else 1 + self.jitter)
+
+    def to_json(self) -> dict[str, Any]:
+        if self.delays:
+            return {"delays": list(self.delays)}
+        return {"base": self.base, "factor": self.factor, "cap": self.cap, "jitter": self.jitter}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Retry:
+        if isinstance(data, Retry):
+            return data
+        if isinstance(data, list | tuple):
+            return cls(delays=tuple(data))
+        if not isinstance(data, dict):
+            raise InvalidLeaseOption("retry", f"must be a Retry, a list of delays or a dict, got {data!r}")
+        unknown = set(data) - {"delays", "base", "factor", "cap", "jitter"}
+        if unknown:
+            raise InvalidLeaseOption("retry", f"unknown keys {sorted(unknown)}")
+        return cls(**{k: tuple(v) if k == "delays" else v for k, v in data.items()})
+
+
+DEFAULT_RETRY = Retry()
+
+
+def _non_negative(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise InvalidLeaseOption(name, f"must be seconds >= 0, got {value!r}")
+
+
+def worst_case_completion(
+    retry: Retry,
+    *,
+    max_attempts: int,
+    lease: float,
+    handler_seconds: float,
+    poll: float = 1.0,
+) -> float:
+    """Seconds from enqueue until a job that fails every attempt but the last is done.
+
+    Each failed attempt is taken at its slowest: a worker that dies just after a renewal at
+    the end of its handler leaves the job claimed for a whole lease, then a poll interval
+    passes before another worker looks; a handler that raises instead waits the ladder's
+    longest delay. The last attempt runs to completion.
+    """
+    total = 0.0
+    for failures in range(1, max_attempts):
+        crashed = handler_seconds + lease + poll
+        raised = handler_seconds + retry.longest(failures) + poll
+        total += max(crashed, raised)
+    return total + poll + handler_seconds
+

@@ -1,0 +1,49 @@
+"""Retry ladders and the worst-case completion time they imply."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_leases.exceptions import InvalidLeaseOption
+from django_leases.retry import Retry, worst_case_completion
+
+
+def test_an_explicit_ladder_repeats_its_last_step():
+    ladder = Retry(delays=[10, 60, 300, 1800])
+    assert [ladder.delay(n) for n in range(1, 7)] == [10, 60, 300, 1800, 1800, 1800]
+
+
+def test_exponential_backoff_is_capped_and_jittered_within_bounds():
+    backoff = Retry(base=10, factor=2, cap=100, jitter=0.2)
+    assert [backoff.nominal(n) for n in range(1, 6)] == [10, 20, 40, 80, 100]
+    assert backoff.delay(1, rand=lambda: 0.0) == pytest.approx(8)
+    assert backoff.delay(1, rand=lambda: 1.0) == pytest.approx(12)
+    assert backoff.longest(5) == pytest.approx(120)
+
+
+@pytest.mark.parametrize(("spec", "named"), [
+    ({"delays": [10, -1]}, "retry.delays[1]"),
+    ({"factor": 0.5}, "retry.factor"),
+    ({"jitter": 1.5}, "retry.jitter"),
+    ({"base": "10"}, "retry.base"),
+    ({"wait": 3}, "retry"),
+    ("often", "retry"),
+])
+def test_bad_ladders_are_refused_naming_the_field(spec, named):
+    with pytest.raises(InvalidLeaseOption) as info:
+        Retry.from_json(spec)
+    assert info.value.option == named
+
+
+def test_ladders_round_trip_through_json():
+    for ladder in (Retry(delays=(1, 2)), Retry(base=5, factor=3, cap=60, jitter=0)):
+        assert Retry.from_json(ladder.to_json()) == ladder
+    assert Retry.from_json([5, 10]) == Retry(delays=(5, 10))
+
+
+def test_worst_case_completion_adds_each_failed_attempt_at_its_slowest():
+    # 3 attempts, lease 30, handler 5, poll 1, ladder 10 then 60:
+    # attempt 1: max(5+30+1, 5+10+1) = 36; attempt 2: max(36, 5+60+1=66) = 66; last: 1 + 5.
+    ladder = Retry(delays=[10, 60])
+    assert worst_case_completion(ladder, max_attempts=3, lease=30, handler_seconds=5, poll=1) == 36 + 66 + 6
+    assert worst_case_completion(ladder, max_attempts=1, lease=30, handler_seconds=5, poll=1) == 6
