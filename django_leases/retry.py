@@ -79,12 +79,12 @@ class Retry:
         return cls(**{k: tuple(v) if k == "delays" else v for k, v in data.items()})
 
 
-DEFAULT_RETRY = Retry()
-
-
 def _non_negative(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise InvalidLeaseOption(name, f"must be seconds >= 0, got {value!r}")
+
+
+DEFAULT_RETRY = Retry()
 
 
 def worst_case_completion(
