@@ -42,6 +42,10 @@ OPTIONS: dict[str, Option] = {
                "Claims a job may use (an expired lease counts) before it is dead."),
         Option("RETENTION_DAYS", 14, "django_leases.E006",
                "How long finished jobs are kept before pruning."),
+        Option("MAX_AGE_DAYS", 14, "django_leases.E013",
+               "A job not finished this long after enqueue is dead-lettered (SQS retention)."),
+        Option("RETRY", None, "django_leases.E014",
+               "Default retry ladder: a list of delays or a dict (base, factor, cap, jitter)."),
         Option("POLL_SECONDS", 1.0, "django_leases.E007",
                "How often an idle worker looks for due jobs."),
         Option("CONCURRENCY", 1, "django_leases.E008",
@@ -101,6 +105,8 @@ class LeaseOptions:
     heartbeat_seconds: float
     max_attempts: int
     retention_days: float
+    max_age_days: float
+    retry: Any
     poll_seconds: float
     concurrency: int
     grace_seconds: float
@@ -112,6 +118,13 @@ class LeaseOptions:
         per_queue = self.queue_options.get(queue_name, {})
         return (float(per_queue.get("LEASE_SECONDS", self.lease_seconds)),
                 int(per_queue.get("MAX_ATTEMPTS", self.max_attempts)))
+
+    def retry_for_queue(self, queue_name: str) -> Any:
+        """The retry ladder of ``queue_name``'s jobs (a Retry), or None for the default."""
+        per_queue = self.queue_options.get(queue_name, {})
+        if "RETRY" in per_queue:
+            return _validate_retry(per_queue["RETRY"])
+        return self.retry
 
     @classmethod
     def from_dict(cls, options: dict[str, Any]) -> LeaseOptions:
@@ -127,6 +140,8 @@ class LeaseOptions:
             heartbeat_seconds=validate_heartbeat(merged["HEARTBEAT_SECONDS"], lease),
             max_attempts=merged["MAX_ATTEMPTS"],
             retention_days=float(merged["RETENTION_DAYS"]),
+            max_age_days=float(merged["MAX_AGE_DAYS"]),
+            retry=_validate_retry(merged["RETRY"]),
             poll_seconds=float(merged["POLL_SECONDS"]),
             concurrency=merged["CONCURRENCY"],
             grace_seconds=float(merged["GRACE_SECONDS"]),
@@ -152,6 +167,8 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
         ("LEASE_SECONDS", lambda v: validate_lease(v)),
         ("MAX_ATTEMPTS", validate_max_attempts),
         ("RETENTION_DAYS", lambda v: _number("RETENTION_DAYS", v, low=1 / 24, high=3650)),
+        ("MAX_AGE_DAYS", lambda v: _number("MAX_AGE_DAYS", v, low=1 / 1440, high=3650)),
+        ("RETRY", _validate_retry),
         ("POLL_SECONDS", lambda v: _number("POLL_SECONDS", v, low=0.001, high=3600)),
         ("CONCURRENCY", lambda v: _number("CONCURRENCY", v, low=1, high=1000, integer=True)),
         ("GRACE_SECONDS", lambda v: _number("GRACE_SECONDS", v, low=0, high=MAX_LEASE_SECONDS)),
@@ -179,7 +196,18 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
     return problems
 
 
-PER_QUEUE = ("LEASE_SECONDS", "MAX_ATTEMPTS")
+def _validate_retry(value: Any, name: str = "RETRY") -> Any:
+    from .retry import Retry
+
+    if value is None:
+        return None
+    try:
+        return Retry.from_json(value)
+    except InvalidLeaseOption as e:
+        raise InvalidLeaseOption(name, f"{e.option}: {e.reason}") from e
+
+
+PER_QUEUE = ("LEASE_SECONDS", "MAX_ATTEMPTS", "RETRY")
 
 
 def _queue_option_problems(per_queue: Any) -> list[InvalidLeaseOption]:
@@ -197,6 +225,8 @@ def _queue_option_problems(per_queue: Any) -> list[InvalidLeaseOption]:
                     validate_lease(value, f"{name}['LEASE_SECONDS']")
                 elif key == "MAX_ATTEMPTS":
                     validate_max_attempts(value, f"{name}['MAX_ATTEMPTS']")
+                elif key == "RETRY":
+                    _validate_retry(value, f"{name}['RETRY']")
                 else:
                     raise InvalidLeaseOption(
                         f"{name}[{key!r}]", f"is not a per-queue option; use one of {', '.join(PER_QUEUE)}")

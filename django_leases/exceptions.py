@@ -27,3 +27,12 @@ class InvalidLeaseOption(LeasesError, ValueError):
 
 class LeaseLost(LeasesError):
     """The claim was lost (renewal touched no row): stop, and discard the result."""
+
+
+class DuplicateJob(LeasesError):
+    """A pending or claimed job already holds this unique key; nothing was written."""
+
+    def __init__(self, unique_key: str, job_id: object) -> None:
+        self.unique_key = unique_key
+        self.job_id = job_id
+        super().__init__(f"unique_key {unique_key!r} is held by active job {job_id}")

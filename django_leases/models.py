@@ -6,12 +6,13 @@ Models know nothing of workers: every transition is a JobQuerySet verb (query.py
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Case, F, When
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from .conf import DEFAULT_LEASE_SECONDS
 from .query import JobQuerySet, WorkerQuerySet
-from .states import FailureKind, JobState
+from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
 
 
 class Job(models.Model):
@@ -27,7 +28,8 @@ class Job(models.Model):
         _("state"), max_length=10, choices=JobState.choices, default=JobState.PENDING
     )
 
-    available_at = models.DateTimeField(_("available at"), db_default=Now())
+    # NULL: parked, waiting for a person to release (retry now) or cancel it.
+    available_at = models.DateTimeField(_("available at"), db_default=Now(), null=True, blank=True)
     lease_seconds = models.FloatField(_("lease (s)"), default=DEFAULT_LEASE_SECONDS)
     lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
     claim_token = models.UUIDField(_("claim token"), null=True, blank=True)
@@ -39,6 +41,25 @@ class Job(models.Model):
     leases_lost = models.PositiveIntegerField(_("leases lost"), default=0)
     claimed_by = models.CharField(_("claimed by"), max_length=200, blank=True, default="")
     heartbeat_at = models.DateTimeField(_("last heartbeat"), null=True, blank=True)
+
+    # Database clock: past it the job is dead-lettered whatever attempts it has left.
+    deadline = models.DateTimeField(_("deadline"), null=True, blank=True)
+    # Retry.to_json() of the ladder for ordinary failures; NULL means the default ladder.
+    retry = models.JSONField(_("retry ladder"), null=True, blank=True)
+    on_lease_lost = models.CharField(
+        _("when a lease is lost"), max_length=10, choices=LeaseLostPolicy.choices,
+        default=LeaseLostPolicy.RETRY,
+    )
+    dead_reason = models.CharField(
+        _("dead because"), max_length=20, choices=DeadReason.choices, blank=True, default="")
+    # At most one pending or claimed job per key (enqueue refuses or merges a second one).
+    unique_key = models.CharField(_("unique key"), max_length=200, null=True, blank=True)
+    active_key = models.GeneratedField(
+        expression=Case(When(state__in=[JobState.PENDING, JobState.CLAIMED], then=F("unique_key"))),
+        output_field=models.CharField(max_length=200, null=True),
+        db_persist=True,
+        unique=True,
+    )
 
     cursor = models.JSONField(_("checkpoint cursor"), null=True, blank=True)
     result = models.JSONField(_("result"), null=True, blank=True)
@@ -69,6 +90,9 @@ class Job(models.Model):
                 condition=models.Q(claim_token__isnull=False),
             ),
             models.Index(fields=["state", "finished_at"], name="leases_job_finished_idx"),
+            # The admin: its per-queue/task/state counts become an index-only scan, and the
+            # queue filter an index range instead of a walk over every job.
+            models.Index(fields=["queue_name", "task_path", "state"], name="leases_job_census_idx"),
         ]
         constraints = [
             models.CheckConstraint(

@@ -12,14 +12,14 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, models, router, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, models, router, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from . import conf
 from .jsonsafe import ensure_json
-from .states import FailureKind, JobState
+from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
 
 if TYPE_CHECKING:
     from .models import Job
@@ -42,6 +42,45 @@ def _lease_end_by_job(leases: Iterable[float], override: float | None) -> Any:
         return _lease_end(override)
     whens = [When(lease_seconds=v, then=_lease_end(v)) for v in sorted(set(leases))]
     return Case(*whens, default=_lease_end(conf.DEFAULT_LEASE_SECONDS))
+
+
+def _aware(name: str, value: Any) -> datetime:
+    from .exceptions import InvalidLeaseOption
+
+    if not isinstance(value, datetime) or timezone.is_naive(value):
+        raise InvalidLeaseOption(name, f"must be an aware datetime, got {value!r}")
+    return value
+
+
+def _seconds(name: str, value: Any) -> float:
+    from .exceptions import InvalidLeaseOption
+
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise InvalidLeaseOption(name, f"must be seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _count_if_expired() -> Case:
+    """leases_lost + 1 when the row is a claim (being taken over or ended), else unchanged."""
+    return Case(When(state=JobState.CLAIMED, then=F("leases_lost") + 1), default=F("leases_lost"),
+                output_field=models.PositiveIntegerField())
+
+
+def _ending(job: Any) -> str | None:
+    """How a claim candidate ends instead of being claimed: a dead reason, "park", or None."""
+    if job.past_deadline:
+        return DeadReason.DEADLINE
+    if job.state != JobState.CLAIMED:
+        return None
+    if job.on_lease_lost == LeaseLostPolicy.DEAD:
+        return DeadReason.LEASE_LOST
+    if job.on_lease_lost == LeaseLostPolicy.PARK:
+        return "park"
+    if job.attempts >= job.max_attempts:
+        return DeadReason.ATTEMPTS
+    return None
 
 
 def _token_case(tokens: dict[Any, uuid.UUID]) -> Case:
@@ -112,14 +151,23 @@ class JobQuerySet(models.QuerySet):
         delay: float | None = None,
         lease_seconds: float | None = None,
         max_attempts: int | None = None,
+        retry: Any = None,
+        on_lease_lost: str = LeaseLostPolicy.RETRY,
+        deadline: datetime | None = None,
+        max_age: float | None = None,
+        unique_key: str | None = None,
+        on_duplicate: str = "refuse",
     ) -> Job:
         """Insert a pending job in the caller's transaction and return it.
 
         Raise InvalidJobArgument (naming the argument) or InvalidLeaseOption before anything
-        is written. ``delay`` counts from the database clock; ``run_after`` is the caller's
-        own absolute time.
+        is written. ``delay`` and ``max_age`` count from the database clock; ``run_after`` and
+        ``deadline`` are the caller's own absolute times. With ``unique_key``, a second
+        pending or claimed job with the same key is refused (DuplicateJob) or, with
+        ``on_duplicate="merge"``, the existing job is returned instead.
         """
         from .exceptions import InvalidLeaseOption
+        from .retry import Retry
 
         args = ensure_json(list(args), "args")
         kwargs = ensure_json(dict(kwargs or {}), "kwargs")
@@ -131,28 +179,66 @@ class JobQuerySet(models.QuerySet):
             raise InvalidLeaseOption("priority", f"must be a whole number from -100 to 100, got {priority!r}")
         if run_after is not None and delay is not None:
             raise InvalidLeaseOption("run_after", "give run_after or delay, not both")
-        options = conf.get_options(None) if lease_seconds is None or max_attempts is None else None
+        if deadline is not None and max_age is not None:
+            raise InvalidLeaseOption("deadline", "give deadline or max_age, not both")
+        if on_lease_lost not in LeaseLostPolicy.values:
+            raise InvalidLeaseOption("on_lease_lost", f"must be one of {LeaseLostPolicy.values}, got {on_lease_lost!r}")
+        if on_duplicate not in ("refuse", "merge"):
+            raise InvalidLeaseOption("on_duplicate", f"must be 'refuse' or 'merge', got {on_duplicate!r}")
+        if unique_key is not None and (not isinstance(unique_key, str) or not 0 < len(unique_key) <= 200):
+            raise InvalidLeaseOption("unique_key", f"must be 1-200 characters, got {unique_key!r}")
+        options = conf.get_options(None)
         lease = conf.validate_lease(
             options.lease_seconds if lease_seconds is None else lease_seconds, "lease_seconds")
         attempts = conf.validate_max_attempts(
             options.max_attempts if max_attempts is None else max_attempts, "max_attempts")
-        fields: dict[str, Any] = {}
+        fields: dict[str, Any] = {
+            "retry": None if retry is None else Retry.from_json(retry).to_json(),
+            "on_lease_lost": on_lease_lost,
+            "unique_key": unique_key,
+        }
         if run_after is not None:
-            if not isinstance(run_after, datetime) or timezone.is_naive(run_after):
-                raise InvalidLeaseOption("run_after", f"must be an aware datetime, got {run_after!r}")
-            fields["available_at"] = run_after
+            fields["available_at"] = _aware("run_after", run_after)
         elif delay is not None:
-            if isinstance(delay, timedelta):
-                delay = delay.total_seconds()
-            if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
-                raise InvalidLeaseOption("delay", f"must be seconds >= 0, got {delay!r}")
-            fields["available_at"] = _lease_end(delay)
-        job = self.create(
-            task_path=task_path, args=args, kwargs=kwargs, queue_name=queue_name,
-            priority=priority, lease_seconds=lease, max_attempts=attempts, **fields,
-        )
-        _notify_on_commit(job._state.db or DEFAULT_DB_ALIAS, queue_name)
+            fields["available_at"] = _lease_end(_seconds("delay", delay))
+        if deadline is not None:
+            fields["deadline"] = _aware("deadline", deadline)
+        else:
+            age = options.max_age_days * 86400 if max_age is None else _seconds("max_age", max_age)
+            fields["deadline"] = _lease_end(age)
+        db = self._db or router.db_for_write(self.model)
+        job = self.model(task_path=task_path, args=args, kwargs=kwargs, queue_name=queue_name,
+                         priority=priority, lease_seconds=lease, max_attempts=attempts, **fields)
+        if unique_key is None:
+            job.save(using=db, force_insert=True)
+        else:
+            existing = self._insert_unique(db, job)
+            if existing is not None:
+                if on_duplicate == "merge":
+                    return existing
+                from .exceptions import DuplicateJob
+
+                raise DuplicateJob(unique_key, existing.pk)
+        _notify_on_commit(db, queue_name)
         return job
+
+    def _insert_unique(self, db: str, job: Job) -> Job | None:
+        """Insert ``job`` unless an active job holds its key; return that job if one does."""
+        manager = self.model._default_manager.using(db)
+        for _ in range(3):
+            try:
+                # A savepoint, so a refused insert leaves the caller's transaction usable.
+                with transaction.atomic(using=db):
+                    job.save(using=db, force_insert=True)
+                return None
+            except IntegrityError:
+                job.pk = None
+                job._state.adding = True
+                holder = manager.filter(
+                    unique_key=job.unique_key, state__in=[JobState.PENDING, JobState.CLAIMED]).first()
+                if holder is not None:
+                    return holder
+        raise IntegrityError(f"unique_key {job.unique_key!r} kept conflicting; try again")
 
     # -- the claim and its owner's writes ----------------------------------------------
 
@@ -166,44 +252,42 @@ class JobQuerySet(models.QuerySet):
         """Claim up to ``limit`` due or expired jobs, by priority then due time.
 
         Each claimed job gets a fresh claim token, fence + 1, attempts + 1 and a lease ending
-        at Now() + lease (its own lease_seconds unless ``lease`` is given). An expired claim
-        that has no attempts left is dead-lettered instead. Where the database has SKIP
-        LOCKED, rows another worker is claiming are passed over; elsewhere (SQLite) the
-        UPDATE re-checks the claim predicate, so two workers can never both win a row.
+        at Now() + lease (its own lease_seconds unless ``lease`` is given). Candidates that
+        must not run again end here instead: past their deadline, or an expired claim with no
+        attempts left or whose task says a lost lease means dead-letter or park. Where the
+        database has SKIP LOCKED, rows another worker is claiming are passed over; elsewhere
+        (SQLite) the UPDATE re-checks the claim predicate, so two workers never both win a row.
         """
         if limit < 1:
             return []
         db = self._db or router.db_for_write(self.model)
         features = connections[db].features
-        candidates_qs = self.model._default_manager.using(db).claim_order(queues)
+        candidates_qs = self.model._default_manager.using(db).claim_order(queues).annotate(
+            past_deadline=Case(When(deadline__lt=Now(), then=Value(True)), default=Value(False),
+                               output_field=models.BooleanField()))
         if features.has_select_for_update_skip_locked:
             with transaction.atomic(using=db):
                 candidates = list(candidates_qs.select_for_update(skip_locked=True)[:limit])
-                return self._take(db, candidates, worker_id, lease, locked=True)
+                return self._take(db, candidates, worker_id, lease)
         candidates = list(candidates_qs[:limit])
-        return self._take(db, candidates, worker_id, lease, locked=False)
+        return self._take(db, candidates, worker_id, lease)
 
-    def _take(self, db: str, candidates: list[Job], worker_id: str, lease: float | None,
-              *, locked: bool) -> list[Job]:
+    def _take(self, db: str, candidates: list[Job], worker_id: str, lease: float | None) -> list[Job]:
         if not candidates:
             return []
         manager = self.model._default_manager.using(db)
-        exhausted = [j for j in candidates
-                     if j.state == JobState.CLAIMED and j.attempts >= j.max_attempts]
-        if exhausted:
-            self._bury_expired(db, exhausted)
-        wanted = [j for j in candidates if j not in exhausted]
+        endings = {j.pk: _ending(j) for j in candidates}
+        ending = {pk: e for pk, e in endings.items() if e is not None}
+        if ending:
+            self._settle(db, [j for j in candidates if j.pk in ending], ending)
+        wanted = [j for j in candidates if j.pk not in ending]
         if not wanted:
             return []
         tokens = {j.pk: uuid.uuid4() for j in wanted}
         claimed_count = manager.filter(pk__in=tokens).claimable().update(
             # MySQL assigns left to right and later expressions see earlier assignments:
             # read the old state before it is overwritten.
-            leases_lost=Case(
-                When(state=JobState.CLAIMED, then=F("leases_lost") + 1),
-                default=F("leases_lost"),
-                output_field=models.PositiveIntegerField(),
-            ),
+            leases_lost=_count_if_expired(),
             state=JobState.CLAIMED,
             claim_token=_token_case(tokens),
             fence=F("fence") + 1,
@@ -243,19 +327,24 @@ class JobQuerySet(models.QuerySet):
             for j in jobs
         ])
 
-    def _bury_expired(self, db: str, jobs: list[Job]) -> None:
-        """Dead-letter expired claims that have spent every attempt."""
+    def _settle(self, db: str, jobs: list[Job], ending: dict[Any, str]) -> None:
+        """End candidates that must not run again: dead-letter them, or park them."""
         manager = self.model._default_manager.using(db)
         with transaction.atomic(using=db):
-            buried = []
+            lost = []
             for job in jobs:
-                # One conditional UPDATE per job: the token pins the claim that expired.
-                if manager.expired().filter(pk=job.pk, claim_token=job.claim_token).update(
-                    state=JobState.DEAD, finished_at=Now(), claim_token=None,
-                    lease_expires_at=None, leases_lost=F("leases_lost") + 1,
-                ) == 1:
-                    buried.append(job)
-            self._record_expired(db, buried)
+                reason = ending[job.pk]
+                if reason == "park":
+                    changes: dict[str, Any] = {"state": JobState.PENDING, "available_at": None}
+                else:
+                    changes = {"state": JobState.DEAD, "dead_reason": reason, "finished_at": Now()}
+                # One conditional UPDATE per job: state and token pin the row as it was found.
+                if manager.claimable().filter(
+                    pk=job.pk, state=job.state, claim_token=job.claim_token
+                ).update(leases_lost=_count_if_expired(), claim_token=None,
+                         lease_expires_at=None, **changes) == 1 and job.state == JobState.CLAIMED:
+                    lost.append(job)
+            self._record_expired(db, lost)
 
     def renew(self, claims: Iterable[ClaimRef], lease: float | None = None) -> set[Any]:
         """Push the lease of every claim forward in one statement; return the ids still held.
@@ -307,26 +396,43 @@ class JobQuerySet(models.QuerySet):
         message: str = "",
         traceback: str = "",
         retry: bool = True,
-        retry_in: float = 0.0,
+        retry_in: float | None = None,
         kind: str = FailureKind.EXCEPTION,
     ) -> bool:
         """Record a failed attempt if ``claim`` still owns the job.
 
-        The job goes back to pending after ``retry_in`` seconds (database clock) while it has
-        attempts left and ``retry`` is true, and is dead-lettered otherwise.
+        The job goes back to pending while it has attempts left, its deadline has not passed
+        and ``retry`` is true, due after ``retry_in`` seconds on the database clock (by
+        default the next step of the job's retry ladder); otherwise it is dead-lettered with
+        the reason.
         """
         from .models import JobFailure
+        from .retry import DEFAULT_RETRY, Retry
 
         db = self._db or router.db_for_write(self.model)
+        if retry_in is None:
+            ladder = getattr(claim, "retry", None)
+            retry_in = (Retry.from_json(ladder) if ladder else DEFAULT_RETRY).delay(
+                getattr(claim, "attempts", 1) or 1)
         if retry:
-            dead = Q(attempts__gte=F("max_attempts"))
+            reason: Any = Case(
+                When(deadline__lt=Now(), then=Value(DeadReason.DEADLINE)),
+                When(attempts__gte=F("max_attempts"), then=Value(DeadReason.ATTEMPTS)),
+                default=Value(""),
+            )
+            dead = Q(deadline__lt=Now()) | Q(attempts__gte=F("max_attempts"))
             state: Any = Case(When(dead, then=Value(JobState.DEAD)), default=Value(JobState.PENDING))
-            finished: Any = Case(When(dead, then=Now()), default=Value(None))
+            finished: Any = Case(When(dead, then=Now()), default=Value(None),
+                                 output_field=models.DateTimeField())
         else:
+            reason = DeadReason.UNRUNNABLE if kind == FailureKind.UNRUNNABLE else DeadReason.NON_RETRYABLE
             state, finished = JobState.DEAD, Now()
         with transaction.atomic(using=db):
+            # dead_reason and finished_at read attempts/deadline, which this UPDATE leaves
+            # alone, so MySQL's left-to-right assignment cannot change their answers.
             if self._owned(claim).update(
-                state=state, finished_at=finished, available_at=_lease_end(max(retry_in, 0.0)),
+                dead_reason=reason, finished_at=finished, state=state,
+                available_at=_lease_end(max(retry_in, 0.0)),
                 claim_token=None, lease_expires_at=None,
             ) != 1:
                 return False
@@ -361,18 +467,27 @@ class JobQuerySet(models.QuerySet):
         return self.filter(state__in=[JobState.PENDING, JobState.CLAIMED]).update(
             state=JobState.CANCELLED, finished_at=Now(), claim_token=None, lease_expires_at=None)
 
-    def requeue(self, *, reset_attempts: bool = True) -> int:
-        """Put dead and cancelled jobs back to pending, due now."""
+    def requeue(self, *, reset_attempts: bool = True, max_age: float | None = None) -> int:
+        """Put dead and cancelled jobs back to pending, due now, with a fresh deadline
+        (``max_age`` seconds, default the backend's MAX_AGE_DAYS, from the database's Now()).
+
+        A job whose unique key is held by another active job stays where it is.
+        """
+        age = conf.get_options(None).max_age_days * 86400 if max_age is None else _seconds("max_age", max_age)
         changes: dict[str, Any] = {"attempts": 0} if reset_attempts else {
             # Keep the count but leave room for one more try.
             "max_attempts": Case(When(attempts__gte=F("max_attempts"), then=F("attempts") + 1),
                                  default=F("max_attempts"),
                                  output_field=models.PositiveIntegerField())}
-        return self.filter(state__in=[JobState.DEAD, JobState.CANCELLED]).update(
-            state=JobState.PENDING, available_at=Now(), finished_at=None, **changes)
+        taken = list(self.model._default_manager.using(self.db).filter(
+            active_key__isnull=False).values_list("active_key", flat=True))
+        return self.filter(state__in=[JobState.DEAD, JobState.CANCELLED]).exclude(
+            unique_key__in=taken).update(
+            state=JobState.PENDING, available_at=Now(), finished_at=None, dead_reason="",
+            deadline=_lease_end(age), **changes)
 
     def retry_now(self) -> int:
-        """Make pending jobs due now."""
+        """Make pending jobs due now, parked ones included."""
         return self.filter(state=JobState.PENDING).update(available_at=Now())
 
     def expire_now(self) -> int:
@@ -380,13 +495,26 @@ class JobQuerySet(models.QuerySet):
         return self.filter(state=JobState.CLAIMED).update(
             lease_expires_at=Now() - Value(timedelta(seconds=1)))
 
-    def prune(self, older_than_days: float) -> int:
-        """Delete succeeded and cancelled jobs that finished more than N days ago."""
-        count, _ = self.filter(
-            state__in=[JobState.SUCCEEDED, JobState.CANCELLED],
-            finished_at__lt=Now() - Value(timedelta(days=older_than_days)),
-        ).delete()
-        return count
+    def prunable(self, older_than_days: float, *, include_dead: bool = False) -> JobQuerySet:
+        """Finished jobs past retention: succeeded, cancelled, and dead ones if asked."""
+        states = [JobState.SUCCEEDED, JobState.CANCELLED] + ([JobState.DEAD] if include_dead else [])
+        return self.filter(
+            state__in=states, finished_at__lt=Now() - Value(timedelta(days=older_than_days)))
+
+    def prune(self, older_than_days: float, *, include_dead: bool = False,
+              batch_size: int = 1000) -> int:
+        """Delete finished jobs (succeeded and cancelled, and dead ones if asked) that finished
+        more than N days ago on the database clock, ``batch_size`` at a time so no statement
+        holds locks for long; return how many jobs were deleted."""
+        old = self.prunable(older_than_days, include_dead=include_dead)
+        manager = self.model._default_manager.using(self.db)
+        deleted = 0
+        while True:
+            ids = list(old.order_by("pk").values_list("pk", flat=True)[:batch_size])
+            if not ids:
+                return deleted
+            _, per_model = manager.filter(pk__in=ids).delete()
+            deleted += per_model.get(self.model._meta.label, 0)
 
     # -- admin views -------------------------------------------------------------------
     # Read-only views and conditional verbs for the admin. "Stalled" here is the design's

@@ -31,3 +31,22 @@ class FailureKind(TextChoices):
     LEASE_EXPIRED = "lease_expired", pgettext_lazy("Failure kind", "Lease expired")
     # The job could not be run at all (unknown task, bad arguments).
     UNRUNNABLE = "unrunnable", pgettext_lazy("Failure kind", "Unrunnable")
+
+
+class LeaseLostPolicy(TextChoices):
+    """What an expired claim means for a job, decided when another worker finds it expired."""
+
+    # Run it again (the handler is idempotent, or fenced). Counts as a spent attempt.
+    RETRY = "retry", pgettext_lazy("Lease lost policy", "Retry")
+    # Dead-letter at once: running twice would do harm, and nobody can tell how far it got.
+    DEAD = "dead", pgettext_lazy("Lease lost policy", "Dead-letter")
+    # Hold it pending with no due time until a person releases (retry now) or cancels it.
+    PARK = "park", pgettext_lazy("Lease lost policy", "Park for a person")
+
+
+class DeadReason(TextChoices):
+    ATTEMPTS = "attempts", pgettext_lazy("Dead reason", "Out of attempts")
+    DEADLINE = "deadline", pgettext_lazy("Dead reason", "Past its deadline")
+    NON_RETRYABLE = "non_retryable", pgettext_lazy("Dead reason", "Non-retryable error")
+    LEASE_LOST = "lease_lost", pgettext_lazy("Dead reason", "Lease lost (not idempotent)")
+    UNRUNNABLE = "unrunnable", pgettext_lazy("Dead reason", "Unrunnable")

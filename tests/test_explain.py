@@ -19,7 +19,7 @@ def load_rows():
         cursor.execute(f"""
             INSERT INTO {table} (queue_name, task_path, args, kwargs, priority, state,
                 available_at, lease_seconds, lease_expires_at, claim_token, fence, attempts,
-                max_attempts, leases_lost, claimed_by, enqueued_at, finished_at)
+                max_attempts, leases_lost, claimed_by, enqueued_at, finished_at, on_lease_lost, dead_reason)
             SELECT CASE WHEN i % 3 = 0 THEN 'emails' ELSE 'default' END,
                    'tests.testapp.tasks.add', '[]', '{{}}', (i % 5) - 2,
                    CASE WHEN i % 200 = 0 THEN 'claimed'
@@ -29,7 +29,7 @@ def load_rows():
                    CASE WHEN i % 200 = 0 THEN now() + (i % 60 - 30) * interval '1 second' END,
                    CASE WHEN i % 200 = 0 THEN md5(i::text)::uuid END,
                    1, 1, 5, 0, 'bench', now() - interval '2 hours',
-                   CASE WHEN i % 200 <> 0 AND i % 40 <> 1 THEN now() END
+                   CASE WHEN i % 200 <> 0 AND i % 40 <> 1 THEN now() END, 'retry', ''
             FROM generate_series(1, %s) AS i
         """.replace("%", "%%").replace("%%s", "%s"), [ROWS])
         cursor.execute(f"ANALYZE {table}")

@@ -208,7 +208,7 @@ def test_fail_retries_until_max_attempts_then_dead_letters_with_history():
     enqueue(max_attempts=2)
     [job] = Job.objects.claim("w1")
     assert Job.objects.fail(job, exception_class_path="builtins.ValueError", message="boom",
-                            traceback="Traceback ...") is True
+                            traceback="Traceback ...", retry_in=0) is True
     assert Job.objects.get(pk=job.pk).state == JobState.PENDING
     [job] = Job.objects.claim("w2")
     assert Job.objects.fail(job, exception_class_path="builtins.KeyError", message="again") is True

@@ -1,0 +1,46 @@
+"""Delete finished jobs past the backend's retention, in batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_leases.conf import get_options
+from django_leases.exceptions import InvalidLeaseOption
+from django_leases.models import Job
+
+
+class Command(BaseCommand):
+    help = ("Delete succeeded and cancelled jobs (and with --include-dead, dead ones) that "
+            "finished more than RETENTION_DAYS ago on the database clock.")
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--backend", default=None,
+                            help="TASKS alias (default: the first django_leases backend).")
+        parser.add_argument("--older-than-days", type=float, default=None,
+                            help="Override the backend's RETENTION_DAYS.")
+        parser.add_argument("--include-dead", action="store_true",
+                            help="Also delete dead-lettered jobs past retention.")
+        parser.add_argument("--batch-size", type=int, default=1000,
+                            help="Jobs deleted per statement (default 1000).")
+        parser.add_argument("--dry-run", action="store_true", help="Count, delete nothing.")
+
+    def handle(self, *args: Any, backend: str | None, older_than_days: float | None,
+               include_dead: bool, batch_size: int, dry_run: bool, **options: Any) -> None:
+        try:
+            lease_options = get_options(backend)
+        except InvalidLeaseOption as e:
+            raise CommandError(str(e)) from e
+        days = lease_options.retention_days if older_than_days is None else older_than_days
+        if days < 0:
+            raise CommandError(f"--older-than-days must be >= 0, got {days:g}")
+        if batch_size < 1:
+            raise CommandError(f"--batch-size must be >= 1, got {batch_size}")
+        jobs = Job.objects.using(lease_options.database)
+        if dry_run:
+            count = jobs.all().prunable(days, include_dead=include_dead).count()
+            self.stdout.write(f"Would delete {count} jobs finished more than {days:g} days ago.")
+            return
+        deleted = jobs.all().prune(days, include_dead=include_dead, batch_size=batch_size)
+        self.stdout.write(f"Deleted {deleted} jobs finished more than {days:g} days ago.")

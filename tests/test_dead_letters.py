@@ -1,0 +1,177 @@
+"""Dead letters, deadlines, lost-lease policies, unique jobs, retry ladders and pruning."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from django_leases.exceptions import DuplicateJob, InvalidLeaseOption
+from django_leases.models import Job
+from django_leases.states import DeadReason, FailureKind, JobState, LeaseLostPolicy
+
+pytestmark = pytest.mark.django_db
+
+TASK = "tests.testapp.tasks.add"
+
+
+def enqueue(**kw):
+    return Job.objects.enqueue(TASK, [1, 2], **kw)
+
+
+def test_a_job_gets_a_deadline_of_max_age_on_the_database_clock():
+    """Invariant 1: the default deadline is 14 days after the database's Now()."""
+    job = enqueue()
+    job.refresh_from_db()
+    assert job.deadline - job.enqueued_at == timedelta(days=14)
+    job = enqueue(max_age=60)
+    job.refresh_from_db()
+    assert job.deadline - job.enqueued_at == timedelta(seconds=60)
+
+
+def test_a_pending_job_past_its_deadline_is_dead_lettered_instead_of_claimed():
+    """Invariant 3: it ends dead with the reason, not silently dropped."""
+    job = enqueue(deadline=timezone.now() - timedelta(seconds=1))
+    assert Job.objects.claim("w") == []
+    job.refresh_from_db()
+    assert (job.state, job.dead_reason, job.attempts) == (JobState.DEAD, DeadReason.DEADLINE, 0)
+
+
+def test_a_failure_past_the_deadline_dead_letters_whatever_attempts_remain():
+    job = enqueue(max_attempts=10)
+    [claim] = Job.objects.claim("w")
+    Job.objects.filter(pk=job.pk).update(deadline=Now() - timedelta(seconds=1))
+    assert Job.objects.fail(claim, message="boom") is True
+    job.refresh_from_db()
+    assert (job.state, job.dead_reason) == (JobState.DEAD, DeadReason.DEADLINE)
+
+
+def test_failures_follow_the_jobs_ladder_on_the_database_clock():
+    """Invariant 1: the ladder is an interval added to the database's Now()."""
+    job = enqueue(retry=[15, 90], max_attempts=5)
+    for expected in (15, 90, 90):
+        [claim] = Job.objects.claim("w")
+        Job.objects.fail(claim, message="boom")
+        stored = Job.objects.get(pk=job.pk)
+        failure = stored.failures.order_by("-id").first()
+        assert abs((stored.available_at - failure.recorded_at).total_seconds() - expected) < 1
+        Job.objects.filter(pk=job.pk).retry_now()
+
+
+def test_a_non_retryable_failure_goes_straight_to_dead_with_its_reason():
+    enqueue()
+    [claim] = Job.objects.claim("w")
+    Job.objects.fail(claim, exception_class_path="shop.errors.CardDeclined", message="no", retry=False)
+    job = Job.objects.get(pk=claim.pk)
+    assert (job.state, job.dead_reason) == (JobState.DEAD, DeadReason.NON_RETRYABLE)
+    failure = job.failures.get()
+    assert (failure.exception_class_path, failure.fence, failure.worker_id) == ("shop.errors.CardDeclined", 1, "w")
+
+
+@pytest.mark.parametrize(("policy", "state", "reason"), [
+    (LeaseLostPolicy.DEAD, JobState.DEAD, DeadReason.LEASE_LOST),
+    (LeaseLostPolicy.PARK, JobState.PENDING, ""),
+])
+def test_a_lost_lease_of_a_non_idempotent_task_is_not_run_again(policy, state, reason):
+    """Invariants 3 and 4: the expired claim is not taken over; it is dead-lettered or
+    parked for a person, and the loss is counted apart from failures."""
+    job = enqueue(on_lease_lost=policy)
+    [claim] = Job.objects.claim("w1")
+    Job.objects.filter(pk=job.pk).expire_now()
+    assert Job.objects.claim("w2") == []
+    job.refresh_from_db()
+    assert (job.state, job.dead_reason, job.leases_lost) == (state, reason, 1)
+    assert job.failures.get().kind == FailureKind.LEASE_EXPIRED
+    assert Job.objects.ack(claim) is False
+    if policy == LeaseLostPolicy.PARK:
+        assert job.available_at is None
+        assert Job.objects.filter(pk=job.pk).retry_now() == 1  # a person releases it
+        assert [j.pk for j in Job.objects.claim("w3")] == [job.pk]
+
+
+def test_a_job_that_keeps_losing_its_lease_ends_dead_after_max_attempts():
+    """Invariant 3: an expired lease is a spent attempt, so a crash loop ends."""
+    job = enqueue(max_attempts=3)
+    for _ in range(3):
+        [claim] = Job.objects.claim("w")
+        Job.objects.filter(pk=job.pk).expire_now()
+    assert Job.objects.claim("w") == []
+    job.refresh_from_db()
+    assert (job.state, job.dead_reason, job.leases_lost, job.attempts) == (JobState.DEAD, DeadReason.ATTEMPTS, 3, 3)
+    assert list(job.failures.values_list("attempt", "kind")) == [(n, FailureKind.LEASE_EXPIRED) for n in (1, 2, 3)]
+
+
+def test_requeue_gives_a_dead_job_a_fresh_deadline_and_clears_the_reason():
+    job = enqueue(deadline=timezone.now() - timedelta(seconds=1))
+    Job.objects.claim("w")
+    assert Job.objects.filter(pk=job.pk).requeue() == 1
+    job.refresh_from_db()
+    assert (job.state, job.dead_reason) == (JobState.PENDING, "")
+    assert job.deadline - job.available_at == timedelta(days=14)
+    assert [j.pk for j in Job.objects.claim("w")] == [job.pk]
+
+
+def test_a_second_active_job_with_the_same_unique_key_is_refused_or_merged():
+    """Invariant 3: the refused enqueue writes nothing and leaves the caller's transaction usable."""
+    first = enqueue(unique_key="invoice-7")
+    with transaction.atomic():
+        with pytest.raises(DuplicateJob) as info:
+            enqueue(unique_key="invoice-7")
+        assert info.value.job_id == first.pk
+        assert Job.objects.count() == 1  # the transaction still works
+    assert enqueue(unique_key="invoice-7", on_duplicate="merge").pk == first.pk
+    assert Job.objects.count() == 1
+
+
+def test_a_unique_key_is_free_again_once_its_job_finished():
+    first = enqueue(unique_key="k")
+    [claim] = Job.objects.claim("w")
+    Job.objects.ack(claim)
+    second = enqueue(unique_key="k")
+    assert second.pk != first.pk
+    # Requeueing the finished one would make two active jobs with one key: it stays put.
+    Job.objects.filter(pk=second.pk).cancel()
+    enqueue(unique_key="k")
+    assert Job.objects.filter(pk=second.pk).requeue() == 0
+
+
+@pytest.mark.parametrize(("kw", "named"), [
+    ({"on_lease_lost": "maybe"}, "on_lease_lost"),
+    ({"retry": {"delays": [-1]}}, "retry.delays[0]"),
+    ({"unique_key": ""}, "unique_key"),
+    ({"on_duplicate": "ignore"}, "on_duplicate"),
+    ({"max_age": -5}, "max_age"),
+    ({"deadline": "tomorrow"}, "deadline"),
+])
+def test_bad_enqueue_options_are_refused_naming_the_field(kw, named):
+    with pytest.raises(InvalidLeaseOption) as info:
+        enqueue(**kw)
+    assert info.value.option == named
+    assert Job.objects.count() == 0
+
+
+def finished(days_ago, state=JobState.SUCCEEDED):
+    job = enqueue()
+    Job.objects.filter(pk=job.pk).update(state=state, finished_at=Now() - timedelta(days=days_ago))
+    return job
+
+
+def test_prune_deletes_finished_jobs_past_retention_in_batches():
+    old = [finished(20) for _ in range(5)]
+    young = finished(1)
+    dead = finished(30, JobState.DEAD)
+    pending = enqueue()
+    out = StringIO()
+    call_command("leases_prune", "--dry-run", stdout=out)
+    assert "Would delete 5 jobs" in out.getvalue()
+    call_command("leases_prune", "--batch-size", "2", stdout=out)
+    assert "Deleted 5 jobs" in out.getvalue()
+    assert not Job.objects.filter(pk__in=[j.pk for j in old]).exists()
+    assert set(Job.objects.values_list("pk", flat=True)) == {young.pk, dead.pk, pending.pk}
+    call_command("leases_prune", "--include-dead", stdout=out)
+    assert not Job.objects.filter(pk=dead.pk).exists()
