@@ -13,7 +13,8 @@ from django.tasks.signals import task_enqueued
 from . import registry
 from .conf import LeaseOptions, validate_lease, validate_max_attempts
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
-from .states import JobState
+from .retry import Retry
+from .states import JobState, LeaseLostPolicy
 from .task import LeaseTask
 
 _STATUS = {
@@ -50,6 +51,15 @@ class LeaseBackend(BaseTaskBackend):
                 validate_lease(task.lease, "lease")
             if getattr(task, "max_attempts", None) is not None:
                 validate_max_attempts(task.max_attempts, "max_attempts")
+            if getattr(task, "retry", None) is not None:
+                Retry.from_json(task.retry)
+            policy = getattr(task, "on_lease_lost", LeaseLostPolicy.RETRY)
+            if policy not in LeaseLostPolicy.values:
+                raise InvalidLeaseOption(
+                    "on_lease_lost", f"must be one of {LeaseLostPolicy.values}, got {policy!r}")
+            for cls in getattr(task, "non_retryable", ()):
+                if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+                    raise InvalidLeaseOption("non_retryable", f"must hold exception classes, got {cls!r}")
         except InvalidLeaseOption as e:
             raise InvalidTask(f"{task.module_path}: {e}") from e
         registry.declare(self.alias, task)
@@ -66,11 +76,16 @@ class LeaseBackend(BaseTaskBackend):
 
         self.validate_task(task)
         lease, max_attempts = self.job_options(task)
+        options = self.lease_options
+        retry = getattr(task, "retry", None) or options.retry_for_queue(task.queue_name)
         try:
             job = Job.objects.using(self.database).enqueue(
                 task.module_path, args, kwargs,
                 queue_name=task.queue_name, priority=task.priority, run_after=task.run_after,
-                lease_seconds=lease, max_attempts=max_attempts,
+                lease_seconds=lease, max_attempts=max_attempts, retry=retry,
+                on_lease_lost=getattr(task, "on_lease_lost", LeaseLostPolicy.RETRY),
+                max_age=options.max_age_days * 86400,
+                unique_key=getattr(task, "unique_key", None),
             )
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e

@@ -1,13 +1,14 @@
 """The backend's task class: django.tasks' Task plus per-task lease options.
 
-On Django 6.1+ ``@task(lease=120, max_attempts=10)`` reaches these fields; Django 6.0's
-decorator passes no extra arguments, so there the options come from
-``OPTIONS["QUEUE_OPTIONS"]`` per queue (see conf.py).
+On Django 6.1+ ``@task(lease=120, max_attempts=10, retry=[10, 60])`` reaches these fields;
+Django 6.0's decorator passes no extra arguments, so there the options come from
+``OPTIONS["QUEUE_OPTIONS"]`` per queue, or from ``my_task.using_lease(...)`` on both.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from django.tasks import Task
 
@@ -18,3 +19,20 @@ class LeaseTask(Task):
     lease: float | None = None
     # Claims a job may use before it is dead-lettered (None: queue/backend default).
     max_attempts: int | None = None
+    # Retry ladder for ordinary failures: a Retry, a list of delays or a dict (None: default).
+    retry: Any = None
+    # What an expired claim means for this task's jobs: "retry", "dead" or "park".
+    on_lease_lost: str = "retry"
+    # Exception classes that dead-letter the job at once instead of retrying it.
+    non_retryable: tuple[type[BaseException], ...] = ()
+    # At most one pending or claimed job per key; a second enqueue raises DuplicateJob.
+    unique_key: str | None = None
+
+    def using_lease(self, **changes: Any) -> LeaseTask:
+        """A copy with other lease options (lease, max_attempts, retry, on_lease_lost,
+        non_retryable, unique_key); validated at once, like ``using()``."""
+        allowed = {"lease", "max_attempts", "retry", "on_lease_lost", "non_retryable", "unique_key"}
+        unknown = set(changes) - allowed
+        if unknown:
+            raise TypeError(f"using_lease() got unknown options {sorted(unknown)}; use {sorted(allowed)}")
+        return replace(self, **changes)

@@ -155,3 +155,31 @@ def test_per_queue_options_apply_where_the_task_sets_none(settings):
     total = add.enqueue(1, 1)
     assert Job.objects.filter(pk=int(receipt.id)).values_list("lease_seconds", "max_attempts").get() == (300, 2)
     assert Job.objects.filter(pk=int(total.id)).values_list("lease_seconds", "max_attempts").get() == (40, 5)
+
+
+def test_using_lease_sets_per_task_options_on_every_django_version():
+    from django_leases.retry import Retry
+
+    tuned = add.using_lease(lease=90, max_attempts=3, retry=[5, 50], on_lease_lost="park",
+                            unique_key="sum-1-2")
+    job = Job.objects.get(pk=int(tuned.enqueue(1, 2).id))
+    assert (job.lease_seconds, job.max_attempts, job.on_lease_lost, job.unique_key) == (90, 3, "park", "sum-1-2")
+    assert Retry.from_json(job.retry) == Retry(delays=(5, 50))
+
+
+def test_a_duplicate_unique_key_through_django_tasks_raises_and_writes_nothing():
+    from django_leases.exceptions import DuplicateJob
+
+    once = add.using_lease(unique_key="nightly-2026-11-30")
+    once.enqueue(1, 1)
+    with pytest.raises(DuplicateJob):
+        once.enqueue(1, 1)
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.parametrize(("changes", "named"), [({"on_lease_lost": "sometimes"}, "on_lease_lost"),
+                                                ({"retry": [-1]}, "retry"),
+                                                ({"non_retryable": (int,)}, "non_retryable")])
+def test_bad_using_lease_options_raise_invalid_task(changes, named):
+    with pytest.raises(InvalidTask, match=named):
+        add.using_lease(**changes)
