@@ -36,3 +36,7 @@ class DuplicateJob(LeasesError):
         self.unique_key = unique_key
         self.job_id = job_id
         super().__init__(f"unique_key {unique_key!r} is held by active job {job_id}")
+
+
+class NonRetryable(LeasesError):
+    """Raise (or subclass) in a handler to dead-letter the job at once instead of retrying."""

@@ -151,3 +151,21 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class JobEffect(models.Model):
+    """A side effect a job recorded as done, in the same transaction as the effect itself,
+    so that a later attempt of the same job can skip it."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="effects")
+    key = models.CharField(_("effect"), max_length=200)
+    fence = models.BigIntegerField(_("fence"))
+    recorded_at = models.DateTimeField(_("recorded at"), db_default=Now())
+
+    class Meta:
+        verbose_name = _("job effect")
+        verbose_name_plural = _("job effects")
+        constraints = [models.UniqueConstraint(fields=["job", "key"], name="leases_effect_once")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.key}"

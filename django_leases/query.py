@@ -36,12 +36,21 @@ def _lease_end(lease: float) -> Any:
     return Now() + Value(timedelta(seconds=lease))
 
 
-def _lease_end_by_job(leases: Iterable[float], override: float | None) -> Any:
-    """Now() + each job's own lease_seconds, computed on the database clock."""
+def _lease_end_by_job(claims: Iterable[Any], override: float | None) -> Any:
+    """Now() + each claim's lease (its ``lease_seconds``), on the database clock.
+
+    Claims are grouped by lease, so the CASE has one branch per distinct lease however many
+    claims there are.
+    """
     if override is not None:
         return _lease_end(override)
-    whens = [When(lease_seconds=v, then=_lease_end(v)) for v in sorted(set(leases))]
-    return Case(*whens, default=_lease_end(conf.DEFAULT_LEASE_SECONDS))
+    by_lease: dict[float, list[Any]] = {}
+    for c in claims:
+        by_lease.setdefault(float(getattr(c, "lease_seconds", conf.DEFAULT_LEASE_SECONDS)), []).append(c.pk)
+    if len(by_lease) == 1:
+        return _lease_end(next(iter(by_lease)))
+    whens = [When(pk__in=pks, then=_lease_end(v)) for v, pks in sorted(by_lease.items())]
+    return Case(*whens, default=_lease_end(max(by_lease)))
 
 
 def _aware(name: str, value: Any) -> datetime:
@@ -293,7 +302,7 @@ class JobQuerySet(models.QuerySet):
             fence=F("fence") + 1,
             attempts=F("attempts") + 1,
             claimed_by=worker_id,
-            lease_expires_at=_lease_end_by_job((j.lease_seconds for j in wanted), lease),
+            lease_expires_at=_lease_end_by_job(wanted, lease),
             heartbeat_at=Now(),
             last_attempted_at=Now(),
             started_at=Case(When(started_at__isnull=True, then=Now()), default=F("started_at"),
@@ -361,7 +370,7 @@ class JobQuerySet(models.QuerySet):
         tokens = [c.claim_token for c in claims]
         held = manager.filter(pk__in=ids, claim_token__in=tokens, state=JobState.CLAIMED)
         renewed = held.update(
-            lease_expires_at=_lease_end_by_job(self._leases_of(claims), lease),
+            lease_expires_at=_lease_end_by_job(claims, lease),
             heartbeat_at=Now(),
         )
         if renewed == len(claims):
@@ -369,10 +378,6 @@ class JobQuerySet(models.QuerySet):
         # Tokens are unique per claim and never return to 'claimed', so this read can only
         # shrink the answer (a job its owner just acknowledged), never grow it.
         return set(held.values_list("pk", flat=True))
-
-    @staticmethod
-    def _leases_of(claims: list[Any]) -> list[float]:
-        return [getattr(c, "lease_seconds", conf.DEFAULT_LEASE_SECONDS) for c in claims]
 
     def _owned(self, claim: ClaimRef) -> JobQuerySet:
         db = self._db or router.db_for_write(self.model)
@@ -456,7 +461,7 @@ class JobQuerySet(models.QuerySet):
         cursor = ensure_json(cursor, "cursor")
         return self._owned(claim).update(
             cursor=cursor,
-            lease_expires_at=_lease_end_by_job(self._leases_of([claim]), lease),
+            lease_expires_at=_lease_end_by_job([claim], lease),
             heartbeat_at=Now(),
         ) == 1
 

@@ -335,3 +335,17 @@ def test_the_claimed_state_cannot_exist_without_a_lease():
     job = enqueue()
     with pytest.raises(IntegrityError), transaction.atomic():
         Job.objects.filter(pk=job.pk).update(state=JobState.CLAIMED, attempts=F("attempts") + 1)
+
+
+def test_each_claim_is_renewed_by_its_own_lease_in_one_statement():
+    """Invariant 1: claims held under different leases keep their own, on the DB clock."""
+    from django_leases.api import _ClaimRef
+
+    enqueue(lease_seconds=10)
+    enqueue(lease_seconds=50)
+    short, long_ = Job.objects.claim("w", limit=2)
+    # A worker's --lease override travels with the claim, not with the row.
+    refs = [_ClaimRef(short.pk, short.claim_token, 4.0), _ClaimRef(long_.pk, long_.claim_token, 50.0)]
+    assert Job.objects.renew(refs) == {short.pk, long_.pk}
+    ends = {j.pk: j.lease_expires_at - j.heartbeat_at for j in Job.objects.all()}
+    assert ends == {short.pk: timedelta(seconds=4), long_.pk: timedelta(seconds=50)}

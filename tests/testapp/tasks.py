@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import django
 from django.tasks import task
 
 
@@ -94,3 +95,81 @@ def boom() -> None:
 def build_report(name: str) -> str:
     """Decorated inside tests with per-task lease options (Django 6.1+ passes them through)."""
     return name
+
+
+@task
+def count_up(steps: int, pause: float) -> int:
+    """Checkpoint a counter every ``pause`` seconds, resuming from the stored cursor."""
+    import time
+
+    from django_leases.api import current_job
+
+    job = current_job()
+    start = job.cursor or 0
+    for i in range(start + 1, steps + 1):
+        time.sleep(pause)
+        job.checkpoint(i)
+    return steps
+
+
+class CardDeclined(Exception):
+    """Retrying cannot help: the task lists it as non-retryable (Django 6.1+)."""
+
+
+def declined() -> None:
+    raise CardDeclined("card declined")
+
+
+if django.VERSION >= (6, 1):
+    charge_card = task(non_retryable=(CardDeclined,))(declined)
+
+
+@task
+def refuse() -> None:
+    from django_leases.exceptions import NonRetryable
+
+    raise NonRetryable("the order was already refunded")
+
+
+@task
+def crash_worker() -> None:
+    """Kill the whole worker process, as a segfaulting extension or an OOM kill would."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@task
+def backfill(total: int, batch: int, pause: float) -> int:
+    """Process items [cursor, total) in batches; each batch's rows and its checkpoint commit
+    together in one fenced transaction, so a killed run resumes exactly where it stopped."""
+    import time
+
+    from django_leases.api import current_job
+    from django_leases.fencing import fenced
+
+    from .models import ItemLog
+
+    job = current_job()
+    start = (job.cursor or {}).get("next", 0)
+    for lo in range(start, total, batch):
+        hi = min(lo + batch, total)
+        with fenced():
+            ItemLog.objects.bulk_create([ItemLog(item=i, fence=job.fence) for i in range(lo, hi)])
+            job.checkpoint({"next": hi})
+        time.sleep(pause)
+    return total
+
+
+@task
+def late_fenced_write(key: str, seconds: float) -> None:
+    """Ignore cancellation for ``seconds``, then write an effect inside fenced(): a handler
+    whose claim was taken over meanwhile must commit nothing."""
+    import time
+
+    from django_leases.fencing import fenced
+
+    time.sleep(seconds)
+    with fenced():
+        _effect(key, "fenced")

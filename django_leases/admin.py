@@ -1,0 +1,422 @@
+"""The admin: claimed, expired and stalled jobs at a glance, and safe actions on them.
+
+Pages only read. Every change an operator asks for goes through a JobQuerySet verb, a
+conditional UPDATE (or DELETE) whose rowcount is reported back, so the message says what
+really changed, not what was asked for. Ages and countdowns are differences between two
+database-clock values (``db_now`` is annotated as Now()), never the web server's clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.db.models import F, QuerySet
+from django.http import HttpRequest
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from . import conf
+from .models import Job, WorkerProcess
+from .states import JobState
+
+EMPTY = "—"
+
+
+def heartbeat_seconds() -> float:
+    """The renewal period of the first lease backend: "stalled" means two of them missed."""
+    return conf.get_options().heartbeat_seconds
+
+
+def humanize_seconds(seconds: float) -> str:
+    """Render a duration the way an operator reads it: 42 s, 3 min, 5 h, 2 d."""
+    s = abs(seconds)
+    if s < 120:
+        return f"{int(s)} s"
+    if s < 120 * 60:
+        return f"{int(s // 60)} min"
+    if s < 48 * 3600:
+        return f"{int(s // 3600)} h"
+    return f"{int(s // 86400)} d"
+
+
+def _age(now: datetime, then: datetime | None) -> float | None:
+    return None if then is None else (now - then).total_seconds()
+
+
+def lease_text(job: Job, period: float) -> str:
+    """Say where the claim stands: "expires in 42 s", "expired 3 min ago", "stalled: …"."""
+    status = getattr(job, "lease_status", None)
+    if status is None or job.lease_expires_at is None:
+        return EMPTY
+    now = job.db_now  # type: ignore[attr-defined]
+    if status == "expired":
+        return f"expired {humanize_seconds(_age(now, job.lease_expires_at) or 0)} ago"
+    remaining = humanize_seconds((job.lease_expires_at - now).total_seconds())
+    if status == "stalled":
+        silent = _age(now, job.heartbeat_at)
+        if silent is not None and silent > 2 * period:
+            return f"stalled: no heartbeat for {humanize_seconds(silent)}"
+        return f"stalled: worker gone, expires in {remaining}"
+    return f"expires in {remaining}"
+
+
+class LeaseAdminPaginator(Paginator):
+    """Count exactly up to ``exact_limit`` rows and estimate beyond.
+
+    COUNT(*) over a million jobs costs more than the rest of the page together. A bounded
+    count is cheap (it stops at the limit), and past it the planner's estimate is good
+    enough to number pages; ``is_estimate`` lets the template say "about".
+    """
+
+    exact_limit = 10_000
+    is_estimate = False
+
+    @cached_property
+    def count(self) -> int:  # type: ignore[override]
+        qs = self.object_list
+        if not isinstance(qs, QuerySet):
+            return len(qs)
+        bounded = qs.order_by().values("pk")[: self.exact_limit + 1].count()
+        if bounded <= self.exact_limit:
+            return bounded
+        estimate = qs.estimated_count()
+        if estimate is None:
+            return qs.count()
+        self.is_estimate = True
+        return max(bounded, estimate)
+
+
+class CensusFilter(admin.SimpleListFilter):
+    """Offer the values present in the table, read from the per-request census (one GROUP BY)
+    instead of a SELECT DISTINCT over every job."""
+
+    field = ""
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        values = {row[self.field] for row in model_admin.census(request)}
+        values.update(self.extra_values())
+        return [(v, v) for v in sorted(values)]
+
+    def extra_values(self) -> set[str]:
+        return set()
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
+        if self.value():
+            return queryset.filter(**{self.field: self.value()})
+        return None
+
+
+class QueueFilter(CensusFilter):
+    title = _("queue")
+    parameter_name = "queue"
+    field = "queue_name"
+
+    def extra_values(self) -> set[str]:
+        from django.conf import settings
+
+        queues: set[str] = set()
+        for alias in conf.lease_backend_aliases():
+            queues.update(settings.TASKS[alias].get("QUEUES", []))
+        return queues
+
+
+class TaskFilter(CensusFilter):
+    title = _("task")
+    parameter_name = "task"
+    field = "task_path"
+
+
+class LeaseFilter(admin.SimpleListFilter):
+    """The lease predicates of query.py, on the database clock."""
+
+    title = _("lease")
+    parameter_name = "lease"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [
+            ("claimed", _("claimed (lease valid)")),
+            ("expired", _("expired (claimed, lease passed)")),
+            ("stalled", _("stalled (lease valid, renewals stopped or worker gone)")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
+        value = self.value()
+        if value == "claimed":
+            return queryset.lease_valid()
+        if value == "expired":
+            return queryset.expired()
+        if value == "stalled":
+            return queryset.stalled_claims(heartbeat_seconds())
+        return None
+
+
+def _pretty_json(value: Any) -> str:
+    if value is None:
+        return EMPTY
+    return format_html(
+        '<pre class="leases-json">{}</pre>',
+        json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False),
+    )
+
+
+def _present(*names: str) -> list[str]:
+    """The named Job fields that exist: the record grows (deadlines, unique keys, retry
+    ladders) and the page shows whatever is there without failing the admin checks."""
+    known = {f.name for f in Job._meta.get_fields()}
+    return [n for n in names if n in known]
+
+
+LEASE_FIELDS = ("lease_seconds", "lease_expires_at", "claim_token", "fence", "attempts",
+                "max_attempts", "leases_lost", "claimed_by", "heartbeat_at")
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    """Jobs, read-only; operator actions call the conditional verbs of JobQuerySet."""
+
+    list_display = ["id", "task_path", "queue_name", "state", "lease", "attempts_of_max",
+                    "fence", "claimed_by", "heartbeat_age", "due"]
+    list_display_links = ["id", "task_path"]
+    empty_value_display = EMPTY
+    list_filter = ["state", QueueFilter, TaskFilter, LeaseFilter]
+    search_fields = ["id__exact", "task_path", "claimed_by__exact"]  # see get_search_fields
+    search_help_text = _("A job id, part of a task path, or a worker id.")
+    ordering = ["-id"]
+    sortable_by = ["id"]
+    list_per_page = 50
+    list_max_show_all = 500
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    paginator = LeaseAdminPaginator
+    actions = ["retry_now", "requeue", "cancel", "expire_stalled", "purge_finished"]
+    fieldsets = [
+        (None, {"fields": ["id", "task_path", "queue_name", "priority", "state",
+                           *_present("dead_reason", "unique_key")]}),
+        (_("Arguments"), {"fields": ["args_pretty", "kwargs_pretty"]}),
+        (_("Lease"), {"fields": ["lease", *LEASE_FIELDS, *_present("on_lease_lost")]}),
+        (_("Progress and result"), {"fields": ["cursor_pretty", "result_pretty"]}),
+        (_("Timestamps"), {"fields": ["enqueued_at", "available_at", *_present("deadline"),
+                                      "started_at", "last_attempted_at", "finished_at"]}),
+        (_("Error history"), {"fields": ["error_history"]}),
+    ]
+    readonly_fields = [name for _title, opts in fieldsets for name in opts["fields"]]
+
+    def get_search_fields(self, request: HttpRequest) -> list[str]:
+        # A number is a job id: searching the task names for it too would turn an index
+        # lookup into a scan of every row.
+        if request.GET.get("q", "").strip().isdigit():
+            return ["id__exact"]
+        return ["task_path", "claimed_by__exact"]
+
+    # -- permissions: the admin views and acts, it never adds, edits or deletes rows --
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        # The model-level change permission gates the actions; no single job is editable,
+        # since a hand-edited lease or token would break ownership.
+        return obj is None and super().has_change_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False
+
+    # -- reading -------------------------------------------------------------------
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).with_lease_status(heartbeat_seconds())
+
+    def census(self, request: HttpRequest) -> list[dict[str, Any]]:
+        """Counts per (queue, task, state), computed once per request."""
+        if not hasattr(request, "_leases_census"):
+            request._leases_census = Job.objects.census()  # type: ignore[attr-defined]
+        return request._leases_census  # type: ignore[attr-defined]
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        return super().changelist_view(request, {**self.summary(request), **(extra_context or {})})
+
+    def summary(self, request: HttpRequest) -> dict[str, Any]:
+        """The header above the list: jobs per state and queue, and the lease problems."""
+        states = list(JobState)
+        per_queue: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(states, 0))
+        for row in self.census(request):
+            per_queue[row["queue_name"]][row["state"]] += row["n"]
+        url = reverse("admin:django_leases_job_changelist")
+
+        def link(**params: str) -> str:
+            return f"{url}?{urlencode(params)}"
+
+        rows = [
+            {"queue": queue, "link": link(queue=queue), "total": sum(counts.values()),
+             "cells": [(counts[s], link(queue=queue, state__exact=s)) for s in states]}
+            for queue, counts in sorted(per_queue.items())
+        ]
+        totals = [(sum(r["cells"][i][0] for r in rows), link(state__exact=s))
+                  for i, s in enumerate(states)]
+        period = heartbeat_seconds()
+        return {
+            "leases_states": [s.label for s in states],
+            "leases_rows": rows,
+            "leases_totals": totals,
+            "leases_total": sum(r["total"] for r in rows),
+            "leases_expired": (Job.objects.expired().count(), link(lease="expired")),
+            "leases_stalled": (Job.objects.stalled_claims(period).count(), link(lease="stalled")),
+            "leases_heartbeat": humanize_seconds(period),
+        }
+
+    @admin.display(description=_("lease"))
+    def lease(self, job: Job) -> str:
+        text = lease_text(job, heartbeat_seconds())
+        status = getattr(job, "lease_status", None) or "none"
+        return format_html('<span class="leases-lease leases-{}">{}</span>', status, text)
+
+    @admin.display(description=_("attempts"))
+    def attempts_of_max(self, job: Job) -> str:
+        return f"{job.attempts}/{job.max_attempts}"
+
+    @admin.display(description=_("heartbeat"))
+    def heartbeat_age(self, job: Job) -> str:
+        if job.state != JobState.CLAIMED or job.heartbeat_at is None:
+            return EMPTY
+        return f"{humanize_seconds(_age(job.db_now, job.heartbeat_at) or 0)} ago"  # type: ignore[attr-defined]
+
+    @admin.display(description=_("due"))
+    def due(self, job: Job) -> str:
+        if job.state != JobState.PENDING:
+            return EMPTY
+        if job.available_at is None:
+            return "parked"
+        wait = (job.available_at - job.db_now).total_seconds()  # type: ignore[attr-defined]
+        return f"in {humanize_seconds(wait)}" if wait > 0 else "now"
+
+    @admin.display(description=_("args"))
+    def args_pretty(self, job: Job) -> str:
+        return _pretty_json(job.args)
+
+    @admin.display(description=_("kwargs"))
+    def kwargs_pretty(self, job: Job) -> str:
+        return _pretty_json(job.kwargs)
+
+    @admin.display(description=_("checkpoint cursor"))
+    def cursor_pretty(self, job: Job) -> str:
+        return _pretty_json(job.cursor)
+
+    @admin.display(description=_("result"))
+    def result_pretty(self, job: Job) -> str:
+        return _pretty_json(job.result)
+
+    @admin.display(description=_("failed attempts"))
+    def error_history(self, job: Job) -> str:
+        return render_to_string("admin/django_leases/job/error_history.html",
+                                {"failures": list(job.failures.order_by("attempt", "id"))})
+
+    # -- actions: each calls one verb and reports its rowcount ------------------------
+
+    def _act(self, request: HttpRequest, queryset: QuerySet, verb: Callable[[QuerySet], int],
+             done: str, not_eligible: str) -> None:
+        # Rebuild the selection without the list's annotations, so the verb's statement is
+        # the plain conditional UPDATE query.py wrote.
+        selection = Job.objects.filter(pk__in=queryset.values("pk"))
+        total = selection.count()
+        changed = verb(selection)
+        message = f"{changed} of {total} {done}"
+        skipped = total - changed
+        if skipped > 0:
+            message += "; " + ngettext("%(n)d was %(why)s", "%(n)d were %(why)s", skipped) % {
+                "n": skipped, "why": not_eligible}
+        self.message_user(request, message + ".",
+                          messages.SUCCESS if skipped <= 0 else messages.WARNING)
+
+    @admin.action(description=_("Retry now: make selected pending jobs due"), permissions=["change"])
+    def retry_now(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._act(request, queryset, lambda qs: qs.retry_now(), "made due now", "not pending")
+
+    @admin.action(description=_("Requeue selected dead or cancelled jobs"), permissions=["change"])
+    def requeue(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._act(request, queryset, lambda qs: qs.requeue(), "requeued",
+                  "no longer dead or cancelled")
+
+    @admin.action(description=_("Cancel selected pending or claimed jobs"), permissions=["change"])
+    def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._act(request, queryset, lambda qs: qs.cancel(), "cancelled",
+                  "no longer pending or claimed")
+
+    @admin.action(description=_("Expire selected stalled claims now (their worker is gone)"),
+                  permissions=["change"])
+    def expire_stalled(self, request: HttpRequest, queryset: QuerySet) -> None:
+        period = heartbeat_seconds()
+        self._act(request, queryset, lambda qs: qs.expire_stalled_now(period), "expired",
+                  "not stalled claims")
+
+    @admin.action(description=_("Purge selected finished jobs (succeeded or cancelled)"),
+                  permissions=["change"])
+    def purge_finished(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._act(request, queryset, lambda qs: qs.purge_finished(), "purged",
+                  "not succeeded or cancelled")
+
+
+@admin.register(WorkerProcess)
+class WorkerProcessAdmin(admin.ModelAdmin):
+    """Worker processes as they last reported themselves, with the claims they hold."""
+
+    list_display = ["worker_id", "hostname", "pid", "queue_list", "started_at", "last_seen",
+                    "claims", "status"]
+    search_fields = ["worker_id", "hostname"]
+    # Running workers first, then the most recently stopped.
+    ordering = [F("stopped_at").desc(nulls_first=True), "-last_seen_at"]
+    show_full_result_count = False
+    readonly_fields = ["worker_id", "hostname", "pid", "queues", "started_at", "last_seen_at",
+                       "stopped_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: WorkerProcess | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: WorkerProcess | None = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).with_claims(heartbeat_seconds())
+
+    @admin.display(description=_("queues"))
+    def queue_list(self, worker: WorkerProcess) -> str:
+        return ", ".join(map(str, worker.queues or [])) or EMPTY
+
+    @admin.display(description=_("last seen"), ordering="last_seen_at")
+    def last_seen(self, worker: WorkerProcess) -> str:
+        return f"{humanize_seconds(_age(worker.db_now, worker.last_seen_at) or 0)} ago"  # type: ignore[attr-defined]
+
+    @admin.display(description=_("claims held"))
+    def claims(self, worker: WorkerProcess) -> str:
+        held = worker.claims_held  # type: ignore[attr-defined]
+        expired = worker.claims_expired  # type: ignore[attr-defined]
+        if not held:
+            return "0"
+        url = reverse("admin:django_leases_job_changelist")
+        query = urlencode({"claimed_by": worker.worker_id, "state__exact": JobState.CLAIMED})
+        label = f"{held} ({expired} expired)" if expired else str(held)
+        return format_html('<a href="{}?{}">{}</a>', url, query, label)
+
+    @admin.display(description=_("status"))
+    def status(self, worker: WorkerProcess) -> str:
+        now = worker.db_now  # type: ignore[attr-defined]
+        if worker.stopped_at is not None:
+            text = f"gone: stopped {humanize_seconds(_age(now, worker.stopped_at) or 0)} ago"
+        elif worker.looks_gone:  # type: ignore[attr-defined]
+            text = f"gone: not seen for {humanize_seconds(_age(now, worker.last_seen_at) or 0)}"
+        else:
+            return format_html('<span class="leases-worker-alive">{}</span>', "alive")
+        return format_html('<span class="leases-worker-gone">{}</span>', text)

@@ -1,0 +1,165 @@
+"""What a running task may ask of its worker: ``current_job()``, the handle of its own claim.
+
+The handle answers whether the claim is still held. A claim can be lost while the handler
+runs (a renewal that matched no row, or a database unreachable for longer than the lease
+could last); from then on another worker may run the same job, so the handler should stop,
+and whatever it returns is discarded.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .exceptions import LeaseLost
+
+_current: contextvars.ContextVar[JobHandle | None] = contextvars.ContextVar(
+    "django_leases_current_job", default=None)
+
+
+def current_job() -> JobHandle | None:
+    """Return the handle of the job the calling code runs for, or None outside a worker."""
+    return _current.get()
+
+
+class _Flag(Protocol):
+    def is_set(self) -> bool: ...
+    def set(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class _Stamp(Protocol):
+    value: float
+
+
+class _ClaimRef:
+    """pk + claim token (+ the lease to renew by), as the manager's verbs expect."""
+
+    __slots__ = ("pk", "claim_token", "lease_seconds")
+
+    def __init__(self, pk: Any, claim_token: Any, lease_seconds: float) -> None:
+        self.pk, self.claim_token, self.lease_seconds = pk, claim_token, lease_seconds
+
+
+class Stamp:
+    """A time.monotonic() reading shared by the worker's threads (a float in a box)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+
+class JobHandle:
+    """A handler's view of its claim.
+
+    ``fence`` grows by one at every claim of the job: pass it to stores outside the queue so
+    they can refuse a writer whose claim was taken over. ``lost`` turns true within one
+    heartbeat period of the worker learning that the claim is gone.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_id: Any,
+        fence: int,
+        attempt: int,
+        cursor: Any,
+        lease_seconds: float,
+        worker_id: str,
+        lost: _Flag,
+        stamp: _Stamp,
+        checkpointer: Callable[[Any], bool],
+        claim_token: Any = None,
+        database: str = "default",
+    ) -> None:
+        self.job_id = job_id
+        self.fence = fence
+        self.attempt = attempt
+        self.cursor = cursor
+        self.lease_seconds = lease_seconds
+        self.worker_id = worker_id
+        self._lost = lost
+        self._stamp = stamp
+        self._checkpointer = checkpointer
+        self.claim_token = claim_token
+        # The alias of the jobs' database: fenced() and once() write there.
+        self.database = database
+        self.acked = False
+        self.acked_result: Any = None
+        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<JobHandle job={self.job_id} fence={self.fence} lost={self.lost}>"
+
+    @property
+    def lost(self) -> bool:
+        """True once the claim is known to be lost; the result will be discarded."""
+        return self._lost.is_set()
+
+    def raise_if_lost(self) -> None:
+        """Raise LeaseLost if the claim is lost."""
+        if self._lost.is_set():
+            raise LeaseLost(f"job {self.job_id}: claim with fence {self.fence} was lost")
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, waking early to raise LeaseLost if the claim is lost meanwhile."""
+        if self._lost.wait(max(seconds, 0.0)):
+            self.raise_if_lost()
+
+    @property
+    def lease_remaining(self) -> float:
+        """Seconds the lease still lasts by this process's monotonic clock (an estimate from
+        the moment just before the last claim or renewal statement was sent)."""
+        return self.lease_seconds - (time.monotonic() - self._stamp.value)
+
+    def checkpoint(self, cursor: Any) -> None:
+        """Commit ``cursor`` and renew the lease; raise LeaseLost if the claim is gone."""
+        self.raise_if_lost()
+        if not self._checkpointer(cursor):
+            self._mark_lost()
+            self.raise_if_lost()
+        self.cursor = cursor
+
+    @property
+    def idempotency_key(self) -> str:
+        """The same for every attempt of this job: give it to APIs that deduplicate requests."""
+        return f"django-leases-job-{self.job_id}"
+
+    @property
+    def claim(self) -> Any:
+        """What proves this claim to the manager's conditional verbs (pk and claim token)."""
+        return _ClaimRef(self.job_id, self.claim_token, self.lease_seconds)
+
+    # -- used by the worker ------------------------------------------------------------
+
+    def _mark_acked(self, result: Any) -> None:
+        """The handler acknowledged its job itself (fenced(ack=True)); the worker must not."""
+        self.acked, self.acked_result = True, result
+
+    def _mark_lost(self) -> None:
+        self._lost.set()
+        self._fire()
+
+    def _fire(self) -> None:
+        with self._callbacks_lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def _on_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from any thread) when the claim is lost, at once if it is."""
+        with self._callbacks_lock:
+            if not self._lost.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def _activate(self) -> contextvars.Token[JobHandle | None]:
+        return _current.set(self)
+
+    @staticmethod
+    def _deactivate(token: contextvars.Token[JobHandle | None]) -> None:
+        _current.reset(token)

@@ -1,0 +1,143 @@
+"""manage.py run_lease_worker: parse and check the options, then Worker(...).run()."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ... import conf
+from ...exceptions import InvalidLeaseOption
+
+
+class Command(BaseCommand):
+    help = ("Run jobs of a django_leases backend: claim under a lease, renew it from a "
+            "heartbeat thread, acknowledge on success. Stops gracefully on SIGTERM/SIGINT.")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        defaults = self._defaults()
+        parser.add_argument(
+            "--backend", default=None,
+            help="Alias in settings.TASKS of the lease backend to serve (default: the first "
+                 "lease backend). Its OPTIONS give the defaults below.")
+        parser.add_argument(
+            "--queue", action="append", dest="queues", metavar="NAME",
+            help="Queue to take jobs from; repeat for several (default: the backend's QUEUES, "
+                 "or 'default').")
+        parser.add_argument(
+            "--concurrency", type=int, default=None, metavar="N",
+            help=f"Handlers run at once (default: CONCURRENCY, {defaults.concurrency}).")
+        parser.add_argument(
+            "--isolation", choices=["thread", "process"], default="thread",
+            help="Run each handler in a thread (default) or in a child process that is "
+                 "killed if its claim is lost and it does not stop by itself.")
+        parser.add_argument(
+            "--lease", type=float, default=None, metavar="SECONDS",
+            help="Lease given to every claim and renewal (default: each job's own lease, "
+                 f"LEASE_SECONDS when enqueued through the backend: {defaults.lease_seconds:g}).")
+        parser.add_argument(
+            "--heartbeat", type=float, default=None, metavar="SECONDS",
+            help="Renewal period, shorter than the lease (default: HEARTBEAT_SECONDS, or "
+                 "lease / 3).")
+        parser.add_argument(
+            "--poll", type=float, default=None, metavar="SECONDS",
+            help=f"How often an idle worker looks for due jobs, with 10%% jitter (default: "
+                 f"POLL_SECONDS, {defaults.poll_seconds:g}).")
+        parser.add_argument(
+            "--burst", action="store_true",
+            help="Exit (status 0) as soon as nothing is claimable and nothing is running.")
+        parser.add_argument(
+            "--max-jobs", type=int, default=None, metavar="N",
+            help="Exit after claiming N jobs and settling them.")
+        parser.add_argument(
+            "--grace", type=float, default=None, metavar="SECONDS",
+            help="On SIGTERM/SIGINT, how long running handlers may finish before their jobs "
+                 f"are released (default: GRACE_SECONDS, {defaults.grace_seconds:g}).")
+        parser.add_argument(
+            "--worker-id", default=None,
+            help="Name recorded as claimed_by and in the worker table (default: host-pid).")
+
+    @staticmethod
+    def _defaults() -> conf.LeaseOptions:
+        try:
+            return conf.get_options(None)
+        except InvalidLeaseOption:
+            return conf.LeaseOptions.from_dict({})
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from ...worker import Worker
+
+        _configure_logging(options["verbosity"])
+        try:
+            worker = Worker(**self._worker_kwargs(options))
+        except InvalidLeaseOption as e:
+            raise CommandError(f"--{e.option.replace('_', '-')}: {e.reason}") from e
+        status = worker.run()
+        if status:
+            sys.exit(status)
+
+    def _worker_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Check every option before anything is claimed; raise InvalidLeaseOption naming it."""
+        aliases = conf.lease_backend_aliases()
+        alias = options["backend"] or (aliases[0] if aliases else None)
+        if alias is None or alias not in aliases:
+            raise InvalidLeaseOption(
+                "backend", f"{alias!r} is not a django_leases backend in settings.TASKS "
+                f"(lease backends: {', '.join(aliases) or 'none'})")
+        try:
+            backend = conf.get_options(alias)
+        except InvalidLeaseOption as e:
+            raise InvalidLeaseOption("backend", f"TASKS[{alias!r}]['OPTIONS'] {e}") from e
+        lease = options["lease"]
+        if lease is not None:
+            lease = conf.validate_lease(lease, "lease")
+        effective_lease = lease if lease is not None else backend.lease_seconds
+        heartbeat = options["heartbeat"]
+        if heartbeat is None:
+            heartbeat = min(backend.heartbeat_seconds, effective_lease / 3)
+        heartbeat = conf.validate_heartbeat(heartbeat, effective_lease, "heartbeat")
+        concurrency = options["concurrency"]
+        concurrency = backend.concurrency if concurrency is None else concurrency
+        if concurrency < 1 or concurrency > 1000:
+            raise InvalidLeaseOption("concurrency", f"must be from 1 to 1000, got {concurrency}")
+        poll = backend.poll_seconds if options["poll"] is None else options["poll"]
+        if not 0.001 <= poll <= 3600:
+            raise InvalidLeaseOption("poll", f"must be from 0.001 to 3600 seconds, got {poll:g}")
+        grace = backend.grace_seconds if options["grace"] is None else options["grace"]
+        if not 0 <= grace <= conf.MAX_LEASE_SECONDS:
+            raise InvalidLeaseOption("grace", f"must be from 0 to {conf.MAX_LEASE_SECONDS} "
+                                              f"seconds, got {grace:g}")
+        max_jobs = options["max_jobs"]
+        if max_jobs is not None and max_jobs < 1:
+            raise InvalidLeaseOption("max_jobs", f"must be at least 1, got {max_jobs}")
+        queues = options["queues"] or _backend_queues(alias)
+        if any(not q or len(q) > 100 for q in queues):
+            raise InvalidLeaseOption("queue", f"names must be 1-100 characters, got {queues!r}")
+        worker_id = options["worker_id"]
+        if worker_id is not None and not 0 < len(worker_id) <= 200:
+            raise InvalidLeaseOption("worker_id", "must be 1-200 characters")
+        return {
+            "alias": alias, "database": backend.database, "queues": queues,
+            "concurrency": concurrency, "isolation": options["isolation"], "lease": lease,
+            "heartbeat": heartbeat, "poll": poll, "burst": options["burst"],
+            "max_jobs": max_jobs, "grace": grace, "worker_id": worker_id,
+            "notify": backend.notify,
+        }
+
+
+def _backend_queues(alias: str) -> list[str]:
+    from django.conf import settings
+
+    return list(settings.TASKS[alias].get("QUEUES") or ["default"])
+
+
+def _configure_logging(verbosity: int) -> None:
+    """-v 0: warnings, -v 1: one line per claim, ack, loss and release, -v 2: renewals too."""
+    logger = logging.getLogger("django_leases.worker")
+    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+    if not logger.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logger.addHandler(handler)

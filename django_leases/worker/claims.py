@@ -1,0 +1,124 @@
+"""The claims a worker process holds, and the one lock that orders what happens to each.
+
+A claim moves RUNNING -> FINISHING (its ack or fail is being sent) -> forgotten, or
+RUNNING -> LOST (a renewal missed it, or the watchdog saw its lease run out) or
+RUNNING -> RELEASING (shutdown). Only a RUNNING claim can be declared lost, so a renewal
+that misses a job because its ack just landed is never mistaken for a loss.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..api import JobHandle, Stamp
+
+RUNNING = "running"
+FINISHING = "finishing"
+LOST = "lost"
+RELEASING = "releasing"
+
+
+@dataclass
+class Outcome:
+    """What a handler came back with; picklable, so a child process can send it."""
+
+    kind: str  # "ok", "error", "lost"
+    result: Any = None
+    # False when the task lists the exception as non-retryable: dead-letter at once.
+    retryable: bool = True
+    # True when the handler acknowledged the job itself, inside fenced(ack=True).
+    acked: bool = False
+    exception_class_path: str = ""
+    message: str = ""
+    traceback: str = ""
+
+
+class Claim:
+    def __init__(self, job: Any, *, stamp: float, lease: float, worker_id: str,
+                 lost_flag: Any = None, shared_stamp: Any = None) -> None:
+        self.job = job
+        self.lease = lease
+        self.state = RUNNING
+        self.lost_reason = ""
+        self.outcome: Outcome | None = None
+        self._lock = threading.Lock()
+        self.lost_flag = lost_flag if lost_flag is not None else threading.Event()
+        self.stamp: Any = shared_stamp if shared_stamp is not None else Stamp(stamp)
+        self.stamp.value = stamp
+        self.handle = JobHandle(
+            job_id=job.pk, fence=job.fence, attempt=job.attempts, cursor=job.cursor,
+            lease_seconds=lease, worker_id=worker_id, lost=self.lost_flag, stamp=self.stamp,
+            checkpointer=self._no_checkpoint, claim_token=job.claim_token, database=job._state.db,
+        )
+        # Set by the executor: the child process, in process isolation.
+        self.process: Any = None
+        self.exited = threading.Event()
+
+    @staticmethod
+    def _no_checkpoint(cursor: Any) -> bool:
+        raise RuntimeError("checkpoint is not wired")
+
+    @property
+    def pk(self) -> Any:
+        return self.job.pk
+
+    def expired_locally(self, now: float) -> bool:
+        return now - self.stamp.value > self.lease
+
+    def _move(self, to: str, *, tell: bool = False, reason: str = "") -> bool:
+        with self._lock:
+            if self.state != RUNNING:
+                return False
+            self.state = to
+            if reason:
+                self.lost_reason = reason
+        if tell:
+            self.handle._mark_lost()
+        return True
+
+    def mark_lost(self, reason: str) -> bool:
+        """Declare the claim lost and tell the handler; False if it was no longer running."""
+        return self._move(LOST, tell=True, reason=reason)
+
+    def begin_finish(self) -> bool:
+        return self._move(FINISHING)
+
+    def finish_failed(self) -> None:
+        """The ack could not be sent (database trouble): the claim is held again."""
+        with self._lock:
+            if self.state == FINISHING:
+                self.state = RUNNING
+
+    def begin_release(self) -> bool:
+        return self._move(RELEASING, tell=True, reason="released at shutdown")
+
+
+class ClaimBook:
+    """Claims held by this process, by job id; shared by the loop, heartbeat and watchdog."""
+
+    def __init__(self) -> None:
+        self._claims: dict[Any, Claim] = {}
+        self._lock = threading.Lock()
+
+    def add(self, claim: Claim) -> None:
+        with self._lock:
+            self._claims[claim.pk] = claim
+
+    def forget(self, claim: Claim) -> None:
+        with self._lock:
+            if self._claims.get(claim.pk) is claim:
+                del self._claims[claim.pk]
+
+    def all(self) -> list[Claim]:
+        with self._lock:
+            return list(self._claims.values())
+
+    def renewable(self) -> list[Claim]:
+        """Claims whose lease must be kept: running, or finishing (the ack may still fail)."""
+        return [c for c in self.all() if c.state in (RUNNING, FINISHING)]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._claims)

@@ -1,0 +1,194 @@
+"""Where handlers run: a thread each (default), or a child process each.
+
+A thread cannot be stopped from outside, so a thread-isolated handler that ignores
+``current_job().lost`` runs on after its claim is lost (its result is still discarded).
+In process isolation the parent kills the child once the claim is lost and the child has
+not stopped within a short grace. Either way the parent's main loop, not the handler,
+sends the ack or fail, so ownership writes happen in one place.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from .claims import RELEASING, Claim, Outcome
+from .running import run_task
+
+logger = logging.getLogger("django_leases.worker")
+
+Done = Callable[[Claim, Outcome], None]
+
+# How long a child whose claim is lost may take to stop on its own before SIGTERM, and
+# how long after SIGTERM before SIGKILL.
+KILL_GRACE_SECONDS = 1.0
+
+
+class _Slots:
+    """A fixed set of daemon threads fed through a queue: one per concurrent handler."""
+
+    def __init__(self, size: int, done: Done, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Claim, Any] | None] = queue.SimpleQueue()
+        self._done = done
+        self._threads = [threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
+                         for i in range(size)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, claim: Claim, task: Any) -> None:
+        self._queue.put((claim, task))
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            claim, task = item
+            try:
+                outcome = self.execute(claim, task)
+            except BaseException as e:  # noqa: BLE001 -- a slot must never die silently
+                outcome = Outcome("error", exception_class_path=type(e).__qualname__,
+                                  message=f"worker error while running the handler: {e}")
+            claim.exited.set()
+            _drop_broken_connections()
+            self._done(claim, outcome)
+
+    def execute(self, claim: Claim, task: Any) -> Outcome:
+        raise NotImplementedError
+
+    def new_flags(self) -> tuple[Any, Any]:
+        """The lost flag and the renewal stamp of a new claim."""
+        return None, None
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+
+
+class ThreadExecutor(_Slots):
+    def __init__(self, size: int, done: Done, context: Callable[[Claim, Any], Any]) -> None:
+        self._context = context
+        super().__init__(size, done, "leases-handler")
+
+    def execute(self, claim: Claim, task: Any) -> Outcome:
+        job = claim.job
+        return run_task(task, job.args, job.kwargs, claim.handle, self._context(claim, task))
+
+
+class ProcessExecutor(_Slots):
+    """Run each job in a fresh 'spawn' child; the parent answers its checkpoints."""
+
+    def __init__(self, size: int, done: Done, *, alias: str, worker_id: str,
+                 checkpoint: Callable[[Claim, Any], bool]) -> None:
+        self._mp = multiprocessing.get_context("spawn")
+        self._alias = alias
+        self._worker_id = worker_id
+        self._checkpoint = checkpoint
+        super().__init__(size, done, "leases-child")
+
+    def new_flags(self) -> tuple[Any, Any]:
+        return self._mp.Event(), self._mp.RawValue("d", 0.0)
+
+    def execute(self, claim: Claim, task: Any) -> Outcome:
+        from .child import child_main
+
+        job = claim.job
+        payload = {
+            "alias": self._alias, "task_path": job.task_path, "args": job.args,
+            "kwargs": job.kwargs, "job_id": job.pk, "fence": job.fence,
+            "attempt": job.attempts, "cursor": job.cursor, "lease": claim.lease,
+            "worker_id": self._worker_id, "claim_token": job.claim_token,
+            "database": job._state.db,
+        }
+        ours, theirs = self._mp.Pipe()
+        process = self._mp.Process(target=child_main, args=(theirs, payload, claim.lost_flag, claim.stamp),
+                                   name=f"leases-job-{job.pk}", daemon=True)
+        process.start()
+        theirs.close()
+        claim.process = process
+        logger.debug("Started handler process pid=%s job=%s fence=%s worker=%s",
+                     process.pid, job.pk, job.fence, self._worker_id)
+        try:
+            return self._supervise(claim, process, ours)
+        finally:
+            ours.close()
+            if process.is_alive():
+                _kill(process)
+            process.join()
+
+    def _supervise(self, claim: Claim, process: Any, conn: Any) -> Outcome:
+        outcome: Outcome | None = None
+        lost_at: float | None = None
+        while True:
+            ready = multiprocessing.connection.wait([conn, process.sentinel], timeout=0.05)
+            if conn in ready:
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    message = None
+                if message is not None and message[0] == "checkpoint":
+                    try:
+                        conn.send(("checkpointed", self._checkpoint(claim, message[1])))
+                    except DatabaseError as e:
+                        conn.send(("error", str(e)))
+                    continue
+                if message is not None and message[0] == "done":
+                    outcome = message[1]
+                if message is None and not process.is_alive():
+                    break
+                if outcome is not None:
+                    break
+                continue
+            if process.sentinel in ready:
+                break
+            if claim.lost_flag.is_set():
+                lost_at = lost_at or time.monotonic()
+                grace = 0.0 if claim.state == RELEASING else KILL_GRACE_SECONDS
+                if time.monotonic() - lost_at >= grace:
+                    logger.warning("Killing handler process pid=%s job=%s fence=%s worker=%s: "
+                                   "its claim is %s", process.pid, claim.pk, claim.job.fence,
+                                   self._worker_id,
+                                   "released" if claim.state == RELEASING else "lost")
+                    _kill(process)
+                    return Outcome("lost")
+        process.join(5)
+        if outcome is None:
+            if claim.lost_flag.is_set():
+                return Outcome("lost")
+            return Outcome("error", exception_class_path="django_leases.worker.ChildDied",
+                           message=f"handler process exited with code {process.exitcode} "
+                                   "before returning")
+        return outcome
+
+
+def _kill(process: Any) -> None:
+    """SIGTERM, then SIGKILL if the child has not gone after a short grace."""
+    process.terminate()
+    process.join(KILL_GRACE_SECONDS)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+def _drop_broken_connections() -> None:
+    """After each job, close this slot's connections that failed and no longer answer, as
+    Django does at the end of a request; healthy ones stay open whatever CONN_MAX_AGE says,
+    so a busy worker does not reconnect per job."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        if conn.errors_occurred:
+            if conn.in_atomic_block or not conn.is_usable():
+                conn.close()
+                continue
+            conn.errors_occurred = False
+        # With CONN_HEALTH_CHECKS the next job's first query checks the connection first.
+        conn.health_check_done = False

@@ -1,0 +1,59 @@
+"""LISTEN for enqueue wake-ups on PostgreSQL so an idle worker starts a new job at once.
+
+Only a hint: the main loop still polls, so a lost notification, a broken LISTEN
+connection or NOTIFY=False (PgBouncer transaction pooling) costs latency, never a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Any
+
+from .waker import Waker
+
+logger = logging.getLogger("django_leases.worker")
+
+
+class Listener(threading.Thread):
+    def __init__(self, *, database: str, queues: list[str], waker: Waker, worker_id: str) -> None:
+        super().__init__(name="leases-listener", daemon=True)
+        self.database = database
+        self.queues = set(queues)
+        self.waker = waker
+        self.worker_id = worker_id
+        self._stop_event = threading.Event()
+        self._conn: Any = None
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        from ..models import Job
+
+        backoff = 0.5
+        while not self._stop_event.is_set():
+            try:
+                self._conn = Job.objects.using(self.database).listen()
+                if self._conn is None:
+                    return
+                logger.debug("Listening for wake-ups worker=%s", self.worker_id)
+                backoff = 0.5
+                while not self._stop_event.is_set():
+                    for note in self._conn.notifies(timeout=0.5):
+                        if note.payload in self.queues:
+                            self.waker.wake()
+            except Exception as e:  # noqa: BLE001 -- any failure here only costs latency
+                logger.warning("Wake-up connection failed worker=%s error=%s; polling until "
+                               "it is back", self.worker_id, e)
+                self._stop_event.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+            finally:
+                self._close()
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None

@@ -1,0 +1,50 @@
+"""SIGTERM/SIGINT: the first asks for a graceful stop, the second for an immediate one.
+
+The handler only counts and wakes the main loop; the loop does the work. Handlers are
+installed on the main thread only and the previous ones are restored afterwards.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from .waker import Waker
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequest:
+    def __init__(self, waker: Waker) -> None:
+        self._waker = waker
+        self.count = 0
+        self.signal_name = ""
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def stopping(self) -> bool:
+        return self.count >= 1
+
+    @property
+    def hurry(self) -> bool:
+        return self.count >= 2
+
+    def request(self, name: str = "stop()") -> None:
+        self.count += 1
+        self.signal_name = name
+        self._waker.wake()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.request(signal.Signals(signum).name)
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()

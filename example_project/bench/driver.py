@@ -1,0 +1,216 @@
+"""Enqueue side of one system, run inside that system's own virtualenv.
+
+    BENCH_SYSTEM=leases DJANGO_SETTINGS_MODULE=sys_leases.settings python driver.py prefill 10000
+
+Commands print one JSON line on stdout. The harness (run.py) never imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import django  # noqa: E402
+
+django.setup()
+
+SYSTEM = os.environ["BENCH_SYSTEM"]
+
+
+def _tasks():
+    import importlib
+
+    return importlib.import_module(f"sys_{SYSTEM}.tasks")
+
+
+def enqueue_one(name: str, *args) -> None:
+    """One job through the system's public enqueue API, in its own transaction."""
+    task = getattr(_tasks(), name)
+    if SYSTEM == "procrastinate":
+        params = dict(zip({"stamp": ["sent"], "sleep_stamp": ["seconds", "tag"]}.get(name, []), args, strict=True))
+        task.defer(**params)
+    else:
+        task.enqueue(*args)
+
+
+def enqueue_bulk(count: int) -> str:
+    """``count`` no-op jobs in one transaction; answer which API did it."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    tasks = _tasks()
+    if SYSTEM == "procrastinate":
+        tasks.noop.batch_defer(*[{} for _ in range(count)])
+        return "task.batch_defer (public API)"
+    if SYSTEM == "ox":
+        from django_ox.bulk import enqueue_many
+
+        enqueue_many(tasks.noop, [((), {}) for _ in range(count)])
+        return "django_ox.bulk.enqueue_many (public API)"
+    if SYSTEM == "leases":
+        from django_leases import conf
+        from django_leases.models import Job
+
+        lease, attempts = conf.get_options(None).for_queue("default")
+        with transaction.atomic():
+            Job.objects.bulk_create(
+                [Job(task_path=tasks.noop.module_path, queue_name="default", args=[], kwargs={},
+                     lease_seconds=lease, max_attempts=attempts) for _ in range(count)],
+                batch_size=2000)
+        return "Job.objects.bulk_create (no public bulk API)"
+    if SYSTEM == "tasksdb":
+        import uuid
+
+        from django_tasks_db.models import DBTaskResult, get_date_max
+
+        with transaction.atomic():
+            DBTaskResult.objects.bulk_create(
+                [DBTaskResult(id=uuid.uuid4(), args_kwargs={"args": [], "kwargs": {}}, priority=0,
+                              task_path=tasks.noop.module_path, queue_name="default",
+                              run_after=get_date_max(), backend_name="default",
+                              exception_class_path="", traceback="", enqueued_at=timezone.now())
+                 for _ in range(count)], batch_size=2000)
+        return "DBTaskResult.objects.bulk_create (no public bulk API)"
+    raise SystemExit(f"unknown system {SYSTEM}")
+
+
+def cmd_prefill(a) -> dict:
+    started = time.perf_counter()
+    api = enqueue_bulk(a.count)
+    return {"count": a.count, "seconds": time.perf_counter() - started, "api": api}
+
+
+def cmd_enqueue_rate(a) -> dict:
+    enqueue_one("noop")  # warm up: imports, first connection
+    started = time.perf_counter()
+    for _ in range(a.single):
+        enqueue_one("noop")
+    single = time.perf_counter() - started
+    started = time.perf_counter()
+    api = enqueue_bulk(a.bulk)
+    bulk = time.perf_counter() - started
+    return {"single_per_s": a.single / single, "bulk_per_s": a.bulk / bulk, "bulk_api": api}
+
+
+def cmd_enqueue_profile(a) -> dict:
+    """cProfile of ``count`` one-per-transaction enqueues: where an enqueue's time goes."""
+    import cProfile
+    import pstats
+
+    from django.db import connection
+
+    enqueue_one("noop")
+    statements = []
+
+    def count(execute, sql, params, many, context):
+        statements.append(sql.split()[0])
+        return execute(sql, params, many, context)
+
+    profiler = cProfile.Profile()
+    with connection.execute_wrapper(count):
+        profiler.enable()
+        for _ in range(a.count):
+            enqueue_one("noop")
+        profiler.disable()
+    stats = pstats.Stats(profiler)
+    total = stats.total_tt
+    rows = []
+    for (file, line, func), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():
+        where = file.rsplit("site-packages/", 1)[-1].replace(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + "/", "")
+        rows.append((ct, f"{func} ({where}:{line})"))
+    rows.sort(reverse=True)
+    return {"per_enqueue_ms": 1000 * total / a.count,
+            "statements_per_enqueue": len(statements) / a.count,
+            "statement_kinds": sorted(set(statements)),
+            "top_cumulative": [(name, round(100 * ct / total, 1)) for ct, name in rows[:25]]}
+
+
+def cmd_feed(a) -> dict:
+    """Enqueue one latency job at a time, each stamped with the moment before enqueue()."""
+    enqueue_one("noop")
+    for _ in range(a.count):
+        time.sleep(random.uniform(a.gap * 0.5, a.gap * 1.5))
+        enqueue_one("stamp", time.time())
+    return {"sent": a.count}
+
+
+def cmd_submit_sleep(a) -> dict:
+    enqueue_one("sleep_stamp", a.seconds, a.tag)
+    return {"submitted": a.tag}
+
+
+def cmd_hold(a) -> dict:
+    """Claim ``count`` jobs as one holder and renew them every ``period`` seconds, the way a
+    worker's heartbeat does (one Job.objects.renew call), until SIGTERM."""
+    from django.db import connection, transaction
+
+    from django_leases import conf
+    from django_leases.models import Job
+
+    lease, attempts = conf.get_options(None).for_queue("held")
+    with transaction.atomic():
+        Job.objects.bulk_create(
+            [Job(task_path=_tasks().noop.module_path, queue_name="held", args=[], kwargs={},
+                 lease_seconds=lease, max_attempts=attempts) for _ in range(a.count)],
+            batch_size=2000)
+    started = time.perf_counter()
+    jobs = Job.objects.claim("bench-holder", ["held"], limit=a.count)
+    claim_seconds = time.perf_counter() - started
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    print(json.dumps({"ready": len(jobs)}), flush=True)
+    renewals = []
+    while not stop:
+        deadline = time.monotonic() + a.period
+        while not stop and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if stop:
+            break
+        statements = []
+
+        def count(execute, sql, params, many, context):
+            statements.append(sql)
+            return execute(sql, params, many, context)
+
+        started = time.perf_counter()
+        with connection.execute_wrapper(count):
+            held = Job.objects.renew(jobs)
+        renewals.append({"seconds": time.perf_counter() - started, "statements": len(statements),
+                         "held": len(held), "at": time.time()})
+    return {"claimed": len(jobs), "claim_seconds": claim_seconds, "period": a.period,
+            "renewals": renewals}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prefill")
+    p.add_argument("count", type=int)
+    p = sub.add_parser("enqueue-rate")
+    p.add_argument("--single", type=int, default=2000)
+    p.add_argument("--bulk", type=int, default=10000)
+    p = sub.add_parser("enqueue-profile")
+    p.add_argument("--count", type=int, default=1000)
+    p = sub.add_parser("feed")
+    p.add_argument("--count", type=int, default=100)
+    p.add_argument("--gap", type=float, default=0.05)
+    p = sub.add_parser("submit-sleep")
+    p.add_argument("--seconds", type=float, default=600)
+    p.add_argument("--tag", required=True)
+    p = sub.add_parser("hold")
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--period", type=float, default=10.0)
+    a = parser.parse_args()
+    out = globals()["cmd_" + a.cmd.replace("-", "_")](a)
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

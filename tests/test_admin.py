@@ -1,0 +1,424 @@
+"""The admin: lease wording on the database clock, filters, counts, permissions, actions.
+
+Rows are put into lease situations the way time would: the tests move lease_expires_at and
+heartbeat_at on the database clock (Now() +/- an interval) instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import timedelta
+from html import unescape
+from unittest import mock
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import connection
+from django.db.models import Value
+from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_leases.admin import LeaseAdminPaginator, humanize_seconds
+from django_leases.models import Job, JobFailure, WorkerProcess
+from django_leases.states import FailureKind, JobState
+
+pytestmark = pytest.mark.django_db
+
+TASK = "tests.testapp.tasks.add"
+LIST = "/admin/django_leases/job/"
+WORKERS = "/admin/django_leases/workerprocess/"
+# tests/settings.py: LEASE_SECONDS 30, so the heartbeat period is 10 s and a claim is
+# stalled after 20 s without a renewal.
+
+
+def seconds(n: float) -> Value:
+    return Value(timedelta(seconds=n))
+
+
+def claimed_job(worker: str = "w1", *, queue: str = "default", task: str = TASK,
+                expires_in: float = 25, heartbeat_ago: float = 0) -> Job:
+    """A job claimed by ``worker``, its lease and last renewal placed on the database clock.
+
+    The claim is made in a queue of its own, so that older pending or expired jobs of the
+    test are not taken instead; the job then moves to ``queue``.
+    """
+    job = Job.objects.enqueue(task, [1, 2], queue_name=f"claim-{uuid.uuid4()}")
+    [claim] = Job.objects.claim(worker, [job.queue_name])
+    assert claim.pk == job.pk
+    Job.objects.filter(pk=job.pk).update(
+        queue_name=queue,
+        lease_expires_at=Now() + seconds(expires_in), heartbeat_at=Now() - seconds(heartbeat_ago))
+    return Job.objects.get(pk=job.pk)
+
+
+def dead_job(queue: str = "default") -> Job:
+    job = claimed_job(queue=queue)
+    assert Job.objects.fail(job, message="boom", traceback="Traceback: boom", retry=False)
+    return Job.objects.get(pk=job.pk)
+
+
+def succeeded_job(queue: str = "default") -> Job:
+    job = claimed_job(queue=queue)
+    assert Job.objects.ack(job, {"ok": True})
+    return Job.objects.get(pk=job.pk)
+
+
+def rows(response) -> dict[int, str]:
+    """Map each job id on the page to the visible text of its row."""
+    found = {}
+    for row in re.findall(r"<tr[^>]*>(.*?)</tr>", response.content.decode(), re.S):
+        link = re.search(r'href="/admin/django_leases/(?:job|workerprocess)/(\d+)/change/', row)
+        if link:
+            text = unescape(re.sub(r"<[^>]+>", " | ", row))
+            found[int(link.group(1))] = re.sub(r"[\s|]*\|[\s|]*", " | ", text).strip(" |")
+    return found
+
+
+def cell(response, pk: int, field: str) -> str:
+    row = re.search(
+        rf'<tr>(?:(?!</tr>).)*?/{pk}/change/(?:(?!</tr>).)*?</tr>', response.content.decode(), re.S)
+    assert row, f"no row for {pk}"
+    value = re.search(rf'class="field-{field}[ "][^>]*>(.*?)</t[dh]>', row.group(0), re.S)
+    assert value, f"no {field} cell for {pk}"
+    return unescape(re.sub(r"<[^>]+>", "", value.group(1))).strip()
+
+
+def staff(username: str, *codenames: str) -> User:
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(
+        content_type__app_label="django_leases", codename__in=codenames))
+    return user
+
+
+@pytest.fixture
+def viewer(client):
+    client.force_login(staff("viewer", "view_job", "view_workerprocess"))
+    return client
+
+
+@pytest.fixture
+def operator(client):
+    client.force_login(staff("operator", "view_job", "change_job", "view_workerprocess"))
+    return client
+
+
+# -- the lease column ----------------------------------------------------------------------
+
+
+def test_lease_column_reads_countdown_expiry_and_stall(admin_client):
+    """Invariant 1: lease wording is computed from database-clock values only."""
+    healthy = claimed_job("w1", expires_in=42.5)
+    expired = claimed_job("w2", expires_in=-200)
+    stalled = claimed_job("w3", expires_in=60, heartbeat_ago=95.5)
+    pending = Job.objects.enqueue(TASK, [3, 4])
+    response = admin_client.get(LIST)
+    assert cell(response, healthy.pk, "lease") == "expires in 42 s"
+    assert cell(response, expired.pk, "lease") == "expired 3 min ago"
+    assert cell(response, stalled.pk, "lease") == "stalled: no heartbeat for 95 s"
+    assert cell(response, pending.pk, "lease") == "—"
+    assert cell(response, stalled.pk, "heartbeat_age") == "95 s ago"
+    assert cell(response, healthy.pk, "attempts_of_max") == "1/5"
+    assert cell(response, healthy.pk, "fence") == "1"
+    assert cell(response, healthy.pk, "claimed_by") == "w1"
+    assert cell(response, pending.pk, "due") == "now"
+
+
+def test_lease_column_ignores_the_web_servers_clock(admin_client):
+    """Invariant 1 (one clock): a web server whose clock is a day ahead shows the same lease."""
+    healthy = claimed_job("w1", expires_in=42.5)
+    with mock.patch("django.utils.timezone.now", return_value=timezone.now() + timedelta(days=1)):
+        response = admin_client.get(LIST)
+    assert cell(response, healthy.pk, "lease") == "expires in 42 s"
+
+
+def test_a_claim_whose_worker_is_gone_is_stalled_though_it_renewed_recently(admin_client):
+    """Invariant 4: a stalled claim is only shown; its lease is left to run out."""
+    WorkerProcess.objects.register("w-gone", hostname="h1", pid=7, queues=["default"])
+    WorkerProcess.objects.filter(worker_id="w-gone").update(last_seen_at=Now() - seconds(60))
+    job = claimed_job("w-gone", expires_in=30.5, heartbeat_ago=1)
+    response = admin_client.get(LIST)
+    assert cell(response, job.pk, "lease") == "stalled: worker gone, expires in 30 s"
+    job.refresh_from_db()
+    assert job.state == JobState.CLAIMED and job.lease_expires_at > job.heartbeat_at
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (0.4, "0 s"), (42.9, "42 s"), (119, "119 s"), (180, "3 min"), (7199, "119 min"),
+    (7200, "2 h"), (3 * 86400, "3 d"), (-95, "95 s"),
+])
+def test_humanize_seconds(value, text):
+    assert humanize_seconds(value) == text
+
+
+# -- filters, search and counts ------------------------------------------------------------
+
+
+@pytest.fixture
+def lease_mix():
+    WorkerProcess.objects.register("w-stopped", hostname="h", pid=1, queues=["default"])
+    WorkerProcess.objects.stopped("w-stopped")
+    jobs = {
+        "healthy": claimed_job("w1", expires_in=25),
+        "expired": claimed_job("w2", expires_in=-5),
+        "silent": claimed_job("w3", expires_in=25, heartbeat_ago=21),
+        "orphan": claimed_job("w-stopped", expires_in=25),
+        "emails": claimed_job("w1", queue="emails", task="tests.testapp.tasks.send_receipt"),
+    }
+    jobs["pending"] = Job.objects.enqueue(TASK, [5, 6])
+    return jobs
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    ("lease=expired", {"expired"}),
+    ("lease=stalled", {"silent", "orphan"}),
+    ("lease=claimed", {"healthy", "silent", "orphan", "emails"}),
+    ("state__exact=pending", {"pending"}),
+    ("queue=emails", {"emails"}),
+    ("task=tests.testapp.tasks.send_receipt", {"emails"}),
+    ("queue=default&lease=claimed", {"healthy", "silent", "orphan"}),
+])
+def test_filters(admin_client, lease_mix, query, expected):
+    """Invariant 1: expired and stalled are predicates on Now(), evaluated by the database."""
+    response = admin_client.get(f"{LIST}?{query}")
+    assert response.status_code == 200
+    assert set(rows(response)) == {lease_mix[name].pk for name in expected}
+
+
+def test_filter_choices_come_from_the_table_and_the_configured_queues(admin_client, lease_mix):
+    response = admin_client.get(LIST)
+    specs = {spec.parameter_name: [c["display"] for c in spec.choices(response.context["cl"])]
+             for spec in response.context["cl"].filter_specs if hasattr(spec, "parameter_name")}
+    assert specs["queue"] == ["All", "default", "emails", "reports"]
+    assert specs["task"] == ["All", TASK, "tests.testapp.tasks.send_receipt"]
+    assert len(specs["lease"]) == 4
+
+
+def test_search_by_id_task_and_worker(admin_client, lease_mix):
+    def found(term):
+        return set(rows(admin_client.get(LIST, {"q": term})))
+
+    assert found(str(lease_mix["expired"].pk)) == {lease_mix["expired"].pk}
+    assert found("send_receipt") == {lease_mix["emails"].pk}
+    assert found("w1") == {lease_mix["healthy"].pk, lease_mix["emails"].pk}
+    assert found("no-such-thing") == set()
+
+
+def test_counts_per_state_and_queue_above_the_list(admin_client, lease_mix):
+    dead_job(queue="emails")
+    response = admin_client.get(f"{LIST}?lease=expired")
+    table = {row["queue"]: (dict(zip(response.context["leases_states"], [n for n, _ in row["cells"]],
+                                     strict=True)), row["total"])
+             for row in response.context["leases_rows"]}
+    assert table["default"] == ({"Pending": 1, "Claimed": 4, "Succeeded": 0, "Dead": 0,
+                                 "Cancelled": 0}, 5)
+    assert table["emails"] == ({"Pending": 0, "Claimed": 1, "Succeeded": 0, "Dead": 1,
+                                "Cancelled": 0}, 2)
+    assert [n for n, _ in response.context["leases_totals"]] == [1, 5, 0, 1, 0]
+    # The counts describe the whole table, whatever the list is filtered on.
+    assert response.context["leases_total"] == 7
+    page = response.content.decode()
+    assert "1 expired lease<" in page and "2 stalled claims<" in page
+    assert 'href="/admin/django_leases/job/?queue=emails&amp;state__exact=dead">1</a>' in page
+
+
+def test_paginator_counts_a_bounded_number_of_rows(admin_client, monkeypatch):
+    """Counting stops at the bound; PostgreSQL then numbers pages from the planner's estimate."""
+    monkeypatch.setattr(LeaseAdminPaginator, "exact_limit", 5)
+    Job.objects.bulk_create([Job(task_path=TASK) for _ in range(12)])
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(LIST)
+    assert any("LIMIT 6" in q["sql"] and "COUNT(" in q["sql"].upper() for q in queries)
+    paginator = response.context["cl"].paginator
+    if connection.vendor == "postgresql":
+        assert paginator.is_estimate and paginator.count >= 6
+        assert "about " in response.content.decode()
+    else:
+        assert not paginator.is_estimate and paginator.count == 12
+    assert len(rows(response)) == 12
+
+
+# -- the detail page -------------------------------------------------------------------------
+
+
+def test_detail_shows_pretty_json_error_history_and_timestamps(admin_client):
+    """Invariant 3: every failed attempt stays visible, with its traceback."""
+    job = Job.objects.enqueue(TASK, [{"order": 7, "lines": [1, 2]}], {"notify": True}, max_attempts=3)
+    [claim] = Job.objects.claim("w1")
+    assert Job.objects.checkpoint(claim, {"done": 40})
+    assert Job.objects.fail(claim, exception_class_path="builtins.ValueError", message="bad order",
+                            traceback='Traceback (most recent call last):\n  File "shop.py"\nValueError: bad order')
+    assert Job.objects.filter(pk=job.pk).retry_now() == 1  # skip the retry backoff
+    [claim] = Job.objects.claim("w2")
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=Now() - seconds(1))
+    [claim] = Job.objects.claim("w3")
+    assert Job.objects.ack(claim, {"total": 12.5})
+    response = admin_client.get(f"/admin/django_leases/job/{job.pk}/change/")
+    page = unescape(response.content.decode())
+    assert '"order": 7' in page and '"lines": [\n' in page  # indented, not one line
+    assert '"notify": true' in page and '"done": 40' in page and '"total": 12.5' in page
+    failures = re.findall(r'<tr class="leases-failure">(.*?)</tr>', page, re.S)
+    assert len(failures) == 2 == JobFailure.objects.filter(job=job).count()
+    assert "builtins.ValueError" in failures[0] and "<pre class=\"leases-traceback\">Traceback" in failures[0]
+    assert "w1" in failures[0] and "w2" in failures[1] and "Lease expired" in failures[1]
+    for label in ("Enqueued at", "First claimed at", "Last claimed at", "Finished at"):
+        assert label in page
+
+
+def test_detail_is_read_only_and_cannot_be_posted(admin_client):
+    """Invariant 2: no hand edit of a lease; only the verbs' conditional updates change a job."""
+    job = claimed_job("w1")
+    url = f"/admin/django_leases/job/{job.pk}/change/"
+    page = admin_client.get(url).content.decode()
+    assert 'name="lease_expires_at"' not in page and 'name="claim_token"' not in page
+    assert 'name="_save"' not in page
+    assert str(job.claim_token) in page
+    response = admin_client.post(url, {"lease_expires_at": "2000-01-01 00:00", "state": "pending"})
+    assert response.status_code == 403
+    assert admin_client.get("/admin/django_leases/job/add/").status_code == 403
+    assert admin_client.post(f"/admin/django_leases/job/{job.pk}/delete/").status_code == 403
+    after = Job.objects.get(pk=job.pk)
+    assert (after.state, after.claim_token, after.lease_expires_at) == (
+        job.state, job.claim_token, job.lease_expires_at)
+
+
+# -- permissions -----------------------------------------------------------------------------
+
+
+def test_view_only_staff_see_the_lists_but_no_actions(viewer):
+    """Invariant 2: only holders of the change permission reach the verbs."""
+    job = claimed_job("w1", expires_in=-5)
+    response = viewer.get(f"{LIST}?lease=expired")
+    assert response.status_code == 200 and set(rows(response)) == {job.pk}
+    assert 'name="action"' not in response.content.decode()
+    assert viewer.get(WORKERS).status_code == 200
+    viewer.post(LIST, {"action": "cancel", "_selected_action": [job.pk]})
+    assert Job.objects.get(pk=job.pk).state == JobState.CLAIMED
+
+
+def test_staff_with_change_permission_see_every_action(operator):
+    page = operator.get(LIST).content.decode()
+    for action in ("retry_now", "requeue", "cancel", "expire_stalled", "purge_finished"):
+        assert f'value="{action}"' in page
+    assert 'value="delete_selected"' not in page
+
+
+def test_staff_without_view_permission_are_refused(client):
+    client.force_login(staff("nobody"))
+    assert client.get(LIST).status_code == 403
+
+
+# -- actions ---------------------------------------------------------------------------------
+
+
+def act(client, action, jobs):
+    response = client.post(LIST, {"action": action, "_selected_action": [j.pk for j in jobs]},
+                           follow=True)
+    assert response.status_code == 200
+    return [str(m) for m in response.context["messages"]]
+
+
+def test_requeue_reports_what_really_changed(operator):
+    """Invariant 2: the message is the verb's rowcount, not the size of the selection."""
+    dead = [dead_job() for _ in range(3)]
+    others = [succeeded_job(), claimed_job("w9")]
+    assert act(operator, "requeue", dead + others) == [
+        "3 of 5 requeued; 2 were no longer dead or cancelled."]
+    assert sorted(Job.objects.values_list("state", flat=True)) == sorted(
+        [JobState.PENDING] * 3 + [JobState.SUCCEEDED, JobState.CLAIMED])
+    assert act(operator, "requeue", dead[:1]) == ["0 of 1 requeued; 1 was no longer dead or cancelled."]
+
+
+def test_retry_now_makes_delayed_pending_jobs_due(operator):
+    """Invariant 1: due time is moved to the database's Now()."""
+    later = Job.objects.enqueue(TASK, [1, 1], delay=3600)
+    done = succeeded_job()
+    assert act(operator, "retry_now", [later, done]) == ["1 of 2 made due now; 1 was not pending."]
+    assert Job.objects.claimable().filter(pk=later.pk).exists()
+
+
+def test_cancel_reports_finished_jobs_as_skipped(operator):
+    pending = Job.objects.enqueue(TASK, [1, 1])
+    done = succeeded_job()
+    assert act(operator, "cancel", [pending, done]) == [
+        "1 of 2 cancelled; 1 was no longer pending or claimed."]
+    assert Job.objects.get(pk=pending.pk).state == JobState.CANCELLED
+    assert Job.objects.get(pk=done.pk).state == JobState.SUCCEEDED
+
+
+def test_expire_stalled_ends_only_stalled_leases(operator):
+    """Invariant 4: a healthy claim is never expired by hand, so no duplicate runs beside it;
+    invariant 5: the stalled owner's token no longer wins once another worker claims."""
+    healthy = claimed_job("w1", expires_in=25)
+    stalled = claimed_job("w2", expires_in=25, heartbeat_ago=30)
+    assert act(operator, "expire_stalled", [healthy, stalled]) == [
+        "1 of 2 expired; 1 was not stalled claims."]
+    assert set(Job.objects.expired().values_list("pk", flat=True)) == {stalled.pk}
+    assert Job.objects.get(pk=healthy.pk).lease_expires_at == healthy.lease_expires_at
+    [taken] = Job.objects.claim("w3")
+    assert taken.pk == stalled.pk
+    assert not Job.objects.ack(stalled, "late")
+
+
+def test_purge_counts_jobs_not_their_failure_rows(operator):
+    """Invariant 3: only finished jobs go; dead and running ones stay for people."""
+    done = succeeded_job()
+    cancelled = Job.objects.enqueue(TASK, [1, 1])
+    Job.objects.filter(pk=cancelled.pk).cancel()
+    dead = dead_job()
+    JobFailure.objects.create(job=done, attempt=1, fence=1, kind=FailureKind.EXCEPTION, message="x")
+    assert act(operator, "purge_finished", [done, cancelled, dead]) == [
+        "2 of 3 purged; 1 was not succeeded or cancelled."]
+    assert list(Job.objects.values_list("pk", flat=True)) == [dead.pk]
+    assert JobFailure.objects.filter(job_id=done.pk).count() == 0
+
+
+def test_actions_apply_to_every_row_selected_across_pages(operator):
+    dead = [dead_job() for _ in range(3)]
+    response = operator.post(f"{LIST}?state__exact=dead", {
+        "action": "requeue", "select_across": "1", "index": "0",
+        "_selected_action": [dead[0].pk]}, follow=True)
+    assert [str(m) for m in response.context["messages"]] == ["3 of 3 requeued."]
+
+
+# -- workers ---------------------------------------------------------------------------------
+
+
+def test_workers_page_shows_hosts_claims_and_who_looks_gone(admin_client):
+    """Invariant 1: "gone" is judged on the database clock (last_seen_at vs Now())."""
+    WorkerProcess.objects.register("w-alive", hostname="web-1", pid=101, queues=["default", "emails"])
+    WorkerProcess.objects.register("w-quiet", hostname="web-2", pid=102, queues=["reports"])
+    WorkerProcess.objects.filter(worker_id="w-quiet").update(last_seen_at=Now() - seconds(95.5))
+    WorkerProcess.objects.register("w-stopped", hostname="web-3", pid=103, queues=["default"])
+    WorkerProcess.objects.stopped("w-stopped")
+    claimed_job("w-alive")
+    claimed_job("w-alive", expires_in=-10)
+    claimed_job("w-quiet", queue="reports")
+    response = admin_client.get(WORKERS)
+    pk = dict(WorkerProcess.objects.values_list("worker_id", "pk"))
+    alive, quiet, stopped = pk["w-alive"], pk["w-quiet"], pk["w-stopped"]
+    assert [cell(response, alive, f) for f in ("hostname", "pid", "queue_list")] == [
+        "web-1", "101", "default, emails"]
+    assert cell(response, alive, "started_at")
+    assert [cell(response, alive, f) for f in ("last_seen", "claims", "status")] == [
+        "0 s ago", "2 (1 expired)", "alive"]
+    assert [cell(response, quiet, f) for f in ("last_seen", "claims", "status")] == [
+        "95 s ago", "1", "gone: not seen for 95 s"]
+    assert [cell(response, stopped, f) for f in ("claims", "status")] == [
+        "0", "gone: stopped 0 s ago"]
+    assert 'href="/admin/django_leases/job/?claimed_by=w-alive&amp;state__exact=claimed"' in (
+        response.content.decode())
+    # The claims link lists exactly that worker's claims.
+    listed = admin_client.get(LIST, {"claimed_by": "w-alive", "state__exact": "claimed"})
+    assert len(rows(listed)) == 2
+
+
+def test_workers_page_is_read_only(admin_client):
+    WorkerProcess.objects.register("w1", hostname="h", pid=1, queues=["default"])
+    worker = WorkerProcess.objects.get()
+    assert admin_client.get("/admin/django_leases/workerprocess/add/").status_code == 403
+    response = admin_client.post(f"/admin/django_leases/workerprocess/{worker.pk}/change/",
+                                 {"hostname": "evil"})
+    assert response.status_code == 403
+    assert WorkerProcess.objects.get().hostname == "h"

@@ -1,0 +1,101 @@
+"""fenced(), once() and fenced_update() against a real claim, without a worker."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from django_leases.api import JobHandle, Stamp
+from django_leases.exceptions import LeaseLost
+from django_leases.fencing import fenced, fenced_update, once
+from django_leases.models import Job
+from django_leases.states import JobState
+from tests.testapp.models import Effect
+
+pytestmark = pytest.mark.django_db
+
+
+def handle_for(job):
+    return JobHandle(job_id=job.pk, fence=job.fence, attempt=job.attempts, cursor=job.cursor,
+                     lease_seconds=job.lease_seconds, worker_id=job.claimed_by,
+                     lost=threading.Event(), stamp=Stamp(0.0), checkpointer=lambda c: True,
+                     claim_token=job.claim_token, database="default")
+
+
+def claimed():
+    Job.objects.enqueue("tests.testapp.tasks.add", [1, 2])
+    [job] = Job.objects.claim("w")
+    return job
+
+
+def effect(job, phase):
+    return Effect.objects.create(key="k", job_id=job.pk, fence=job.fence, worker_id="w", pid=1, phase=phase)
+
+
+def test_fenced_commits_the_block_while_the_claim_is_held():
+    """Invariant 2: the closing conditional UPDATE touched the row, so the block commits."""
+    job = claimed()
+    with fenced(handle=handle_for(job)):
+        effect(job, "fenced")
+    assert Effect.objects.filter(phase="fenced").count() == 1
+
+
+def test_fenced_rolls_back_a_stale_owners_writes():
+    """Invariant 5: the claim was taken over during the block: nothing of it commits."""
+    job = claimed()
+    handle = handle_for(job)
+    with pytest.raises(LeaseLost), fenced(handle=handle):
+        effect(job, "stale")
+        Job.objects.filter(pk=job.pk).expire_now()
+        Job.objects.claim("thief")
+    assert not Effect.objects.filter(phase="stale").exists()
+    assert handle.lost
+
+
+def test_fenced_ack_commits_the_writes_and_the_ack_together():
+    """Invariant 2: one transaction: the effect and 'succeeded', or neither."""
+    job = claimed()
+    handle = handle_for(job)
+    with fenced(ack=True, result={"ok": 1}, handle=handle):
+        effect(job, "with-ack")
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.state, stored.result, handle.acked) == (JobState.SUCCEEDED, {"ok": 1}, True)
+    assert Effect.objects.filter(phase="with-ack").exists()
+
+
+def test_once_records_an_effect_for_the_job_and_refuses_it_the_second_time():
+    """Invariant 3 made livable: a retried attempt skips the effect the first one recorded."""
+    job = claimed()
+    first = handle_for(job)
+    assert once("email-sent", handle=first) is True
+    assert once("email-sent", handle=first) is False
+    Job.objects.filter(pk=job.pk).expire_now()
+    [again] = Job.objects.claim("w2")
+    assert once("email-sent", handle=handle_for(again)) is False
+    assert once("sms-sent", handle=handle_for(again)) is True
+    assert list(job.effects.values_list("key", "fence")) == [("email-sent", 1), ("sms-sent", 2)]
+
+
+def test_fenced_update_refuses_a_write_older_than_the_stored_fence():
+    """Invariant 5: the store keeps the newest fence; an older writer changes nothing."""
+    row = Effect.objects.create(key="balance", job_id=1, fence=0, worker_id="", pid=0, phase="v0")
+    rows = Effect.objects.filter(pk=row.pk)
+    assert fenced_update(rows, 2, phase="v2") == 1
+    assert fenced_update(rows, 1, phase="v1-stale") == 0
+    assert fenced_update(rows, 2, phase="v2-again") == 1
+    row.refresh_from_db()
+    assert (row.fence, row.phase) == (2, "v2-again")
+
+
+def test_idempotency_key_is_the_same_for_every_attempt():
+    job = claimed()
+    key = handle_for(job).idempotency_key
+    Job.objects.filter(pk=job.pk).expire_now()
+    [again] = Job.objects.claim("w2")
+    assert handle_for(again).idempotency_key == key and str(job.pk) in key
+
+
+def test_fenced_outside_a_handler_says_so():
+    with pytest.raises(RuntimeError, match="inside a job handler"), fenced():
+        pass

@@ -1,0 +1,137 @@
+"""Retries, dead letters, checkpoints and fencing with real worker processes.
+
+Invariants (design.md): (1) one clock, (2) rowcount is ownership, (3) nothing is lost,
+(4) duplicates only after expiry, (5) a stale owner's ack/checkpoint/fenced write is rejected.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections import Counter
+
+import django
+import pytest
+
+from django_leases.models import Job
+from django_leases.states import DeadReason, FailureKind, JobState
+from tests.testapp.models import Effect, ItemLog
+from tests.testapp.tasks import backfill, boom, crash_worker, late_fenced_write, refuse
+from tests.worker_helpers import Workers, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+LEASE, BEAT, POLL = 2.0, 0.5, 0.2
+FAST = ["--lease", str(LEASE), "--heartbeat", str(BEAT), "--poll", str(POLL)]
+
+
+@pytest.fixture
+def workers(tmp_path):
+    pool = Workers(tmp_path)
+    yield pool
+    pool.close()
+
+
+def job_of(result) -> Job:
+    return Job.objects.get(pk=int(result.id))
+
+
+def test_a_handler_that_crashes_its_worker_every_time_ends_dead_after_max_attempts(workers):
+    """Invariant 3: each crash is a lost lease and a spent attempt; the third loss
+    dead-letters the job instead of looping, with every attempt recorded."""
+    result = crash_worker.using_lease(max_attempts=3).enqueue()
+    for n in range(3):
+        worker = workers.start(f"crash-{n}", *FAST)
+        assert worker.wait_exit(timeout=LEASE * 3 + 10) == -signal.SIGKILL
+    # The third expired claim is found by the next worker, which buries it.
+    last = workers.start("crash-last", *FAST)
+    wait_for(lambda: job_of(result).state == JobState.DEAD, LEASE + 5, "the job to be dead")
+    last.kill()
+    job = job_of(result)
+    assert (job.dead_reason, job.attempts, job.leases_lost) == (DeadReason.ATTEMPTS, 3, 3)
+    assert list(job.failures.values_list("attempt", "fence", "kind", "worker_id")) == [
+        (n + 1, n + 1, FailureKind.LEASE_EXPIRED, f"crash-{n}") for n in range(3)]
+
+
+def test_a_backfill_killed_three_times_processes_every_item_exactly_once(workers):
+    """Invariants 3 and 5: each batch's rows and checkpoint commit in one fenced transaction,
+    so 10,000 items survive three kill -9s with none lost and none done twice."""
+    result = backfill.enqueue(10_000, 100, 0.03)
+    rng = random.Random(7)
+    for n in range(3):
+        worker = workers.start(f"backfill-{n}", *FAST)
+        # Let it get somewhere first (a few batches), then kill it at a random moment.
+        seen = ItemLog.objects.count()
+        wait_for(lambda s=seen: ItemLog.objects.count() >= s + 300, 30, "progress")
+        time.sleep(rng.uniform(0.05, 0.4))
+        worker.signal(signal.SIGKILL)
+        worker.wait_exit()
+        assert job_of(result).state == JobState.CLAIMED
+    finisher = workers.start("backfill-final", *FAST)
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 120, "the backfill to finish")
+    finisher.kill()
+    per_item = Counter(ItemLog.objects.values_list("item", flat=True))
+    assert set(per_item) == set(range(10_000))
+    assert set(per_item.values()) == {1}, [i for i, n in per_item.items() if n > 1][:10]
+    job = job_of(result)
+    assert (job.fence, job.leases_lost, job.cursor) == (4, 3, {"next": 10_000})
+    # Each claim resumed where the last checkpoint left off: fences rise with the items.
+    fences = list(ItemLog.objects.order_by("item").values_list("fence", flat=True))
+    assert fences == sorted(fences) and set(fences) == {1, 2, 3, 4}
+
+
+def test_a_stale_workers_fenced_write_is_refused_after_sigcont(workers):
+    """Invariants 4 and 5: the paused worker's handler resumes after another worker took
+    the job over; its fenced transaction finds the claim gone and commits nothing."""
+    result = late_fenced_write.enqueue("fenced", LEASE + 1.5)
+    a = workers.start("fenced-a", *FAST)
+    wait_for(lambda: job_of(result).fence == 1, 10, "the first claim")
+    a.signal(signal.SIGSTOP)
+    b = workers.start("fenced-b", *FAST)
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, LEASE * 2 + 10, "B to finish")
+    a.signal(signal.SIGCONT)
+    a.wait_log("Discarded result", timeout=LEASE + 10)
+    b.kill()
+    assert list(Effect.objects.filter(key="fenced").values_list("fence", "worker_id")) == [(2, "fenced-b")]
+    assert job_of(result).fence == 2
+
+
+def test_failures_retry_on_the_ladder_then_dead_letter_with_every_error(workers):
+    """Invariant 3: an erroring job retries after the ladder's delays (database clock) and
+    ends dead with each attempt's error, worker and fence."""
+    result = boom.using_lease(max_attempts=3, retry=[0.5, 0.5]).enqueue()
+    w = workers.start("ladder", *FAST)
+    wait_for(lambda: job_of(result).state == JobState.DEAD, 15, "the job to be dead")
+    w.kill()
+    job = job_of(result)
+    assert job.dead_reason == DeadReason.ATTEMPTS
+    errors = list(job.failures.values_list("attempt", "fence", "kind", "exception_class_path", "worker_id"))
+    assert errors == [(n, n, FailureKind.EXCEPTION, "builtins.ValueError", "ladder") for n in (1, 2, 3)]
+    assert all("ValueError: boom" in tb for tb in job.failures.values_list("traceback", flat=True))
+    times = list(job.failures.order_by("id").values_list("recorded_at", flat=True))
+    assert times == sorted(times)
+
+
+def test_a_non_retryable_error_dead_letters_at_once(workers):
+    """Invariant 3: NonRetryable ends the job dead after one attempt, with the reason."""
+    result = refuse.using_lease(max_attempts=5).enqueue()
+    w = workers.start("refuse", *FAST)
+    wait_for(lambda: job_of(result).state == JobState.DEAD, 10, "the job to be dead")
+    w.kill()
+    job = job_of(result)
+    assert (job.dead_reason, job.attempts) == (DeadReason.NON_RETRYABLE, 1)
+
+
+@pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(non_retryable=...) needs Django 6.1")
+def test_exceptions_a_task_lists_as_non_retryable_dead_letter_at_once(workers):
+    """Invariant 3: the task's own non_retryable list is honoured by the worker."""
+    from tests.testapp.tasks import charge_card
+
+    result = charge_card.using_lease(max_attempts=5).enqueue()
+    w = workers.start("declined", *FAST)
+    wait_for(lambda: job_of(result).state == JobState.DEAD, 10, "the job to be dead")
+    w.kill()
+    job = job_of(result)
+    assert (job.dead_reason, job.failures.get().exception_class_path) == (
+        DeadReason.NON_RETRYABLE, "tests.testapp.tasks.CardDeclined")

@@ -1,0 +1,325 @@
+"""run_lease_worker as real processes, stopped, killed and signalled for real.
+
+Invariants (design.md): (1) one clock, (2) rowcount is ownership, (3) nothing is lost,
+(4) duplicates only after expiry, (5) a stale owner's ack/checkpoint is rejected.
+Leases are 2-3 s so that expiry happens within the test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection, transaction
+
+from django_leases.models import Job, JobFailure, WorkerProcess
+from django_leases.states import FailureKind, JobState
+from tests.testapp.models import Effect
+from tests.testapp.tasks import add, hold, record, stubborn
+from tests.worker_helpers import ON_POSTGRES, PG_ONLY, Workers, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+LEASE, BEAT, POLL = 2.0, 0.5, 0.2
+FAST = ["--lease", str(LEASE), "--heartbeat", str(BEAT), "--poll", str(POLL)]
+
+
+@pytest.fixture
+def workers(tmp_path):
+    pool = Workers(tmp_path)
+    yield pool
+    pool.close()
+
+
+def job_of(result) -> Job:
+    return Job.objects.get(pk=int(result.id))
+
+
+def effects(key: str) -> list[tuple[int, str, str]]:
+    return list(Effect.objects.filter(key=key).order_by("id").values_list("fence", "worker_id", "phase"))
+
+
+def test_bad_options_are_refused_before_any_claim():
+    """Invalid options raise a CommandError naming the option and claim nothing (3)."""
+    result = add.enqueue(1, 2)
+    cases = [
+        (["--lease", "3", "--heartbeat", "3"], "--heartbeat"),
+        (["--lease", "0.5"], "--lease"),
+        (["--concurrency", "0"], "--concurrency"),
+        (["--poll", "0"], "--poll"),
+        (["--grace", "-1"], "--grace"),
+        (["--max-jobs", "0"], "--max-jobs"),
+        (["--backend", "nope"], "--backend"),
+    ]
+    for args, option in cases:
+        with pytest.raises(CommandError, match=re.escape(option)):
+            call_command("run_lease_worker", *args, "--burst")
+    job = job_of(result)
+    assert (job.state, job.fence, job.attempts) == (JobState.PENDING, 0, 0)
+
+
+def test_kill_9_mid_job_is_completed_by_another_worker_within_the_lease(workers):
+    """A SIGKILLed worker's job is taken over by another worker once its lease expires,
+    within lease + heartbeat + poll, and only then (3, 4); the takeover is recorded as a
+    lease_expired failure carrying the dead claim's fence."""
+    result = record.enqueue("kill9", first_seconds=60, later_seconds=0)
+    a = workers.start("kill9-a", *FAST)
+    wait_for(lambda: effects("kill9"), 10, "the first handler to start")
+    b = workers.start("kill9-b", *FAST)
+    a.signal(signal.SIGKILL)
+    killed = time.monotonic()
+    a.wait_exit()
+    wait_for(lambda: job_of(result).fence == 2, LEASE + BEAT + POLL + 2, "the takeover")
+    took = time.monotonic() - killed
+    # Not before the lease could have run out: the last renewal came at most one beat earlier.
+    assert took >= LEASE - BEAT - 0.1, took
+    assert took <= LEASE + BEAT + POLL + 0.3, took
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 5, "the job to succeed")
+    job = job_of(result)
+    assert (job.claimed_by, job.fence, job.attempts) == ("kill9-b", 2, 2)
+    assert job.result == {"fence": 2, "worker": "kill9-b"}
+    assert list(JobFailure.objects.filter(job=job).values_list("kind", "fence", "worker_id")) == [
+        (FailureKind.LEASE_EXPIRED, 1, "kill9-a")]
+    assert effects("kill9") == [(1, "kill9-a", "start"), (2, "kill9-b", "start"),
+                                (2, "kill9-b", "done")]
+    b.signal(signal.SIGTERM)
+    assert b.wait_exit() == 0
+
+
+def test_sigstop_past_the_lease_then_sigcont_stops_the_first_handler(workers):
+    """A worker frozen past its lease loses the job to another worker (4); once thawed, its
+    handler is told within one heartbeat period and stops, and its result is never
+    acknowledged (2, 5): the job keeps the second claim's result and fence."""
+    result = record.enqueue("stop", first_seconds=8, later_seconds=0)
+    a = workers.start("stop-a", *FAST)
+    wait_for(lambda: effects("stop"), 10, "the first handler to start")
+    a.signal(signal.SIGSTOP)
+    b = workers.start("stop-b", *FAST)
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, LEASE + 10, "the takeover to finish")
+    job = job_of(result)
+    assert (job.claimed_by, job.fence, job.result) == ("stop-b", 2, {"fence": 2, "worker": "stop-b"})
+    a.signal(signal.SIGCONT)
+    thawed = time.monotonic()
+    a.wait_log(f"Lost claim job={job.pk} fence=1 worker=stop-a", timeout=BEAT + 2)
+    assert time.monotonic() - thawed <= BEAT + 0.5
+    a.wait_log(f"Discarded result of job={job.pk} fence=1 worker=stop-a", timeout=BEAT + 2)
+    assert f"Acked job={job.pk} fence=1" not in a.log()
+    job = job_of(result)
+    assert (job.state, job.fence, job.result) == (JobState.SUCCEEDED, 2, {"fence": 2, "worker": "stop-b"})
+    assert list(JobFailure.objects.filter(job=job).values_list("kind", "fence", "worker_id")) == [
+        (FailureKind.LEASE_EXPIRED, 1, "stop-a")]
+    # The first handler stopped: it never wrote its "done" effect.
+    assert effects("stop") == [(1, "stop-a", "start"), (2, "stop-b", "start"), (2, "stop-b", "done")]
+    for w in (a, b):
+        w.signal(signal.SIGTERM)
+        assert w.wait_exit() == 0
+
+
+def test_a_handler_that_ignores_cancellation_is_killed_in_process_isolation(workers):
+    """In process isolation a handler that never checks for cancellation is killed soon
+    after its claim is lost (4): it never writes its effect, and the worker carries on."""
+    result = stubborn.enqueue("deaf", seconds=60)
+    a = workers.start("deaf-a", "--isolation", "process", *FAST)
+    wait_for(lambda: effects("deaf"), 20, "the child to start")
+    child_pid = Effect.objects.get(key="deaf").pid
+    assert child_pid != a.pid
+    Job.objects.filter(pk=job_of(result).pk).cancel()
+    cancelled = time.monotonic()
+
+    def child_gone():
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(child_gone, BEAT + 4, "the child to be killed")
+    # One beat to notice, one second to stop by itself, then SIGTERM.
+    assert time.monotonic() - cancelled <= BEAT + 1.0 + 1.5
+    assert f"Killing handler process pid={child_pid}" in a.log()
+    assert effects("deaf") == [(1, "deaf-a", "start")]
+    assert job_of(result).state == JobState.CANCELLED
+    after = add.enqueue(2, 3)
+    wait_for(lambda: job_of(after).state == JobState.SUCCEEDED, 20, "the worker to carry on")
+    assert job_of(after).result == 5
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+
+
+def test_sigterm_finishes_within_grace_then_releases_and_nothing_is_lost(workers):
+    """SIGTERM: the short job finishes within --grace and is acked, the long one is released
+    (pending, attempt not counted) and the worker row is marked stopped; another worker then
+    completes it (3)."""
+    short = record.enqueue("short", first_seconds=0.5)
+    long = record.enqueue("long", first_seconds=60, later_seconds=0)
+    a = workers.start("term-a", "--concurrency", "2", "--grace", "1.5", *FAST)
+    wait_for(lambda: len(effects("short")) + len(effects("long")) == 2, 10, "both handlers")
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+    assert job_of(short).state == JobState.SUCCEEDED
+    released = job_of(long)
+    assert (released.state, released.attempts, released.fence, released.claim_token) == (
+        JobState.PENDING, 0, 1, None)
+    assert f"Released job={released.pk} fence=1 worker=term-a" in a.log()
+    assert WorkerProcess.objects.get(worker_id="term-a").stopped_at is not None
+    b = workers.start("term-b", "--burst", *FAST, ready=False)
+    assert b.wait_exit() == 0
+    done = job_of(long)
+    assert (done.state, done.fence, done.attempts, done.claimed_by) == (
+        JobState.SUCCEEDED, 2, 1, "term-b")
+    assert not JobFailure.objects.exists()
+
+
+def test_a_second_signal_releases_at_once(workers):
+    """A second SIGTERM does not wait out --grace: jobs are released and the worker exits (3)."""
+    result = hold.enqueue(60)
+    a = workers.start("twice-a", "--grace", "60", *FAST)
+    a.wait_log(f"Claimed job={result.id}")
+    a.signal(signal.SIGTERM)
+    a.wait_log("Stopping on SIGTERM")
+    sent = time.monotonic()
+    a.signal(signal.SIGINT)
+    assert a.wait_exit() == 0
+    assert time.monotonic() - sent < 3
+    job = job_of(result)
+    assert (job.state, job.attempts) == (JobState.PENDING, 0)
+
+
+def test_a_handler_hogging_its_thread_does_not_stop_renewals(workers):
+    """Renewals run on their own thread: a handler blocking for twice the lease keeps its
+    claim and is acknowledged with the first fence (2, 4)."""
+    result = stubborn.enqueue("hog", seconds=2 * LEASE)
+    a = workers.start("hog-a", *FAST)
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 2 * LEASE + 5, "the job")
+    job = job_of(result)
+    assert (job.fence, job.attempts, job.claimed_by) == (1, 1, "hog-a")
+    assert not JobFailure.objects.exists()
+    assert "Renewed 1 of 1 claims" in a.log()
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+
+
+def test_heartbeats_of_500_held_jobs_cost_one_statement_per_period(workers):
+    """500 concurrently held claims are renewed by one statement per heartbeat period, all
+    on the database clock (1): every held row carries the same heartbeat_at. SIGTERM with no
+    grace then releases all 500 (3)."""
+    n = 500
+    for _ in range(n):
+        Job.objects.enqueue("tests.testapp.tasks.hold", [60], lease_seconds=3)
+    a = workers.start("many-a", "--concurrency", str(n), "--lease", "3", "--heartbeat", "0.75",
+                      "--poll", "0.2", "--grace", "0")
+    wait_for(lambda: Job.objects.filter(state=JobState.CLAIMED, claimed_by="many-a").count() == n,
+             20, "all jobs to be claimed")
+    pattern = re.compile(r"Renewed (\d+) of (\d+) claims in (\d+) statement")
+
+    def full_beats():
+        return [m for m in pattern.findall(a.log()) if m[1] == str(n)]
+
+    beats = wait_for(lambda: len(full_beats()) >= 3 and full_beats(), 10, "three full renewals")
+    assert all(statements == "1" for _, _, statements in beats), beats
+    assert all(kept == str(n) for kept, _, _ in beats), beats
+    held = Job.objects.filter(state=JobState.CLAIMED, claimed_by="many-a")
+    assert held.values("heartbeat_at").distinct().count() == 1
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(30) == 0
+    assert Job.objects.filter(state=JobState.PENDING, attempts=0).count() == n
+
+
+@pytest.mark.skipif(not ON_POSTGRES, reason=PG_ONLY)
+def test_notify_wakes_an_idle_worker_at_once(workers):
+    """On PostgreSQL an enqueue wakes an idle worker through NOTIFY, long before its poll
+    interval; the job still runs under a lease like any other (2)."""
+    a = workers.start("notify-a", "--lease", "3", "--poll", "30")
+    a.wait_log("Listening for wake-ups")
+    enqueued = time.monotonic()
+    result = add.enqueue(20, 22)
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 5, "the job")
+    assert time.monotonic() - enqueued < 1.0
+    assert job_of(result).result == 42
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+
+
+@pytest.mark.skipif(not ON_POSTGRES, reason=PG_ONLY)
+def test_without_notify_polling_alone_runs_the_job(workers):
+    """NOTIFY=False (PgBouncer transaction pooling): no LISTEN, and polling still finds
+    every job (3)."""
+    a = workers.start("poll-a", "--lease", "3", "--poll", "0.5", notify=False)
+    result = add.enqueue(1, 1)
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 5, "the job")
+    assert "Listening for wake-ups" not in a.log()
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+
+
+@pytest.mark.skipif(not ON_POSTGRES, reason=PG_ONLY)
+def test_the_worker_survives_losing_its_connections(workers):
+    """When PostgreSQL drops every connection of the worker mid-job, it logs, reconnects and
+    keeps its claim (renewals resume within the lease), so the job succeeds with its first
+    fence (2, 3, 4); handlers that use the database run again afterwards."""
+    before = record.enqueue("conn-before")
+    a = workers.start("conn-a", "--lease", "3", "--heartbeat", "0.5", "--poll", "0.2")
+    wait_for(lambda: job_of(before).state == JobState.SUCCEEDED, 10, "a first job")
+    held = hold.enqueue(2)
+    wait_for(lambda: job_of(held).state == JobState.CLAIMED, 10, "the held job")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    wait_for(lambda: job_of(held).state == JobState.SUCCEEDED, 10, "the held job")
+    assert (job_of(held).fence, job_of(held).attempts) == (1, 1)
+    wait_for(lambda: "Renewal failed" in a.log() or "Database trouble" in a.log(), 5,
+             "the trouble to be logged")
+    after = record.enqueue("conn-after")
+    wait_for(lambda: job_of(after).state == JobState.SUCCEEDED, 10, "a later job")
+    # The handler's own connection was cut while idle; CONN_HEALTH_CHECKS reopens it.
+    assert job_of(after).attempts == 1
+    assert a.proc.poll() is None
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+
+
+def test_a_stale_owners_checkpoint_is_rejected_and_stops_the_handler(workers):
+    """Once another claim took the job over, the first owner's next checkpoint matches no row
+    (5): the stored cursor stays where the takeover found it and the handler stops (2)."""
+    from tests.testapp.tasks import count_up
+
+    result = count_up.enqueue(10_000, 0.05)
+    a = workers.start("ckpt-a", "--lease", "6", "--heartbeat", "5", "--poll", "0.2")
+    wait_for(lambda: (job_of(result).cursor or 0) >= 3, 10, "a few checkpoints")
+    with transaction.atomic():
+        Job.objects.filter(pk=job_of(result).pk).expire_now()
+        [thief] = Job.objects.claim("ckpt-thief", limit=1, lease=30)
+    taken = job_of(result)
+    assert (thief.pk, taken.fence, taken.claimed_by) == (taken.pk, 2, "ckpt-thief")
+    a.wait_log(f"Discarded result of job={taken.pk} fence=1 worker=ckpt-a")
+    assert (f"Checkpoint rejected job={taken.pk} fence=1" in a.log()
+            or f"Lost claim job={taken.pk} fence=1" in a.log())
+    after = job_of(result)
+    assert (after.cursor, after.fence, after.claimed_by, after.state) == (
+        taken.cursor, 2, "ckpt-thief", JobState.CLAIMED)
+    assert Job.objects.ack(thief, "thief") is True
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+
+
+def test_an_async_handler_is_cancelled_when_its_claim_is_lost(workers):
+    """An ``async def`` handler's task is cancelled within one heartbeat period of the loss
+    (an operator cancel here), so it never writes its effect, and nothing is acked (2, 5)."""
+    from tests.testapp.tasks import async_record
+
+    result = async_record.enqueue("async", 60)
+    a = workers.start("async-a", *FAST)
+    wait_for(lambda: effects("async"), 10, "the handler to start")
+    Job.objects.filter(pk=job_of(result).pk).cancel()
+    cancelled = time.monotonic()
+    a.wait_log(f"Discarded result of job={result.id} fence=1 worker=async-a", timeout=BEAT + 2)
+    assert time.monotonic() - cancelled <= BEAT + 0.5
+    assert effects("async") == [(1, "async-a", "start")]
+    assert job_of(result).state == JobState.CANCELLED
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0

@@ -1,0 +1,93 @@
+"""Start real run_lease_worker processes for the worker tests, and wait for conditions."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
+PG_ONLY = "needs PostgreSQL (LISTEN/NOTIFY, pg_terminate_backend); run with DATABASE_URL=postgres://..."
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+class WorkerProcess:
+    def __init__(self, worker_id: str, args: list[str], log_path: Path, env: dict[str, str]):
+        self.worker_id = worker_id
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 -- closed in kill()
+        cmd = [sys.executable, "-m", "django", "run_lease_worker",
+               "--settings=tests.worker_settings", "--worker-id", worker_id, *args]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_log(self, text: str, timeout: float = 10.0) -> str:
+        return wait_for(lambda: text in self.log() and self.log(), timeout,
+                        f"{text!r} in the log of {self.worker_id}:\n{self.log()[-3000:]}")
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def wait_exit(self, timeout: float = 15.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.worker_id} did not exit:\n{self.log()[-3000:]}") from None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, sig)
+            self.proc.wait(10)
+        self._log.close()
+
+
+class Workers:
+    """Start workers against the test database; kill whatever is left at teardown."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp_path = tmp_path
+        self.started: list[WorkerProcess] = []
+
+    def start(self, worker_id: str, *args: str, ready: bool = True, notify: bool = True,
+              verbosity: int = 2) -> WorkerProcess:
+        env = dict(os.environ)
+        env["LEASES_WORKER_DB_NAME"] = connection.settings_dict["NAME"]
+        env["LEASES_WORKER_NOTIFY"] = "1" if notify else "0"
+        env["PYTHONPATH"] = str(ROOT)
+        worker = WorkerProcess(worker_id, [*args, "-v", str(verbosity)],
+                               self.tmp_path / f"{worker_id}.log", env)
+        self.started.append(worker)
+        if ready:
+            worker.wait_log("Worker started", timeout=20)
+        return worker
+
+    def close(self) -> None:
+        for worker in self.started:
+            worker.kill()

@@ -1,0 +1,20 @@
+"""Settings for run_lease_worker processes started by the worker tests.
+
+The same as tests.settings, pointed at the test database the pytest process created
+(LEASES_WORKER_DB_NAME), with timestamps in the log lines. LEASES_WORKER_NOTIFY=0 turns
+NOTIFY off, as a deployment behind PgBouncer transaction pooling would.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tests.settings import *  # noqa: F403
+from tests.settings import DATABASES, LOGGING, TASKS
+
+DATABASES["default"]["NAME"] = os.environ["LEASES_WORKER_DB_NAME"]
+# A handler's connection cut while idle is checked and reopened before its next job.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+TASKS["default"]["OPTIONS"]["NOTIFY"] = os.environ.get("LEASES_WORKER_NOTIFY", "1") == "1"
+LOGGING["formatters"] = {"stamped": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}}
+LOGGING["handlers"]["console"]["formatter"] = "stamped"
