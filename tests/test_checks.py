@@ -68,7 +68,7 @@ def test_get_options_reads_the_lease_backend_of_tasks():
     assert get_options("default").heartbeat_seconds == 20
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(databases="__all__")
 @override_settings(TASKS={"default": {"BACKEND": BACKEND, "OPTIONS": {"LEASE_SECONDS": 99999}}})
 def test_django_check_framework_runs_the_backend_checks():
     from django.core.checks import run_checks
