@@ -2,19 +2,24 @@
 # Run the test suite on SQLite and on PostgreSQL (never skipped: an unreachable server fails).
 #   bash tests/run.sh                 both databases
 #   LEASES_DATABASES=sqlite bash tests/run.sh
-#   DATABASE_URL=postgres://user@host:5432/db bash tests/run.sh -k claim
+#   DATABASE_URL=postgres://user@host:5432/db bash tests/run.sh -k claim    (that database only)
+#   LEASES_EXTRAS=test,mysql LEASES_DATABASES="mysql" bash tests/run.sh    (MariaDB/MySQL)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/bootstrap.sh"
 leases_venv
 cd "$leases_root"
 
-pg_url=${LEASES_PG_URL:-${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}}
+pg_url=${LEASES_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
+mysql_url=${LEASES_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}
+# A DATABASE_URL alone means: that database only.
+[ -n "${DATABASE_URL:-}" ] && [ -z "${LEASES_DATABASES:-}" ] && LEASES_DATABASES=$DATABASE_URL
 status=0
 for db in ${LEASES_DATABASES:-sqlite postgres}; do
   case $db in
     sqlite) url="sqlite:///${TMPDIR:-/tmp}/django-leases-tests-$$.sqlite3" ;;
     postgres) url=$pg_url ;;
+    mysql) url=$mysql_url ;;
     *) url=$db ;;
   esac
   echo "=== tests on $db ($("$LEASES_VENV_PYTHON" -V)) ==="

@@ -349,3 +349,13 @@ def test_each_claim_is_renewed_by_its_own_lease_in_one_statement():
     assert Job.objects.renew(refs) == {short.pk, long_.pk}
     ends = {j.pk: j.lease_expires_at - j.heartbeat_at for j in Job.objects.all()}
     assert ends == {short.pk: timedelta(seconds=4), long_.pk: timedelta(seconds=50)}
+
+
+def test_an_owner_write_that_changes_nothing_still_counts_as_owned():
+    """Invariant 2 on MySQL/MariaDB: the rowcount is rows matched (CLIENT.FOUND_ROWS), not
+    rows changed, so an UPDATE that writes equal values still proves ownership."""
+    enqueue()
+    [job] = Job.objects.claim("w")
+    assert Job.objects.filter(pk=job.pk, claim_token=job.claim_token).update(priority=F("priority")) == 1
+    assert Job.objects.checkpoint(job, {"at": 1}) is True
+    assert Job.objects.checkpoint(job, {"at": 1}) is True
