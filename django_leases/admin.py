@@ -125,9 +125,15 @@ class QueueFilter(CensusFilter):
     def extra_values(self) -> set[str]:
         from django.conf import settings
 
+        from django.db import router
+
+        # Only backends whose jobs live where the admin reads them (DATABASE_ROUTERS).
+        database = router.db_for_read(Job)
         queues: set[str] = set()
         for alias in conf.lease_backend_aliases():
-            queues.update(settings.TASKS[alias].get("QUEUES", []))
+            params = settings.TASKS[alias]
+            if (params.get("OPTIONS") or {}).get("DATABASE", "default") == database:
+                queues.update(params.get("QUEUES", []))
         return queues
 
 
@@ -364,6 +370,40 @@ class JobAdmin(admin.ModelAdmin):
     def purge_finished(self, request: HttpRequest, queryset: QuerySet) -> None:
         self._act(request, queryset, lambda qs: qs.purge_finished(), "purged",
                   "not succeeded or cancelled")
+
+    # -- the lease advisor: manage.py lease_report as a page ---------------------------
+
+    def get_urls(self) -> list[Any]:
+        from django.urls import path
+
+        return [path("advisor/", self.admin_site.admin_view(self.advisor_view),
+                     name="django_leases_job_advisor"), *super().get_urls()]
+
+    def advisor_view(self, request: HttpRequest) -> Any:
+        """Per task: handler durations, lease, heartbeat and the advisor's verdict."""
+        from django.core.exceptions import PermissionDenied
+        from django.template.response import TemplateResponse
+
+        from .advisor import fmt_seconds, report
+
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            days = float(request.GET.get("days", 7)) or None
+        except ValueError:
+            days = 7.0
+        return TemplateResponse(request, "admin/django_leases/job/advisor.html", {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": _("Lease advisor"),
+            "days": days,
+            "rows": [{"advice": r, "p50": fmt_seconds(r.p50), "p99": fmt_seconds(r.p99),
+                      "p999": fmt_seconds(r.p999), "max": fmt_seconds(r.max),
+                      "lease": fmt_seconds(r.lease),
+                      "heartbeat": "lease/3" if r.heartbeat is None else fmt_seconds(r.heartbeat),
+                      "recommended": fmt_seconds(r.recommended_lease)}
+                     for r in report(days)],
+        })
 
 
 @admin.register(WorkerProcess)

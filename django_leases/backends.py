@@ -14,17 +14,30 @@ from . import registry
 from .conf import LeaseOptions, validate_lease, validate_max_attempts
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
 from .retry import Retry
-from .states import JobState, LeaseLostPolicy
+from .states import FailureKind, JobState, LeaseLostPolicy
 from .task import LeaseTask
 
 _STATUS = {
+    # Due, waiting for its run_after or retry delay, or parked (available_at NULL) until a
+    # person releases it: in every case not running and not finished.
     JobState.PENDING: TaskResultStatus.READY,
     # A claimed job whose lease ran out stays RUNNING until it is claimed again or buried.
     JobState.CLAIMED: TaskResultStatus.RUNNING,
     JobState.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
     JobState.DEAD: TaskResultStatus.FAILED,
+    # Stopped by an operator: finished without success (errors holds only real failures).
     JobState.CANCELLED: TaskResultStatus.FAILED,
 }
+
+
+def _exception_path(failure: Any) -> str:
+    """A dotted path TaskError.exception_class can import: an expired claim reads as
+    LeaseLost, a failure without a class as Exception."""
+    if failure.exception_class_path:
+        return failure.exception_class_path
+    if failure.kind == FailureKind.LEASE_EXPIRED:
+        return "django_leases.exceptions.LeaseLost"
+    return "builtins.Exception"
 
 
 class LeaseBackend(BaseTaskBackend):
@@ -126,7 +139,7 @@ class LeaseBackend(BaseTaskBackend):
             args=job.args,
             kwargs=job.kwargs,
             backend=self.alias,
-            errors=[TaskError(exception_class_path=f.exception_class_path or "builtins.Exception",
+            errors=[TaskError(exception_class_path=_exception_path(f),
                               traceback=f.traceback or f.message) for f in failures],
             worker_ids=worker_ids,
         )

@@ -647,6 +647,23 @@ class JobQuerySet(models.QuerySet):
         raw.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
         return raw
 
+    # -- advisor --
+
+    def handler_durations(self, since_days: float | None = None) -> models.QuerySet:
+        """(task_path, lease_seconds, duration) of succeeded jobs, finished in the last
+        ``since_days`` days if given. ``duration`` is finished_at - last_attempted_at, the
+        last attempt from claim to acknowledgement: both stamps come from the database
+        clock, so the difference holds whatever the workers' clocks say."""
+        finished = self.filter(state=JobState.SUCCEEDED, last_attempted_at__isnull=False,
+                               finished_at__isnull=False)
+        if since_days is not None:
+            finished = finished.filter(
+                finished_at__gte=Now() - Value(timedelta(days=_seconds("since_days", since_days))))
+        return finished.order_by().annotate(
+            duration=models.ExpressionWrapper(F("finished_at") - F("last_attempted_at"),
+                                              output_field=models.DurationField()),
+        ).values_list("task_path", "lease_seconds", "duration")
+
 
 # Enqueue wake-ups on PostgreSQL: the channel; the payload is the queue name.
 NOTIFY_CHANNEL = "django_leases"

@@ -8,9 +8,12 @@ Django 6.0's decorator passes no extra arguments, so there the options come from
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.tasks import Task
+from django.tasks import Task, TaskContext
+
+if TYPE_CHECKING:
+    from .api import JobHandle
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,3 +39,13 @@ class LeaseTask(Task):
         if unknown:
             raise TypeError(f"using_lease() got unknown options {sorted(unknown)}; use {sorted(allowed)}")
         return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseTaskContext(TaskContext):
+    """What ``run_lease_worker`` passes to a ``takes_context=True`` task: Django's
+    TaskContext (``task_result``, ``attempt``) plus ``job``, the claim's JobHandle (fence,
+    lease_remaining, lost, checkpoint()): the same object as ``current_job()``, kept here
+    too so that code the handler hands the context to (another thread) still reaches it."""
+
+    job: JobHandle | None = None

@@ -183,3 +183,35 @@ def test_a_duplicate_unique_key_through_django_tasks_raises_and_writes_nothing()
 def test_bad_using_lease_options_raise_invalid_task(changes, named):
     with pytest.raises(InvalidTask, match=named):
         add.using_lease(**changes)
+
+
+def test_a_cancelled_job_is_failed_without_an_invented_error():
+    """An operator's cancel ends the job: FAILED, is_finished, no error recorded for it."""
+    result = add.enqueue(1, 2)
+    Job.objects.filter(pk=int(result.id)).cancel()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and result.is_finished
+    assert result.errors == [] and result.finished_at is not None
+
+
+def test_a_parked_job_reads_ready_until_a_person_releases_or_cancels_it():
+    """A parked job (pending, available_at NULL) is waiting, not finished: READY (3: kept)."""
+    result = add.using_lease(on_lease_lost="park").enqueue(1, 2)
+    [job] = Job.objects.claim("w")
+    Job.objects.filter(pk=job.pk).expire_now()
+    assert Job.objects.claim("w2") == []
+    job.refresh_from_db()
+    assert (job.state, job.available_at) == (JobState.PENDING, None)
+    result.refresh()
+    assert result.status == TaskResultStatus.READY and not result.is_finished
+    assert [e.exception_class_path for e in result.errors] == ["django_leases.exceptions.LeaseLost"]
+
+
+def test_aenqueue_and_aget_result_match_their_sync_twins():
+    from asgiref.sync import async_to_sync
+
+    result = async_to_sync(add.aenqueue)(4, 5)
+    again = async_to_sync(add.aget_result)(result.id)
+    assert (again.id, again.status, again.args) == (result.id, TaskResultStatus.READY, [4, 5])
+    async_to_sync(again.arefresh)()
+    assert again.status == TaskResultStatus.READY

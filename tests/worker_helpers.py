@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from django.db import connection
+from django.db import connection, connections
 
 ROOT = Path(__file__).resolve().parent.parent
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
@@ -79,6 +79,9 @@ class Workers:
               verbosity: int = 2) -> WorkerProcess:
         env = dict(os.environ)
         env["LEASES_WORKER_DB_NAME"] = connection.settings_dict["NAME"]
+        if "queue" in connections.settings:
+            # The "queue" backend's test database (its own name only if a test set it up).
+            env["LEASES_WORKER_QUEUE_DB_NAME"] = connections["queue"].settings_dict["NAME"]
         env["LEASES_WORKER_NOTIFY"] = "1" if notify else "0"
         env["PYTHONPATH"] = str(ROOT)
         worker = WorkerProcess(worker_id, [*args, "-v", str(verbosity)],

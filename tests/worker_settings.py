@@ -13,6 +13,8 @@ from tests.settings import *  # noqa: F403
 from tests.settings import DATABASES, LOGGING, TASKS
 
 DATABASES["default"]["NAME"] = os.environ["LEASES_WORKER_DB_NAME"]
+if os.environ.get("LEASES_WORKER_QUEUE_DB_NAME"):
+    DATABASES["queue"]["NAME"] = os.environ["LEASES_WORKER_QUEUE_DB_NAME"]
 # A handler's connection cut while idle is checked and reopened before its next job.
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 TASKS["default"]["OPTIONS"]["NOTIFY"] = os.environ.get("LEASES_WORKER_NOTIFY", "1") == "1"

@@ -8,9 +8,12 @@ into current_job().lost and cancels an async handler.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Any
+
+from .executors import KILL_GRACE_SECONDS
 
 
 def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> None:
@@ -24,7 +27,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
     from .. import registry
     from ..api import JobHandle
     from .claims import Outcome
-    from .running import run_task
+    from .running import run_task, task_context
 
     def checkpoint(cursor: Any) -> bool:
         conn.send(("checkpoint", cursor))
@@ -42,8 +45,18 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
         claim_token=payload["claim_token"], database=payload["database"],
     )
 
+    parent = os.getppid()
+
     def watch() -> None:
-        lost.wait()
+        # A parent killed outright (kill -9, OOM) neither renews the claim nor kills this
+        # child any more: its death counts as the loss, and the child ends after the same
+        # grace the parent would have given it.
+        while not lost.wait(0.2):
+            if os.getppid() != parent:
+                lost.set()
+                handle._fire()
+                threading.Event().wait(KILL_GRACE_SECONDS)
+                os._exit(1)
         handle._fire()
 
     threading.Thread(target=watch, name="leases-lost-watcher", daemon=True).start()
@@ -53,13 +66,10 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
         outcome = Outcome("error", exception_class_path="django_leases.worker.UnknownTask",
                           message=f"{payload['task_path']!r} is not a declared task")
     else:
-        context = None
-        if task.takes_context:
-            from django.tasks import TaskContext, task_backends
-
-            context = TaskContext(task_result=task_backends[payload["alias"]].get_result(
-                payload["job_id"]))
-        outcome = run_task(task, payload["args"], payload["kwargs"], handle, context)
+        # Django's task_started/task_finished are sent here, in the child that runs the
+        # handler (running.run_task), so receivers see the handler's exception.
+        outcome = run_task(task, payload["args"], payload["kwargs"], handle,
+                           task_context(task, handle))
     try:
         conn.send(("done", outcome))
     except Exception as e:  # noqa: BLE001 -- an unpicklable result must still be reported

@@ -21,6 +21,9 @@ from .claims import ClaimBook
 
 logger = logging.getLogger("django_leases.worker")
 
+# Longest the heartbeat thread sleeps before looking at the claims it must renew again.
+_SLICE = 0.25
+
 
 class Heartbeat(threading.Thread):
     def __init__(self, *, book: ClaimBook, database: str, worker_id: str, period: float,
@@ -40,8 +43,14 @@ class Heartbeat(threading.Thread):
         from ..models import Job, WorkerProcess
 
         delay = self.period
+        last = time.monotonic()
         try:
-            while not self._stop_event.wait(delay):
+            # Wake in short slices: a claim with a lease shorter than the period may arrive
+            # mid-wait, and must be renewed within a third of its own lease.
+            while not self._stop_event.wait(min(delay, self._period(), _SLICE)):
+                if time.monotonic() - last < min(delay, self._period()):
+                    continue
+                last = time.monotonic()
                 try:
                     self.beat(Job, WorkerProcess)
                     delay = self._period()

@@ -25,6 +25,7 @@ from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
 from .executors import KILL_GRACE_SECONDS, ProcessExecutor, ThreadExecutor
 from .heartbeat import Heartbeat, Watchdog
 from .listener import Listener
+from .running import task_context
 from .shutdown import StopRequest
 from .waker import Waker
 
@@ -358,11 +359,7 @@ class Worker:
         return ThreadExecutor(self.concurrency, self._finished, self._task_context)
 
     def _task_context(self, claim: Claim, task: Any) -> Any:
-        if not task.takes_context:
-            return None
-        from django.tasks import TaskContext, task_backends
-
-        return TaskContext(task_result=task_backends[self.alias].get_result(claim.pk))
+        return task_context(task, claim.handle)
 
     def _start_threads(self) -> list[Any]:
         threads: list[Any] = [

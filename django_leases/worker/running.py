@@ -5,12 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import traceback
+from dataclasses import replace
 from typing import Any
+
+from django.tasks import TaskResult, TaskResultStatus
+from django.tasks.base import TaskError
+from django.tasks.signals import task_finished, task_started
 
 from ..api import JobHandle
 from ..exceptions import LeaseLost, NonRetryable
 from .claims import Outcome
+
+logger = logging.getLogger("django_leases.worker")
 
 
 def run_task(task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle,
@@ -20,11 +28,36 @@ def run_task(task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHand
     A handler that stops because its claim was lost (LeaseLost, a cancelled coroutine, or
     any exception raised after the loss) comes back as a "lost" outcome: nothing of it is
     recorded against the job, since the job may already belong to another worker.
+
+    Django's task_started and task_finished are sent here, in the thread or process that
+    runs the handler, with current_job() set; task_finished for a failure is sent inside
+    the exception handler, as Django's own backends do, so receivers see sys.exc_info().
+    A lost claim sends no task_finished: its attempt is abandoned, not finished.
     """
     token = handle._activate()
     try:
+        return _run(task, args, kwargs, handle, context)
+    finally:
+        handle._deactivate(token)
+
+
+def task_context(task: Any, handle: JobHandle) -> Any:
+    """The context of a ``takes_context=True`` task (None otherwise): Django's TaskContext
+    with ``job``, this claim's JobHandle."""
+    if not task.takes_context:
+        return None
+    from ..task import LeaseTaskContext
+
+    return LeaseTaskContext(task_result=task.get_backend().get_result(handle.job_id), job=handle)
+
+
+def _run(task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle,
+         context: Any) -> Outcome:
+    started = context.task_result if context is not None else _result_at_start(task, handle)
+    try:
         if context is not None:
             args = [context, *args]
+        _send(task_started, task, started)
         if inspect.iscoroutinefunction(task.func):
             result = asyncio.run(_run_async(task.func, args, kwargs, handle))
         else:
@@ -34,21 +67,61 @@ def run_task(task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHand
     except Exception as e:
         if handle.lost:
             return Outcome("lost")
-        return Outcome(
+        outcome = Outcome(
             "error",
             exception_class_path=f"{type(e).__module__}.{type(e).__qualname__}",
             message=str(e),
             traceback=traceback.format_exc(),
             retryable=not isinstance(e, (NonRetryable, *getattr(task, "non_retryable", ()))),
         )
-    finally:
-        handle._deactivate(token)
+        _send(task_finished, task, _finished(started, TaskResultStatus.FAILED, error=TaskError(
+            exception_class_path=outcome.exception_class_path, traceback=outcome.traceback)))
+        return outcome
     if handle.acked:
         # Committed with the handler's own writes; a loss noticed afterwards changes nothing.
-        return Outcome("ok", result=handle.acked_result, acked=True)
-    if handle.lost:
+        outcome = Outcome("ok", result=handle.acked_result, acked=True)
+    elif handle.lost:
         return Outcome("lost")
-    return Outcome("ok", result=result)
+    else:
+        outcome = Outcome("ok", result=result)
+    _send(task_finished, task, _finished(started, TaskResultStatus.SUCCESSFUL,
+                                         return_value=outcome.result))
+    return outcome
+
+
+def _result_at_start(task: Any, handle: JobHandle) -> TaskResult | None:
+    """The job as get_result() sees it once claimed (RUNNING, database times), or None if
+    it cannot be read now: signals are then skipped rather than the job failed."""
+    try:
+        return task.get_backend().get_result(handle.job_id)
+    except Exception:  # noqa: BLE001 -- a missed signal must not cost the job an attempt
+        logger.warning("Could not read job=%s for task_started/task_finished; not sent",
+                       handle.job_id, exc_info=True)
+        return None
+
+
+def _finished(started: TaskResult | None, status: str, *, error: TaskError | None = None,
+              return_value: Any = None) -> TaskResult | None:
+    """``started`` as the handler left it. finished_at stays None: the worker records the
+    outcome afterwards, on the database clock, and get_result() shows it from then on."""
+    if started is None:
+        return None
+    errors = [*started.errors, error] if error is not None else list(started.errors)
+    result = replace(started, status=status, errors=errors, worker_ids=list(started.worker_ids))
+    if status == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", return_value)
+    return result
+
+
+def _send(signal: Any, task: Any, task_result: TaskResult | None) -> None:
+    """Send a Django task signal; a receiver that raises is logged, never fails the job."""
+    if task_result is None:
+        return
+    for receiver, response in signal.send_robust(type(task.get_backend()), task_result=task_result):
+        if isinstance(response, Exception):
+            logger.error("Receiver %r of %s raised for job=%s", receiver,
+                         "task_started" if signal is task_started else "task_finished",
+                         task_result.id, exc_info=response)
 
 
 async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any],

@@ -165,7 +165,8 @@ def cmd_hold(a) -> dict:
     claim_seconds = time.perf_counter() - started
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    print(json.dumps({"ready": len(jobs)}), flush=True)
+    sys.stdout.write(json.dumps({"ready": len(jobs)}) + "\n")
+    sys.stdout.flush()
     renewals = []
     while not stop:
         deadline = time.monotonic() + a.period
@@ -209,7 +210,7 @@ def main() -> None:
     p.add_argument("--period", type=float, default=10.0)
     a = parser.parse_args()
     out = globals()["cmd_" + a.cmd.replace("-", "_")](a)
-    print(json.dumps(out), flush=True)
+    sys.stdout.write(json.dumps(out) + "\n")
 
 
 if __name__ == "__main__":

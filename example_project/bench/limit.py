@@ -200,7 +200,7 @@ def main() -> None:
     p.add_argument("--tag", required=True)
     a = parser.parse_args()
     out = globals()["cmd_" + a.cmd.replace("-", "_")](a)
-    print(json.dumps(out), flush=True)
+    sys.stdout.write(json.dumps(out) + "\n")
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ LABELS = {"limit": "limit (1 claim + 1 ack)", "limit10": "limit, batches of 10",
 
 
 def log(*args: object) -> None:
-    print(*args, file=sys.stderr, flush=True)
+    sys.stderr.write(" ".join(str(a) for a in args) + "\n")
+    sys.stderr.flush()
 
 
 @dataclass
@@ -712,7 +713,7 @@ def report(results: dict, a: argparse.Namespace, systems: list[System], variants
             out(f"- {key}: `{err.strip().splitlines()[-1] if err.strip() else err}`")
         out("")
     text = "\n".join(lines)
-    print(text)
+    sys.stdout.write(text + "\n")
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "images").mkdir(exist_ok=True)
     (a.out / "bench_results.json").write_text(json.dumps(results, indent=1, default=str))

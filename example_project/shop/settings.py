@@ -76,7 +76,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 TASKS = {
     "default": {
         "BACKEND": "django_leases.backends.LeaseBackend",
-        "QUEUES": ["default", "emails", "images", "nightly"],
-        "OPTIONS": {"LEASE_SECONDS": 30, "MAX_ATTEMPTS": 4},
+        "QUEUES": ["default", "emails", "images", "nightly", "partners"],
+        "OPTIONS": {
+            "LEASE_SECONDS": 30,
+            "MAX_ATTEMPTS": 4,
+            "QUEUE_OPTIONS": {
+                # The flaky partner API: three tries, 0.5 s then 1 s apart, then dead.
+                "partners": {"MAX_ATTEMPTS": 3, "RETRY": [0.5, 1.0]},
+            },
+        },
     },
 }

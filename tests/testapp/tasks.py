@@ -173,3 +173,152 @@ def late_fenced_write(key: str, seconds: float) -> None:
     time.sleep(seconds)
     with fenced():
         _effect(key, "fenced")
+
+
+# -- tasks for the django.tasks API tests (tests/test_tasks_api.py) ---------------------
+
+
+@task
+def note(key: str, label: str) -> str:
+    """Write an effect labelled ``label``: effects in id order are the order jobs ran in."""
+    _effect(key, label)
+    return label
+
+
+@task
+async def async_add(a: int, b: int) -> dict:
+    """An async handler, run on the worker's own event loop for the job."""
+    from django_leases.api import current_job
+
+    job = current_job()
+    return {"sum": a + b, "fence": job.fence, "worker": job.worker_id}
+
+
+@task
+async def async_nap(seconds: float) -> int:
+    """Sleep past several heartbeat periods without blocking the worker; return the fence."""
+    import asyncio
+
+    from django_leases.api import current_job
+
+    await asyncio.sleep(seconds)
+    return current_job().fence
+
+
+@task(takes_context=True)
+def with_context(context, key: str) -> dict:
+    """Report what the context shows: Django's TaskContext and the lease view."""
+    import os
+
+    from django.tasks import TaskContext
+
+    from django_leases.api import current_job
+    from django_leases.task import LeaseTaskContext
+
+    job = context.job
+    return {
+        "key": key, "is_task_context": isinstance(context, TaskContext),
+        "is_lease_context": isinstance(context, LeaseTaskContext),
+        "attempt": context.attempt, "id": context.task_result.id,
+        "status": str(context.task_result.status), "worker_ids": context.task_result.worker_ids,
+        "same_handle": job is current_job(), "fence": job.fence, "lost": job.lost,
+        "lease_left": job.lease_remaining > 0, "pid": os.getpid(),
+    }
+
+
+@task
+def signalled(key: str, fail: bool = False) -> str:
+    """Its task_started/task_finished are recorded as effects by _record_signal."""
+    if fail:
+        raise ValueError(f"{key} failed on purpose")
+    return key
+
+
+@task(backend="queue", queue_name="bulk")
+def bulk_add(a: int, b: int) -> int:
+    """A task of the "queue" backend, whose jobs live on the "queue" database."""
+    return a + b
+
+
+def _record_signal(sender, task_result, signal, **kwargs) -> None:
+    """Record Django's task signals for ``signalled`` jobs as effects, in whichever process
+    sends them (worker, or its child in process isolation)."""
+    import os
+    import sys
+
+    from django_leases.api import current_job
+    from django_leases.backends import LeaseBackend
+
+    from .models import Effect
+
+    if task_result.task.name != "signalled":
+        return
+    name = "started" if signal is task_started else "finished"
+    phase = f"{name}:{task_result.status}"
+    if sys.exc_info()[0] is not None:
+        phase = f"{name}:{task_result.status}+exc"
+    if sender is not LeaseBackend:
+        phase = "wrong-sender"
+    job = current_job()
+    Effect.objects.create(key=task_result.args[0], job_id=int(task_result.id),
+                          fence=job.fence if job else -1,
+                          worker_id=job.worker_id if job else "", pid=os.getpid(), phase=phase)
+
+
+from django.tasks.signals import task_finished, task_started  # noqa: E402
+
+task_started.connect(_record_signal, dispatch_uid="tests.testapp.record_task_started")
+task_finished.connect(_record_signal, dispatch_uid="tests.testapp.record_task_finished")
+
+
+# -- the chaos suite's workload (tests/chaos/) ------------------------------------------
+
+
+@task
+def chaos_job(key: str, kind: str = "quick", seconds: float = 0.1) -> dict:
+    """Record the execution (unfenced, DB clock), work for ``seconds``, then apply the
+    effect and acknowledge in one fenced transaction.
+
+    kind "quick"/"long": cooperative (current_job().sleep stops at once on loss);
+    "hog": blocks its thread with time.sleep, ignoring cancellation (thread isolation);
+    "deaf": the same in process isolation, where the worker must kill it.
+    """
+    import logging
+    import os
+    import threading
+    import time
+
+    from django.db.models import F
+    from django.db.models.functions import Now
+
+    from django_leases.api import current_job
+    from django_leases.exceptions import LeaseLost
+    from django_leases.fencing import fenced, fenced_update
+
+    from .models import ChaosLedger, ChaosRun, ChaosSlot
+
+    log = logging.getLogger("tests.chaos.handler")
+    job = current_job()
+    run = ChaosRun.objects.create(job_id=job.job_id, key=key, kind=kind, fence=job.fence,
+                                  worker_id=job.worker_id, pid=os.getpid(), local_start=time.time())
+    stage = "work"
+    try:
+        if kind in ("hog", "deaf"):
+            # Blocks without looking at the claim. Not time.sleep: under libfaketime (the
+            # skewed workers) clock_nanosleep fails with EINVAL.
+            threading.Event().wait(seconds)
+        else:
+            job.sleep(seconds)
+        result = {"fence": job.fence, "worker": job.worker_id}
+        stage = "fenced"
+        with fenced(ack=True, result=result):
+            ChaosLedger.objects.create(job_id=job.job_id, key=key, fence=job.fence,
+                                       worker_id=job.worker_id)
+            fenced_update(ChaosSlot.objects.filter(key=key), job.fence,
+                          applied=F("applied") + 1, worker_id=job.worker_id)
+            ChaosRun.objects.filter(pk=run.pk).update(db_end=Now())
+    except LeaseLost:
+        log.warning("Chaos handler stopped job=%s fence=%s worker=%s stage=%s", job.job_id,
+                    job.fence, job.worker_id, stage)
+        raise
+    return result

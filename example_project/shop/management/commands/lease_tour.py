@@ -1,65 +1,430 @@
-"""A narrated walk through one job's life: claim, renew, a lost lease, a takeover, fencing."""
+"""The README's demo: leases by hand, then real workers, one killed with SIGKILL mid-job.
+
+Part 1 (``--steps`` alone): one job walked through claim, renewal, expiry, takeover and a
+refused stale acknowledgement, in this process. Part 2: ``run_lease_worker`` subprocesses
+run jobs that the shop's views enqueue; the worker holding the nightly backfill is killed
+with SIGKILL, and the tour waits (polling the database, each wait with a deadline) until a
+surviving worker takes the job over after its lease and finishes it from the last committed
+cursor. Exits non-zero if the takeover or any expected outcome does not happen in time.
+Every time shown is read from the database clock.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from django.core.management.base import BaseCommand
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Count, Q
 from django.db.models.functions import Now
+from django.test import Client
 
-from django_leases.models import Job
+from django_leases.models import Job, JobEffect, JobFailure, WorkerProcess
+from django_leases.states import FailureKind, JobState
+from shop.models import Order
 from shop.tasks import send_receipt
+
+DEMO_USER, DEMO_PASSWORD = "admin", "leases-demo"
+FINISHED = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+
+
+def lease_left(job_id: int) -> float:
+    job = Job.objects.annotate(now=Now()).get(pk=job_id)
+    if job.lease_expires_at is None:
+        return 0.0
+    return (job.lease_expires_at - job.now).total_seconds()
+
+
+class TourFailed(CommandError):
+    pass
 
 
 class Command(BaseCommand):
-    help = "Enqueue a job and walk it through claim, renew, expiry, takeover and a refused stale ack."
+    help = ("A scripted tour of django-leases: leases by hand, then real worker processes, "
+            "one killed mid-job and its job taken over after the lease. Exits 1 if the "
+            "takeover does not happen.")
 
-    def add_arguments(self, parser):
-        parser.add_argument("--lease", type=float, default=2.0, help="Lease in seconds (default 2).")
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--steps", action="store_true",
+                            help="Only part 1: one job walked through claim, renewal, expiry, "
+                                 "takeover and a refused stale ack, in this process.")
+        parser.add_argument("--skip-steps", action="store_true", help="Only part 2: the workers.")
+        parser.add_argument("--workers", type=int, default=2, help="Worker processes (default 2).")
+        parser.add_argument("--lease", type=float, default=3.0,
+                            help="Lease the workers claim with, seconds (default 3; a killed "
+                                 "worker's job is free again at most this long after its last renewal).")
+        parser.add_argument("--deadline", type=float, default=40.0,
+                            help="Give up (exit 1) if part 2 has not finished after this many seconds.")
+        parser.add_argument("--kill-all", action="store_true",
+                            help="Kill every worker instead of one: nobody is left to take the "
+                                 "job over, so the tour must fail (tests use it).")
 
-    def say(self, step, text):
+    # -- output ------------------------------------------------------------------------
+
+    def say(self, step: str, text: str) -> None:
+        self.clear_progress()
         self.stdout.write(f"{self.style.MIGRATE_HEADING(f'[{step}]')} {text}")
 
-    def lease_left(self, job_id):
-        job = Job.objects.annotate(now=Now()).get(pk=job_id)
-        return (job.lease_expires_at - job.now).total_seconds()
+    def heading(self, text: str) -> None:
+        self.clear_progress()
+        self.stdout.write("")
+        self.stdout.write(self.style.MIGRATE_HEADING(text))
 
-    def handle(self, *args, lease, **options):
+    def progress(self, done: int, total: int, note: str, detail: str = "") -> None:
+        """A progress bar: redrawn in place on a terminal; in a log, a line each time the
+        count or the note changes (``detail``, a countdown, is for terminals only)."""
+        width = 30
+        filled = round(width * done / total) if total else width
+        line = (f"  [{'#' * filled}{'-' * (width - filled)}] {done:>2}/{total} jobs finished"
+                f"  {time.monotonic() - self.started:5.1f} s  {note}")
+        if self.tty:
+            line += detail
+            self.stdout.write("\r" + line.ljust(self._drawn), ending="")
+            self.stdout.flush()
+            self._drawn = len(line)
+        elif (done, note) != self._last_logged:
+            self.stdout.write(line)
+            self._last_logged = (done, note)
+
+    def clear_progress(self) -> None:
+        if getattr(self, "_drawn", 0):
+            self.stdout.write("\r" + " " * self._drawn + "\r", ending="")
+            self._drawn = 0
+
+    def wait_for(self, what: str, condition: Callable[[], Any], deadline: float,
+                 tick: Callable[[], None] | None = None, every: float = 0.1) -> Any:
+        """Poll ``condition`` until it is truthy; raise TourFailed at ``deadline`` (monotonic)."""
+        while True:
+            value = condition()
+            if value:
+                return value
+            if tick:
+                tick()
+            if time.monotonic() > deadline:
+                raise TourFailed(f"gave up waiting for {what}")
+            time.sleep(every)
+
+    # -- the tour ----------------------------------------------------------------------
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.started = time.monotonic()
+        self.tty = self.stdout.isatty()
+        self._drawn, self._last_logged = 0, None
+        leftovers = Job.objects.filter(state__in=[JobState.PENDING, JobState.CLAIMED]).cancel()
+        if leftovers:
+            self.say("clean", f"cancelled {leftovers} unfinished jobs of an earlier run")
+        if not options["skip_steps"]:
+            self.steps()
+        if options["steps"]:
+            return
+        self.workers_part(options)
+        self.admin_hint()
+
+    # -- part 1 ------------------------------------------------------------------------
+
+    def steps(self, lease: float = 2.0) -> None:
+        self.heading("1. One job, by hand: claim, renew, expire, take over, refuse the stale ack")
         result = send_receipt.enqueue(42)
         job_id = int(result.id)
-        Job.objects.filter(pk=job_id).update(lease_seconds=lease)
         self.say("enqueue", f"send_receipt(42) is job {job_id}, status {result.status}")
 
-        [first] = Job.objects.claim("worker-a", ["emails"])
+        [first] = Job.objects.claim("worker-a", ["emails"], lease=lease)
         self.say("claim", f"worker-a claims it: token {str(first.claim_token)[:8]}..., "
-                          f"fence {first.fence}, lease ends in {self.lease_left(job_id):.2f} s "
+                          f"fence {first.fence}, lease ends in {lease_left(job_id):.2f} s "
                           "(database clock)")
-        held = Job.objects.renew([first])
+        held = Job.objects.renew([first], lease=lease)
         self.say("renew", f"worker-a's heartbeat renews: {len(held)} row touched, so it still "
-                          f"owns the job; lease ends in {self.lease_left(job_id):.2f} s")
+                          f"owns the job; lease ends in {lease_left(job_id):.2f} s")
 
         self.say("crash", "worker-a stops renewing (frozen, partitioned or killed)")
         started = time.monotonic()
-        while not Job.objects.claimable().filter(pk=job_id).exists():
-            self.stdout.write(f"        ... lease ends in {max(self.lease_left(job_id), 0):.1f} s", ending="\r")
-            time.sleep(0.2)
-        self.stdout.write("")
+        self.wait_for("the lease to run out",
+                      lambda: Job.objects.claimable().filter(pk=job_id).exists(),
+                      time.monotonic() + lease + 10,
+                      tick=lambda: self.tty and self.stdout.write(
+                          f"        ... lease ends in {max(lease_left(job_id), 0):.1f} s", ending="\r"))
         self.say("expire", f"the lease ran out after {time.monotonic() - started:.1f} s; "
                            "the job is claimable again")
 
-        [second] = Job.objects.claim("worker-b", ["emails"])
+        [second] = Job.objects.claim("worker-b", ["emails"], lease=lease)
         self.say("reclaim", f"worker-b takes it over: new token {str(second.claim_token)[:8]}..., "
                             f"fence {second.fence}, attempt {second.attempts}")
-
-        renewed = Job.objects.renew([first])
+        renewed = Job.objects.renew([first], lease=lease)
         acked = Job.objects.ack(first, "sent twice?")
-        self.say("stale", f"worker-a wakes up: its renewal touches {len(renewed)} rows and its ack "
-                          f"is {'applied' if acked else 'refused'}; it must stop")
-
+        self.say("stale", f"worker-a wakes up: its renewal touches {len(renewed)} rows and its "
+                          f"ack is {'applied' if acked else 'refused'}; it must stop")
+        if acked or renewed:
+            raise TourFailed("a stale claim's write was applied")
         acked = Job.objects.ack(second, "receipt for order 42 sent")
         result.refresh()
         self.say("ack", f"worker-b acknowledges: {'applied' if acked else 'refused'}; status "
-                        f"{result.status}, return value {result.return_value!r}, "
-                        f"workers {result.worker_ids}")
-        failure = Job.objects.get(pk=job_id).failures.get()
-        self.say("history", f"attempt {failure.attempt} recorded as {failure.kind}: {failure.message}")
+                        f"{result.status}, workers {result.worker_ids}")
+
+    # -- part 2 ------------------------------------------------------------------------
+
+    def workers_part(self, options: dict[str, Any]) -> None:
+        lease, count = options["lease"], max(options["workers"], 1)
+        deadline = time.monotonic() + options["deadline"]
+        self.heading(f"2. {count} worker processes (lease {lease:g} s, heartbeat "
+                     f"{lease / 3:.1f} s); one is killed mid-job")
+        logs = Path(tempfile.mkdtemp(prefix="lease-tour-"))
+        fleet = Fleet(Path(settings.BASE_DIR) / "manage.py", logs, lease=lease)
+        try:
+            self._run(fleet, count, deadline, kill_all=options["kill_all"])
+        except TourFailed as e:
+            self.clear_progress()
+            self.stderr.write(self.style.ERROR(f"The tour failed: {e}"))
+            for name, tail in fleet.tails():
+                self.stderr.write(f"--- last lines of {name}'s log ---\n{tail}")
+            raise
+        finally:
+            fleet.stop_all()
+        shutil.rmtree(logs, ignore_errors=True)
+
+    def _run(self, fleet: Fleet, count: int, deadline: float, *, kill_all: bool) -> None:
+        for i in range(count):
+            fleet.start(f"tour-{chr(ord('a') + i)}")
+        self.wait_for("the workers to start", fleet.all_registered, deadline)
+        for name, proc in fleet.procs.items():
+            self.say("start", f"manage.py run_lease_worker --worker-id {name} --lease "
+                              f"{fleet.lease:g}  (pid {proc.pid})")
+
+        client = Client(HTTP_HOST="localhost")
+
+        def post(url: str, **data: Any) -> dict[str, Any]:
+            response = client.post(url, data)
+            if response.status_code != 201:
+                raise TourFailed(f"POST {url} answered {response.status_code}")
+            return response.json()
+
+        # Orders from before tax was recorded: the backfill's work.
+        orders = [o.pk for o in Order.objects.bulk_create(
+            [Order(email=f"old{i}@example.com", total_cents=1000 + i) for i in range(36)])]
+        backfill = int(post("/orders/backfill/", batch_size=4, pause=0.4)["jobs"]["backfill"])
+        jobs = [backfill]
+        for i in range(6):
+            made = post("/orders/checkout/", email=f"c{i}@example.com", total_cents=2500 + i,
+                        **({"partner": "1"} if i == 0 else {}))
+            jobs += [int(j) for j in made["jobs"].values()]
+            orders.append(made["order"])
+        for name in ("hero.jpg", "thumb.png", "banner.webp"):
+            jobs.append(int(post("/orders/photos/", name=name, width=800, seconds=0.6)["jobs"]["resize"]))
+        partner = int(Job.objects.get(pk__in=jobs, task_path__endswith="sync_to_partner").pk)
+        self.say("enqueue", f"the shop's views enqueued {len(jobs)} jobs with their orders: "
+                            f"a nightly backfill (job {backfill}) over every order, 6 receipts, "
+                            "a partner sync that keeps failing, 3 image resizes")
+
+        def finished() -> int:
+            return Job.objects.filter(pk__in=jobs, state__in=FINISHED).count()
+
+        def tick(note: str) -> Callable[[], None]:
+            return lambda: self.progress(finished(), len(jobs), note)
+
+        # Wait until the backfill has committed two batches (8 orders), then kill its worker.
+        eighth = sorted(orders)[7]
+
+        def backfill_midway() -> Job | None:
+            job = Job.objects.filter(pk=backfill, state=JobState.CLAIMED).first()
+            if job and (job.cursor or {}).get("after_id", 0) >= eighth and job.claimed_by in fleet.procs:
+                return job
+            if Job.objects.filter(pk=backfill, state__in=FINISHED).exists():
+                raise TourFailed("the backfill finished before a worker could be killed")
+            return None
+
+        job = self.wait_for("the backfill to commit two batches", backfill_midway, deadline,
+                            tick=tick("backfill running"), every=0.05)
+        victim = job.claimed_by
+        targets = list(fleet.procs) if kill_all else [victim]
+        for name in targets:
+            fleet.kill(name)
+        left = lease_left(backfill)
+        self.say("kill -9", f"{victim} (pid {fleet.pids[victim]}) killed while it holds job "
+                            f"{backfill} at cursor {job.cursor} with fence {job.fence}; nobody "
+                            f"renews that lease now, it ends in {max(left, 0):.1f} s (database clock)"
+                 + ("; every other worker killed too (--kill-all)" if kill_all else ""))
+        killed_at = time.monotonic()
+
+        def taken_over() -> Job | None:
+            job = Job.objects.filter(pk=backfill, fence__gt=job_fence).first()
+            return job if job and job.claimed_by != victim else None
+
+        job_fence = job.fence
+        new = self.wait_for(f"another worker to take job {backfill} over", taken_over, deadline,
+                            tick=lambda: self.progress(
+                                finished(), len(jobs), f"waiting for job {backfill}'s lease",
+                                f": ends in {max(lease_left(backfill), 0):.1f} s"))
+        self.say("takeover", f"{new.claimed_by} claimed job {backfill} "
+                             f"{time.monotonic() - killed_at:.1f} s after the kill: fence "
+                             f"{new.fence}, attempt {new.attempts}, resuming after cursor {new.cursor}")
+
+        self.wait_for("every job to finish", lambda: finished() == len(jobs), deadline,
+                      tick=tick("running the rest"))
+        self.progress(len(jobs), len(jobs), "done")
+        if self.tty:
+            self.stdout.write("")
+            self._drawn = 0
+        stopped = fleet.stop_all(graceful=True)
+        self.say("stop", "SIGTERM to the survivors: " + ", ".join(
+            f"{name} exited {code}" for name, code in stopped.items()))
+        self.verify(jobs, orders, backfill, partner, victim)
+        self.summary(jobs, orders, backfill, victim, time.monotonic() - self.started)
+
+    def verify(self, jobs: list[int], orders: list[int], backfill: int, partner: int,
+               victim: str) -> None:
+        """Exit non-zero unless the run shows what the tour claims."""
+        problems = []
+        job = Job.objects.get(pk=backfill)
+        took_over = JobFailure.objects.filter(job_id=backfill, kind=FailureKind.LEASE_EXPIRED,
+                                              worker_id=victim).exists()
+        if not (job.state == JobState.SUCCEEDED and job.fence >= 2 and took_over
+                and job.claimed_by != victim):
+            problems.append(f"job {backfill} was not taken over from {victim} and finished "
+                            f"(state {job.state}, fence {job.fence}, by {job.claimed_by})")
+        dead = Job.objects.get(pk=partner)
+        if dead.state != JobState.DEAD or dead.attempts != dead.max_attempts:
+            problems.append(f"the partner sync should be dead after {dead.max_attempts} "
+                            f"attempts (state {dead.state}, {dead.attempts} attempts)")
+        others = Job.objects.filter(pk__in=jobs).exclude(pk=partner).exclude(state=JobState.SUCCEEDED)
+        if others.exists():
+            problems.append(f"jobs not succeeded: {list(others.values_list('pk', 'state'))}")
+        if Order.objects.filter(pk__in=orders, tax_cents__isnull=True).exists():
+            problems.append("the backfill left orders without tax")
+        twice = JobEffect.objects.filter(job_id__in=jobs).values("job", "key").annotate(n=Count("id")).filter(n__gt=1)
+        if twice.exists():
+            problems.append("a receipt was marked sent twice")
+        if problems:
+            raise TourFailed("; ".join(problems))
+
+    def summary(self, jobs: list[int], orders: list[int], backfill: int, victim: str,
+                elapsed: float) -> None:
+        self.heading("Summary")
+        rows = (Job.objects.filter(pk__in=jobs).values("task_path").order_by("task_path")
+                .annotate(n=Count("id", distinct=True),
+                          ok=Count("id", distinct=True, filter=Q(state=JobState.SUCCEEDED)),
+                          dead=Count("id", distinct=True, filter=Q(state=JobState.DEAD)),
+                          tries=Count("failures", filter=Q(failures__kind=FailureKind.EXCEPTION)),
+                          lost=Count("failures", filter=Q(failures__kind=FailureKind.LEASE_EXPIRED))))
+        table = [["task", "jobs", "succeeded", "dead", "failed tries", "taken over", "workers"]]
+        for r in rows:
+            workers = set(Job.objects.filter(pk__in=jobs, task_path=r["task_path"])
+                          .values_list("claimed_by", flat=True))
+            workers |= set(JobFailure.objects.filter(job_id__in=jobs, job__task_path=r["task_path"])
+                           .values_list("worker_id", flat=True))
+            table.append([r["task_path"].rsplit(".", 1)[-1], str(r["n"]), str(r["ok"]),
+                          str(r["dead"]), str(r["tries"]), str(r["lost"]),
+                          ", ".join(sorted(w for w in workers if w))])
+        self.stdout.write(render_table(table))
+        job = Job.objects.get(pk=backfill)
+        self.stdout.write("")
+        self.stdout.write(f"  job {backfill} (nightly_backfill): claimed by {victim}, killed "
+                          f"with SIGKILL, taken over by {job.claimed_by} after its lease with "
+                          f"fence {job.fence}; result {job.result}")
+        mine = Order.objects.filter(pk__in=orders)
+        sent = mine.filter(receipt_sent_at__isnull=False).count()
+        self.stdout.write(f"  receipts marked sent: {sent}, each once (fenced + once); "
+                          f"orders with tax: {mine.filter(tax_cents__isnull=False).count()}"
+                          f"/{len(orders)}")
+        self.stdout.write(self.style.SUCCESS(
+            f"  Takeover after SIGKILL: yes. Nothing lost. Tour took {elapsed:.1f} s."))
+
+    def admin_hint(self) -> None:
+        user = User.objects.filter(username=DEMO_USER).first()
+        if user is None:
+            User.objects.create_superuser(DEMO_USER, "admin@example.com", DEMO_PASSWORD)
+        else:
+            user.set_password(DEMO_PASSWORD)
+            user.is_staff = user.is_superuser = user.is_active = True
+            user.save()
+        env = []
+        if os.environ.get("DATABASE_URL"):
+            url = urlsplit(os.environ["DATABASE_URL"])
+            if url.password:  # never print a password; say where it goes
+                url = url._replace(netloc=url.netloc.replace(f":{url.password}@", ":PASSWORD@"))
+            env.append(f"DATABASE_URL={urlunsplit(url)}")
+        elif settings.DATABASES["default"]["NAME"] != str(Path(settings.BASE_DIR) / "shop.sqlite3"):
+            env.append(f"SHOP_SQLITE={settings.DATABASES['default']['NAME']}")
+        python = os.path.relpath(sys.executable, settings.BASE_DIR)
+        self.heading("See it in the admin")
+        self.stdout.write(f"  cd {settings.BASE_DIR} && {' '.join([*env, python])} manage.py runserver")
+        self.stdout.write("  open  http://127.0.0.1:8000/admin/django_leases/job/    "
+                          f"user {DEMO_USER}, password {DEMO_PASSWORD}")
+        self.stdout.write("  then  the 'Lease advisor' button, the worker processes page, "
+                          "and job pages' failed-attempt history")
+        self.stdout.write(f"  more: {' '.join([*env, python])} manage.py lease_report   (handler durations "
+                          "against each task's lease)")
+
+
+def render_table(rows: list[list[str]]) -> str:
+    """A plain-text table: first row is the header, numbers right-aligned."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+
+    def line(cells: list[str]) -> str:
+        return "  " + "  ".join(c.rjust(w) if c.isdigit() else c.ljust(w)
+                                for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return "\n".join([line(rows[0]), line(["-" * w for w in widths]), *map(line, rows[1:])])
+
+
+class Fleet:
+    """run_lease_worker subprocesses, each logging to a file."""
+
+    def __init__(self, manage_py: Path, logs: Path, *, lease: float) -> None:
+        self.manage_py, self.logs, self.lease = manage_py, logs, lease
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.pids: dict[str, int] = {}
+
+    def start(self, name: str) -> None:
+        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 -- the child writes it
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, str(self.manage_py), "run_lease_worker", "--worker-id", name,
+             "--lease", f"{self.lease:g}", "--heartbeat", f"{self.lease / 3:.2f}",
+             "--poll", "0.2", "--concurrency", "2", "--grace", "5", "-v", "1"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        self.pids[name] = self.procs[name].pid
+
+    def all_registered(self) -> bool:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise TourFailed(f"worker {name} exited with status {proc.returncode} at start")
+        return WorkerProcess.objects.filter(
+            worker_id__in=list(self.procs), stopped_at__isnull=True,
+            pid__in=list(self.pids.values())).count() == len(self.procs)
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def stop_all(self, graceful: bool = False) -> dict[str, int | None]:
+        """SIGTERM each worker (a graceful stop), SIGKILL any still running after 15 s."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
+        codes: dict[str, int | None] = {}
+        for name, proc in self.procs.items():
+            try:
+                codes[name] = proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[name] = proc.wait()
+        self.procs = {}
+        return codes
+
+    def tails(self, lines: int = 15) -> list[tuple[str, str]]:
+        out = []
+        for log in sorted(self.logs.glob("*.log")):
+            text = log.read_text(errors="replace").splitlines()
+            out.append((log.stem, "\n".join(text[-lines:])))
+        return out

@@ -1,0 +1,283 @@
+"""The django.tasks API end to end: enqueue through the public API, run by a real
+run_lease_worker process, read back with get_result() / refresh() from this process.
+
+Invariants (design.md): (1) one clock, (2) rowcount is ownership, (3) nothing is lost,
+(4) duplicates only after expiry, (5) stale writes rejected.
+"""
+
+from __future__ import annotations
+
+import signal
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import transaction
+from django.tasks import TaskResultStatus, task_backends
+from django.utils import timezone
+
+from django_leases.exceptions import LeaseLost
+from django_leases.models import Job
+from tests.testapp.models import Effect
+from tests.testapp.tasks import (
+    async_add,
+    async_nap,
+    boom,
+    bulk_add,
+    note,
+    record,
+    signalled,
+    with_context,
+)
+from tests.worker_helpers import Workers, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+LEASE, BEAT, POLL = 2.0, 0.5, 0.2
+FAST = ["--lease", str(LEASE), "--heartbeat", str(BEAT), "--poll", str(POLL)]
+# Generous: the machine is shared, and a worker's start (django.setup) takes a while.
+SETTLE = 30
+
+
+@pytest.fixture
+def workers(tmp_path):
+    pool = Workers(tmp_path)
+    yield pool
+    pool.close()
+
+
+def finished(result, timeout: float = SETTLE):
+    """Refresh ``result`` until it is finished; return it."""
+
+    def done():
+        result.refresh()
+        return result.is_finished
+
+    wait_for(done, timeout, f"result {result.id} to finish (status {result.status})", interval=0.1)
+    return result
+
+
+def phases(key: str) -> list[str]:
+    return list(Effect.objects.filter(key=key).order_by("id").values_list("phase", flat=True))
+
+
+def stop(worker) -> None:
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit() == 0
+
+
+# -- 1. what the backend declares, honoured by a worker ----------------------------------
+
+
+def test_the_backend_declares_what_it_supports():
+    backend = task_backends["default"]
+    assert (backend.supports_defer, backend.supports_priority, backend.supports_get_result,
+            backend.supports_async_task) == (True, True, True, True)
+
+
+def test_a_deferred_task_does_not_run_before_run_after(workers):
+    """A task whose run_after lies ahead stays READY while a worker runs what is due, and
+    starts no earlier than run_after (1: due time is compared with the database clock)."""
+    run_after = timezone.now() + timedelta(seconds=4)
+    later = note.using(run_after=run_after).enqueue("defer", "later")
+    now = note.enqueue("defer", "now")
+    w = workers.start("defer-w", *FAST)
+    finished(now)
+    later.refresh()
+    assert later.status == TaskResultStatus.READY and later.started_at is None
+    finished(later)
+    assert later.status == TaskResultStatus.SUCCESSFUL
+    assert later.started_at >= run_after
+    assert phases("defer") == ["now", "later"]
+    stop(w)
+
+
+def test_a_single_slot_worker_runs_jobs_in_priority_order(workers):
+    """With --concurrency 1, due jobs run highest priority first, then oldest first."""
+    for priority in (0, 50, -20, 10, 50):
+        note.using(priority=priority).enqueue("prio", str(priority))
+    w = workers.start("prio-w", *FAST, "--concurrency", "1", "--burst", ready=False)
+    assert w.wait_exit(SETTLE) == 0
+    assert phases("prio") == ["50", "50", "10", "0", "-20"]
+
+
+# -- 2. results read back from another process -------------------------------------------
+
+
+def test_a_result_read_back_from_another_process_carries_times_worker_and_value(workers):
+    """get_result/aget_result/refresh in this process see what the worker recorded; every
+    time comes from the database clock (1), in causal order."""
+    result = async_to_sync(async_add.aenqueue)(2, 3)
+    assert result.status == TaskResultStatus.READY and result.enqueued_at is not None
+    w = workers.start("result-w", *FAST)
+    finished(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"sum": 5, "fence": 1, "worker": "result-w"}
+    assert result.worker_ids == ["result-w"] and result.attempts == 1 and result.errors == []
+    assert result.enqueued_at <= result.started_at <= result.finished_at
+    assert result.last_attempted_at == result.started_at
+    again = async_to_sync(async_add.aget_result)(result.id)
+    assert (again.status, again.return_value, again.finished_at) == (
+        result.status, result.return_value, result.finished_at)
+    stop(w)
+
+
+def test_errors_carry_tracebacks_and_every_attempt_is_counted(workers):
+    """A failing task is FAILED once its attempts are spent, with one error per attempt
+    (class and traceback) and one worker id per attempt (3: nothing is dropped)."""
+    result = boom.using_lease(max_attempts=2, retry=[0]).enqueue()
+    w = workers.start("errors-w", *FAST)
+    finished(result)
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in result.errors] == [ValueError, ValueError]
+    assert all("Traceback" in e.traceback and "boom" in e.traceback for e in result.errors)
+    assert result.worker_ids == ["errors-w", "errors-w"] and result.attempts == 2
+    with pytest.raises(ValueError, match="failed"):
+        result.return_value  # noqa: B018
+    stop(w)
+
+
+def test_an_expired_claim_stays_running_until_another_worker_takes_it_over(workers):
+    """A killed worker's job reads RUNNING while its lease is valid and after it expired;
+    once another worker claims and finishes it, it is SUCCESSFUL with two attempts, both
+    workers, and the lost lease as a LeaseLost error (3, 4)."""
+    result = record.enqueue("takeover", first_seconds=60, later_seconds=0)
+    a = workers.start("takeover-a", *FAST)
+    wait_for(lambda: phases("takeover"), SETTLE, "the first handler to start")
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING and result.worker_ids == ["takeover-a"]
+    assert result.started_at is not None and result.finished_at is None
+    a.signal(signal.SIGKILL)
+    a.wait_exit()
+    wait_for(lambda: Job.objects.expired().filter(pk=int(result.id)).exists(), LEASE + 5,
+             "the lease to expire")
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING
+    b = workers.start("takeover-b", *FAST)
+    finished(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.worker_ids == ["takeover-a", "takeover-b"] and result.attempts == 2
+    assert [e.exception_class for e in result.errors] == [LeaseLost]
+    assert result.last_attempted_at > result.started_at
+    stop(b)
+
+
+# -- 3. context --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_context_task_gets_djangos_task_context_and_its_lease(workers, isolation):
+    """takes_context=True hands the handler Django's TaskContext, whose ``job`` is the
+    claim's JobHandle (the same object as current_job()), in both isolation modes."""
+    result = with_context.enqueue(f"ctx-{isolation}")
+    w = workers.start(f"ctx-{isolation}", *FAST, "--isolation", isolation)
+    value = finished(result).return_value
+    assert value == {
+        "key": f"ctx-{isolation}", "is_task_context": True, "is_lease_context": True,
+        "attempt": 1, "id": result.id, "status": "RUNNING", "worker_ids": [f"ctx-{isolation}"],
+        "same_handle": True, "fence": 1, "lost": False, "lease_left": True,
+        "pid": value["pid"],
+    }
+    assert (value["pid"] == w.pid) == (isolation == "thread")
+    stop(w)
+
+
+# -- 4. async tasks ----------------------------------------------------------------------
+
+
+def test_an_async_task_longer_than_its_lease_keeps_its_claim(workers):
+    """An async handler sleeping through several lease lengths blocks no heartbeat: the job
+    succeeds on its first claim (4: no duplicate while the lease is renewed)."""
+    result = async_nap.enqueue(3 * LEASE)
+    w = workers.start("nap-w", *FAST)
+    finished(result, timeout=SETTLE + 3 * LEASE)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 1 and result.attempts == 1
+    stop(w)
+
+
+# -- 5. per-task options honoured by a worker --------------------------------------------
+
+
+def test_a_per_task_lease_shorter_than_the_workers_heartbeat_is_still_renewed(workers):
+    """A task's own short lease (using_lease) is renewed often enough by a worker started
+    with the backend's defaults (30 s lease): the job succeeds on its first claim (4)."""
+    result = record.using_lease(lease=2).enqueue("short-lease", first_seconds=5)
+    w = workers.start("short-w", "--poll", str(POLL))
+    finished(result, timeout=SETTLE + 5)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 1
+    assert result.return_value == {"fence": 1, "worker": "short-w"}
+    stop(w)
+
+
+# -- 7. Django's signals, sent by the worker ---------------------------------------------
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_task_started_and_finished_fire_in_the_process_that_runs_the_handler(workers, isolation):
+    """task_started (RUNNING) and task_finished (SUCCESSFUL, or FAILED sent inside the
+    exception handler so exc_info is set) reach receivers, sender the backend class, with
+    current_job() set; in process isolation they fire in the child."""
+    ok = signalled.enqueue(f"sig-ok-{isolation}")
+    bad = signalled.using_lease(max_attempts=1).enqueue(f"sig-bad-{isolation}", fail=True)
+    w = workers.start(f"sig-{isolation}", *FAST, "--isolation", isolation)
+    finished(ok)
+    finished(bad)
+    assert phases(f"sig-ok-{isolation}") == ["started:RUNNING", "finished:SUCCESSFUL"]
+    assert phases(f"sig-bad-{isolation}") == ["started:RUNNING", "finished:FAILED+exc"]
+    rows = Effect.objects.filter(key__startswith="sig-", key__endswith=isolation)
+    assert {(r.fence, r.worker_id) for r in rows} == {(1, f"sig-{isolation}")}
+    pids = {r.pid for r in rows}
+    assert (pids == {w.pid}) == (isolation == "thread"), pids
+    stop(w)
+
+
+# -- 6. a backend whose jobs live on their own database ----------------------------------
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "queue"])
+def test_a_backend_on_another_database_commits_independently_of_the_callers_transaction():
+    """OPTIONS["DATABASE"] puts the jobs on "queue": rolling back the caller's transaction
+    on "default" keeps the job; only a transaction on "queue" can take it back (3)."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        kept = bulk_add.enqueue(1, 2)
+        raise RuntimeError("roll back default")
+    with pytest.raises(RuntimeError), transaction.atomic(using="queue"):
+        bulk_add.enqueue(3, 4)
+        raise RuntimeError("roll back queue")
+    assert list(Job.objects.using("queue").values_list("pk", flat=True)) == [int(kept.id)]
+    assert not Job.objects.using("default").exists()
+    assert bulk_add.get_result(kept.id).status == TaskResultStatus.READY
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "queue"])
+def test_a_worker_started_with_backend_alias_runs_that_backends_jobs(workers):
+    """run_lease_worker --backend queue claims from the "queue" database; a worker of the
+    default backend never sees those jobs."""
+    result = bulk_add.enqueue(20, 22)
+    other = workers.start("default-w", *FAST)
+    w = workers.start("queue-w", *FAST, "--backend", "queue")
+    finished(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 42
+    assert result.worker_ids == ["queue-w"]
+    assert not Job.objects.using("default").exists()
+    stop(w)
+    stop(other)
+
+
+# -- 9. the enqueue-on-commit pattern the docs recommend ---------------------------------
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "queue"])
+def test_enqueue_on_commit_writes_nothing_when_the_caller_rolls_back():
+    """transaction.on_commit(lambda: task.enqueue(...)) enqueues only after the caller's
+    commit, so a rolled-back order never runs a job (3 for the caller's intent)."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        transaction.on_commit(lambda: bulk_add.enqueue(1, 1))
+        raise RuntimeError("roll back")
+    assert not Job.objects.using("queue").exists()
+    with transaction.atomic():
+        transaction.on_commit(lambda: bulk_add.enqueue(2, 2))
+        assert not Job.objects.using("queue").exists()
+    assert Job.objects.using("queue").count() == 1
+
