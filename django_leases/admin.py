@@ -124,7 +124,6 @@ class QueueFilter(CensusFilter):
 
     def extra_values(self) -> set[str]:
         from django.conf import settings
-
         from django.db import router
 
         # Only backends whose jobs live where the admin reads them (DATABASE_ROUTERS).

@@ -53,7 +53,8 @@ class Job(models.Model):
     dead_reason = models.CharField(
         _("dead because"), max_length=20, choices=DeadReason.choices, blank=True, default="")
     # At most one pending or claimed job per key (enqueue refuses or merges a second one).
-    unique_key = models.CharField(_("unique key"), max_length=200, null=True, blank=True)
+    # NULL, not "", means "no key": only keyed active jobs may collide on active_key.
+    unique_key = models.CharField(_("unique key"), max_length=200, null=True, blank=True)  # noqa: DJ001
     active_key = models.GeneratedField(
         expression=Case(When(state__in=[JobState.PENDING, JobState.CLAIMED], then=F("unique_key"))),
         output_field=models.CharField(max_length=200, null=True),

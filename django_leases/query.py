@@ -12,7 +12,14 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, models, router, transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    connections,
+    models,
+    router,
+    transaction,
+)
 from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
