@@ -107,12 +107,24 @@ class LeaseBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id: Any) -> TaskResult:
+        try:
+            pk = int(result_id)
+        except (ValueError, TypeError):
+            raise TaskResultDoesNotExist(result_id) from None
+        results = self.get_results([pk])
+        if pk not in results:
+            raise TaskResultDoesNotExist(result_id)
+        return results[pk]
+
+    def get_results(self, ids: Any) -> dict[Any, TaskResult]:
+        """TaskResults of the jobs ``ids`` (two statements however many), by job id; ids
+        with no job are left out. Raise InvalidTask for a job naming an undeclared task."""
         from .models import Job
 
-        try:
-            job = Job.objects.using(self.database).get(pk=int(result_id))
-        except (ValueError, TypeError, Job.DoesNotExist):
-            raise TaskResultDoesNotExist(result_id) from None
+        return {job.pk: self._to_result(job, self._task_of(job))
+                for job in Job.objects.using(self.database).with_failures(ids)}
+
+    def _task_of(self, job: Any) -> Any:
         task = registry.lookup(self.alias, job.task_path)
         if task is None:
             registry.discover()
@@ -121,7 +133,7 @@ class LeaseBackend(BaseTaskBackend):
             raise InvalidTask(
                 f"Job {job.pk} names {job.task_path!r}, which is not a task declared for "
                 f"backend {self.alias!r}.")
-        return self._to_result(job, task)
+        return task
 
     def _to_result(self, job: Any, task: Any) -> TaskResult:
         failures = list(job.failures.all()) if job.pk and job.attempts else []

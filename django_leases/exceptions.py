@@ -40,3 +40,11 @@ class DuplicateJob(LeasesError):
 
 class NonRetryable(LeasesError):
     """Raise (or subclass) in a handler to dead-letter the job at once instead of retrying."""
+
+
+class UnknownTask(LeasesError):
+    """A job names a dotted path that is not a task declared for the worker's backend."""
+
+
+class HandlerDied(LeasesError):
+    """A process-isolated handler exited without reporting a result (killed, crashed)."""

@@ -277,6 +277,17 @@ class JobQuerySet(models.QuerySet):
         if limit < 1:
             return []
         db = self._db or router.db_for_write(self.model)
+        queues = list(queues)
+        claimed: list[Job] = []
+        if _pg(db):
+            claimed = _pg_claim(self.model, db, worker_id, queues, limit, lease)
+            if len(claimed) == limit:
+                return claimed
+            limit -= len(claimed)
+        return claimed + self._claim_portable(db, worker_id, queues, limit, lease)
+
+    def _claim_portable(self, db: str, worker_id: str, queues: list[str], limit: int,
+                        lease: float | None) -> list[Job]:
         features = connections[db].features
         candidates_qs = self.model._default_manager.using(db).claim_order(queues).annotate(
             past_deadline=Case(When(deadline__lt=Now(), then=Value(True)), default=Value(False),
@@ -372,6 +383,11 @@ class JobQuerySet(models.QuerySet):
         if not claims:
             return set()
         db = self._db or router.db_for_write(self.model)
+        if _pg(db):
+            return _pg_ids(self.model, db, _PG_RENEW, {
+                "ids": [c.pk for c in claims], "tokens": [c.claim_token for c in claims],
+                "leases": [float(getattr(c, "lease_seconds", conf.DEFAULT_LEASE_SECONDS)) for c in claims],
+                "lease": lease})
         manager = self.model._default_manager.using(db)
         ids = [c.pk for c in claims]
         tokens = [c.claim_token for c in claims]
@@ -616,6 +632,10 @@ class JobQuerySet(models.QuerySet):
         if not results:
             return set()
         db = self._db or router.db_for_write(self.model)
+        if _pg(db):
+            return _pg_ids(self.model, db, _PG_ACK, {
+                "ids": [c.pk for c, _ in outcomes], "tokens": [c.claim_token for c, _ in outcomes],
+                "results": [_pg_json(results[c.pk]) for c, _ in outcomes]})
         owned = self.model._default_manager.using(db).filter(
             pk__in=list(results), claim_token__in=[c.claim_token for c, _ in outcomes],
             state=JobState.CLAIMED)
@@ -654,6 +674,13 @@ class JobQuerySet(models.QuerySet):
         raw.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
         return raw
 
+    # -- backend verbs --
+
+    def with_failures(self, ids: Iterable[Any]) -> list[Job]:
+        """The jobs ``ids`` with their failures loaded: what the Django Tasks backend turns
+        into TaskResults, for any number of jobs in two statements."""
+        return list(self.filter(pk__in=list(ids)).prefetch_related("failures"))
+
     # -- advisor --
 
     def handler_durations(self, since_days: float | None = None) -> models.QuerySet:
@@ -670,6 +697,107 @@ class JobQuerySet(models.QuerySet):
             duration=models.ExpressionWrapper(F("finished_at") - F("last_attempted_at"),
                                               output_field=models.DurationField()),
         ).values_list("task_path", "lease_seconds", "duration")
+
+
+# -- PostgreSQL: one round trip per claim, renewal and batch of acks -----------------------
+# The same predicates as the ORM verbs above, written as single UPDATE ... RETURNING
+# statements so a worker pays one round trip where the portable path pays four
+# (BEGIN, SELECT ... FOR UPDATE, UPDATE, COMMIT). statement_timestamp() is what Django's
+# Now() compiles to on PostgreSQL: the same database clock.
+
+_PG_CLAIM = """
+WITH claimed AS (
+    UPDATE {job} AS j SET
+        leases_lost = j.leases_lost + CASE WHEN j.state = 'claimed' THEN 1 ELSE 0 END,
+        state = 'claimed',
+        claim_token = gen_random_uuid(),
+        fence = j.fence + 1,
+        attempts = j.attempts + 1,
+        claimed_by = %(worker)s,
+        lease_expires_at = statement_timestamp()
+            + make_interval(secs => COALESCE(%(lease)s::float8, j.lease_seconds)),
+        heartbeat_at = statement_timestamp(),
+        last_attempted_at = statement_timestamp(),
+        started_at = COALESCE(j.started_at, statement_timestamp())
+    FROM (
+        SELECT id, state AS was_state, claimed_by AS was_claimed_by, fence AS was_fence,
+               attempts AS was_attempts
+        FROM {job}
+        WHERE queue_name = ANY(%(queues)s)
+          AND ((state = 'pending' AND available_at <= statement_timestamp())
+               OR (state = 'claimed' AND lease_expires_at < statement_timestamp()))
+          -- Candidates that end instead of running (past deadline, no attempts left, a
+          -- task that must not run twice) are left to the portable path, which settles them.
+          AND (deadline IS NULL OR deadline >= statement_timestamp())
+          AND (state = 'pending' OR (on_lease_lost = 'retry' AND attempts < max_attempts))
+        ORDER BY priority DESC, available_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE j.id = c.id
+    RETURNING j.*, c.was_state, c.was_claimed_by, c.was_fence, c.was_attempts
+), lost AS (
+    -- A takeover records the expired claim as a spent attempt, in the same statement.
+    INSERT INTO {failure} (job_id, attempt, fence, worker_id, kind, exception_class_path,
+                           message, traceback, recorded_at)
+    SELECT id, was_attempts, was_fence, was_claimed_by, 'lease_expired', '',
+           format('lease of %%s s ran out before %%s acknowledged', lease_seconds,
+                  COALESCE(NULLIF(was_claimed_by, ''), 'its worker')),
+           '', statement_timestamp()
+    FROM claimed WHERE was_state = 'claimed'
+)
+SELECT * FROM claimed
+"""
+
+_PG_RENEW = """
+UPDATE {job} AS j SET
+    lease_expires_at = statement_timestamp()
+        + make_interval(secs => COALESCE(%(lease)s::float8, v.lease)),
+    heartbeat_at = statement_timestamp()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(leases)s::float8[]) AS v(id, token, lease)
+WHERE j.id = v.id AND j.claim_token = v.token AND j.state = 'claimed'
+RETURNING j.id
+"""
+
+_PG_ACK = """
+UPDATE {job} AS j SET
+    state = 'succeeded', result = v.result, finished_at = statement_timestamp(),
+    claim_token = NULL, lease_expires_at = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[]) AS v(id, token, result)
+WHERE j.id = v.id AND j.claim_token = v.token AND j.state = 'claimed'
+RETURNING j.id
+"""
+
+
+def _pg(db: str) -> bool:
+    return connections[db].vendor == "postgresql"
+
+
+def _pg_sql(template: str, model: Any, db: str) -> str:
+    from .models import JobFailure
+
+    quote = connections[db].ops.quote_name
+    return template.format(job=quote(model._meta.db_table), failure=quote(JobFailure._meta.db_table))
+
+
+def _pg_ids(model: Any, db: str, template: str, params: dict[str, Any]) -> set[Any]:
+    with connections[db].cursor() as cursor:
+        cursor.execute(_pg_sql(template, model, db), params)
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _pg_claim(model: Any, db: str, worker_id: str, queues: list[str], limit: int,
+              lease: float | None) -> list[Any]:
+    """Claim in one statement; the jobs carry their state before the claim on ``was_*``."""
+    sql = _pg_sql(_PG_CLAIM, model, db)
+    return list(model._default_manager.using(db).raw(
+        sql, {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}))
+
+
+def _pg_json(value: Any) -> str | None:
+    import json
+
+    return None if value is None else json.dumps(value)
 
 
 # Enqueue wake-ups on PostgreSQL: the channel; the payload is the queue name.

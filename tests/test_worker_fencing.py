@@ -135,3 +135,21 @@ def test_exceptions_a_task_lists_as_non_retryable_dead_letter_at_once(workers):
     job = job_of(result)
     assert (job.dead_reason, job.failures.get().exception_class_path) == (
         DeadReason.NON_RETRYABLE, "tests.testapp.tasks.CardDeclined")
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_row_naming_an_undeclared_path_ends_dead_and_is_never_imported(workers, tmp_path, monkeypatch, isolation):
+    """Invariant 3: a job whose task path is not a declared @task ends dead with a clear
+    error; the worker never imports or calls a dotted path on a row's say-so."""
+    trap = tmp_path / "trap-imported"
+    monkeypatch.setenv("LEASES_TRAP", str(trap))
+    job = Job.objects.enqueue("tests.testapp.trap.explode", [], max_attempts=5)
+    w = workers.start(f"registry-{isolation}", *FAST, "--isolation", isolation)
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.DEAD, 20, "the job to be dead")
+    w.kill()
+    job.refresh_from_db()
+    failure = job.failures.get()
+    assert (job.dead_reason, job.attempts) == (DeadReason.UNRUNNABLE, 1)
+    assert failure.exception_class_path == "django_leases.exceptions.UnknownTask"
+    assert "not a task declared" in failure.message
+    assert not trap.exists()

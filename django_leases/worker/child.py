@@ -63,7 +63,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
     registry.discover()
     task = registry.lookup(payload["alias"], payload["task_path"])
     if task is None:
-        outcome = Outcome("error", exception_class_path="django_leases.worker.UnknownTask",
+        outcome = Outcome("unrunnable", exception_class_path="django_leases.exceptions.UnknownTask",
                           message=f"{payload['task_path']!r} is not a declared task")
     else:
         # Django's task_started/task_finished are sent here, in the child that runs the

@@ -102,9 +102,13 @@ class ClaimBook:
         self._claims: dict[Any, Claim] = {}
         self._lock = threading.Lock()
 
-    def add(self, claim: Claim) -> None:
+    def add(self, claim: Claim) -> Claim | None:
+        """Hold ``claim``; return the older claim of the same job it replaces, if any (its
+        lease ran out and this process claimed the job again before noticing)."""
         with self._lock:
+            replaced = self._claims.get(claim.pk)
             self._claims[claim.pk] = claim
+        return replaced
 
     def forget(self, claim: Claim) -> None:
         with self._lock:

@@ -95,7 +95,7 @@ class ProcessExecutor(_Slots):
         super().__init__(size, done, "leases-child")
 
     def new_flags(self) -> tuple[Any, Any]:
-        return self._mp.Event(), self._mp.RawValue("d", 0.0)
+        return SharedFlag(self._mp.RawValue("b", 0)), self._mp.RawValue("d", 0.0)
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         from .child import child_main
@@ -163,10 +163,36 @@ class ProcessExecutor(_Slots):
         if outcome is None:
             if claim.lost_flag.is_set():
                 return Outcome("lost")
-            return Outcome("error", exception_class_path="django_leases.worker.ChildDied",
+            return Outcome("error", exception_class_path="django_leases.exceptions.HandlerDied",
                            message=f"handler process exited with code {process.exitcode} "
                                    "before returning")
         return outcome
+
+
+class SharedFlag:
+    """The lost flag shared with a handler's child process: a byte in shared memory.
+
+    Not multiprocessing.Event: a child that exits (or is killed) while one of its threads
+    waits on the Event stays counted as a sleeper, and the parent's next set() then waits
+    for it forever (the heartbeat thread hung that way, renewing nothing again)."""
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+    def set(self) -> None:
+        self._value.value = 1
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._value.value:
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            threading.Event().wait(left)
+        return True
 
 
 def _kill(process: Any) -> None:

@@ -161,6 +161,7 @@ class Worker:
         started = time.monotonic()
         jobs = self.Job.objects.using(self.database).claim(
             self.worker_id, self.queues, limit=free, lease=self.lease)
+        results = self._results_at_start(jobs)
         for job in jobs:
             self._claimed += 1
             lost_flag, shared_stamp = self.executor.new_flags()
@@ -170,14 +171,38 @@ class Worker:
             logger.info("Claimed job=%s task=%s fence=%s attempt=%s/%s worker=%s", job.pk,
                         job.task_path, job.fence, job.attempts, job.max_attempts, self.worker_id)
             task = registry.lookup(self.alias, job.task_path)
-            self.book.add(claim)
+            if self.isolation == "thread":
+                claim.handle._task_result = results.get(job.pk)  # type: ignore[attr-defined]
+            replaced = self.book.add(claim)
+            if replaced is not None and replaced.mark_lost("the job was claimed again"):
+                # Untracked from here on, the old claim would be neither renewed nor watched.
+                logger.warning("Lost claim job=%s fence=%s worker=%s: its lease ran out and the "
+                               "job was claimed again; telling its handler to stop", replaced.pk,
+                               replaced.job.fence, self.worker_id)
             if task is None:
                 self._done.put((claim, Outcome(
-                    "unrunnable", message=f"{job.task_path!r} is not a task declared for "
-                                          f"backend {self.alias!r}")))
+                    "unrunnable", exception_class_path="django_leases.exceptions.UnknownTask",
+                    message=f"{job.task_path!r} is not a task declared for backend "
+                            f"{self.alias!r}; its dotted path is never imported on a row's say-so")))
                 continue
             self.executor.submit(claim, task)
         return len(jobs)
+
+    def _results_at_start(self, jobs: list[Any]) -> dict[Any, Any]:
+        """The TaskResults that task_started and contexts carry, read for the whole claim
+        batch in two statements here rather than one connection per handler thread. Empty
+        on trouble: the handlers then run without task_started/task_finished."""
+        if self.isolation != "thread" or not jobs:
+            return {}
+        from django.tasks import task_backends
+
+        ids = [j.pk for j in jobs if registry.lookup(self.alias, j.task_path) is not None]
+        try:
+            return task_backends[self.alias].get_results(ids) if ids else {}
+        except Exception as e:  # noqa: BLE001 -- a missed signal must not cost a claim
+            logger.warning("Could not read the claimed jobs for task_started worker=%s "
+                           "error=%s", self.worker_id, e)
+            return {}
 
     def _checkpoint(self, claim: Claim, cursor: Any) -> bool:
         """Store a handler's cursor and renew its lease (called from its slot thread)."""

@@ -48,12 +48,19 @@ def task_context(task: Any, handle: JobHandle) -> Any:
         return None
     from ..task import LeaseTaskContext
 
-    return LeaseTaskContext(task_result=task.get_backend().get_result(handle.job_id), job=handle)
+    result = getattr(handle, "_task_result", None) or task.get_backend().get_result(handle.job_id)
+    return LeaseTaskContext(task_result=result, job=handle)
 
 
 def _run(task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle,
          context: Any) -> Outcome:
-    started = context.task_result if context is not None else _result_at_start(task, handle)
+    if context is not None:
+        started = context.task_result
+    elif hasattr(handle, "_task_result"):
+        # Read by the worker's main loop for its whole claim batch (thread isolation).
+        started = handle._task_result
+    else:
+        started = _result_at_start(task, handle)
     try:
         if context is not None:
             args = [context, *args]

@@ -519,11 +519,20 @@ def main() -> None:
                      "errors": dict(broken)}
 
     def attempt(bucket: dict, key: str, fn, *args, **kwargs) -> None:
-        try:
-            bucket.setdefault(key, []).append(fn(*args, **kwargs))
-        except Exception as e:  # noqa: BLE001
-            log(f"  {key}: ERROR {e}")
-            results["errors"][key] = str(e)[-2000:]
+        for tries in range(5):
+            try:
+                bucket.setdefault(key, []).append(fn(*args, **kwargs))
+                return
+            except Exception as e:  # noqa: BLE001
+                if "too many clients" in str(e) and tries < 4:
+                    # The server is shared: wait for someone else's connections to go.
+                    log(f"  {key}: PostgreSQL has no free connection; retrying in 30 s")
+                    results.setdefault("retries", []).append(key)
+                    time.sleep(30)
+                    continue
+                log(f"  {key}: ERROR {e}")
+                results["errors"][key] = str(e)[-2000:]
+                return
 
     started = time.time()
     for rnd in range(a.rounds):
@@ -552,6 +561,9 @@ def main() -> None:
                 n = a.recovery_samples if s.kind == "leases" else 1
                 log(f"  recovery {s.key} x{n}")
                 attempt(results["recovery"], s.key, recovery, s, n, a.recovery_timeout, a.recovery_lease)
+        partial = Path(tempfile.gettempdir()) / "bench_results.partial.json"
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(results, indent=1, default=str))
         if "heartbeat" in workloads and "leases" in by_kind:
             for held in [0, *[int(h) for h in a.held.split(",")]]:
                 log(f"  heartbeat held={held}")
@@ -582,8 +594,14 @@ def meta(a: argparse.Namespace, systems: list[System], seconds: float) -> dict:
                    if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    with admin_conn() as conn:
-        pg = conn.execute("SHOW server_version").fetchone()[0]
+    pg = "?"
+    for _ in range(10):
+        try:
+            with admin_conn() as conn:
+                pg = conn.execute("SHOW server_version").fetchone()[0]
+            break
+        except psycopg.OperationalError:
+            time.sleep(10)
     return {"command": " ".join([Path(sys.executable).name, *sys.argv]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "python": platform.python_version(), "postgres": pg, "nproc": os.cpu_count(),

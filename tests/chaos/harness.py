@@ -309,6 +309,25 @@ class Harness:
                             "until": self.now(), "held": held})
         log.info("SIGSTOP %s for %.1f s (%d claims held)", w.worker_id, self.now() - at, len(held))
 
+    def _hold_until_given_up(self, w: Worker, held: list[tuple[int, int]], floor: float,
+                             what: str) -> None:
+        """Until each claim it held is given up (its log says so) or settled elsewhere."""
+        from django_leases.models import Job
+
+        def done() -> bool:
+            if time.monotonic() < floor:
+                return False
+            text = w.text()
+            left = [(pk, f) for pk, f in held
+                    if f"Lost claim job={pk} fence={f} worker={w.worker_id}" not in text]
+            return not left or not self._retry(lambda: Job.objects.filter(
+                pk__in=[pk for pk, _ in left], fence__in=[f for _, f in left],
+                state="claimed").exists())
+        try:
+            wait_for(done, 60, what)
+        except TimeoutError as e:
+            log.warning("%s", e)
+
     def _valid_leases(self, held: list[tuple[int, int]]) -> int:
         from django.db.models.functions import Now
 
@@ -329,9 +348,7 @@ class Harness:
         proxy.cut()
         at = self.now()
         floor = time.monotonic() + 1.5 * self.p.lease
-        wait_for(lambda: time.monotonic() > floor and all(
-            f"Lost claim job={pk} fence={f} worker={w.worker_id}" in w.text() for pk, f in held),
-            60, "the partitioned worker to give up its claims")
+        self._hold_until_given_up(w, held, floor, "the partitioned worker to give up its claims")
         proxy.heal()
         self.events.append({"kind": "partition", "worker": w.worker_id, "at": at,
                             "until": self.now(), "held": held})
@@ -371,9 +388,7 @@ class Harness:
         at = self.now()
         floor = time.monotonic() + 1.5 * self.p.lease
         try:
-            wait_for(lambda: time.monotonic() > floor and all(
-                f"Lost claim job={pk} fence={f} worker={w.worker_id}" in w.text() for pk, f in held),
-                60, "the starved worker to give up its claims")
+            self._hold_until_given_up(w, held, floor, "the starved worker to give up its claims")
         finally:
             for conn in filler:
                 conn.close()

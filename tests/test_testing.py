@@ -1,0 +1,51 @@
+"""django_leases.testing: the helpers users call from their own suites, used for real."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_leases import testing
+from django_leases.models import Job
+from django_leases.states import JobState
+from tests.testapp.tasks import add, boom
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_run_burst_runs_due_jobs_through_the_real_claim_and_ack():
+    """Invariants 2, 3: the job is claimed (fence 1) and acknowledged by its own claim."""
+    result = add.enqueue(2, 3)
+    testing.run_burst()
+    job = testing.assert_ran_once(result)
+    assert (job.result, job.claimed_by) == (5, "test-worker")
+
+
+def test_assert_ran_once_fails_for_a_job_claimed_twice():
+    """Invariant 4: a job whose lease ran out and that ran again is not 'ran once'."""
+    result = add.enqueue(1, 1)
+    Job.objects.claim("first", limit=1, lease=30)
+    assert testing.expire_lease(result) is True
+    testing.run_burst()
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.state, job.fence, job.leases_lost) == (JobState.SUCCEEDED, 2, 1)
+    with pytest.raises(AssertionError, match="claimed 2 times"):
+        testing.assert_ran_once(result)
+
+
+def test_expire_lease_makes_a_claim_claimable_and_the_stale_ack_is_refused():
+    """Invariants 1, 5: the lease ends on the DB clock; the first claim's ack matches no row."""
+    result = add.enqueue(4, 4)
+    [stale] = Job.objects.claim("stale", limit=1, lease=30)
+    assert testing.expire_lease(stale)
+    job = testing.run_job(result)
+    assert (job.state, job.fence) == (JobState.SUCCEEDED, 2)
+    assert Job.objects.ack(stale, "late") is False
+    assert testing.expire_lease(result) is False  # not claimed any more
+
+
+def test_assert_ran_once_reports_failures():
+    """Invariant 3: a failing job is reported with its state and recorded failure."""
+    result = boom.using_lease(max_attempts=1).enqueue()
+    testing.run_burst()
+    with pytest.raises(AssertionError, match="state is 'dead'"):
+        testing.assert_ran_once(result)
