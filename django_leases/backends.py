@@ -124,6 +124,21 @@ class LeaseBackend(BaseTaskBackend):
         return {job.pk: self._to_result(job, self._task_of(job))
                 for job in Job.objects.using(self.database).with_failures(ids)}
 
+    def results_of_claims(self, jobs: list[Any]) -> dict[Any, TaskResult]:
+        """TaskResults of jobs a claim just returned, from the rows in memory: only jobs
+        claimed before (a retry, a takeover, a requeue) have failures to read, in one
+        statement for all of them. Rows with fields left to load are read in full."""
+        from django.db.models import prefetch_related_objects
+
+        if any(j.get_deferred_fields() for j in jobs):
+            return self.get_results([j.pk for j in jobs])
+        # A first claim stamps started_at and last_attempted_at in one statement.
+        seen_before = [j for j in jobs if j.started_at != j.last_attempted_at]
+        if seen_before:
+            prefetch_related_objects(seen_before, "failures")
+        return {j.pk: self._to_result(j, self._task_of(j), failures=None if j in seen_before else [])
+                for j in jobs}
+
     def _task_of(self, job: Any) -> Any:
         task = registry.lookup(self.alias, job.task_path)
         if task is None:
@@ -135,8 +150,9 @@ class LeaseBackend(BaseTaskBackend):
                 f"backend {self.alias!r}.")
         return task
 
-    def _to_result(self, job: Any, task: Any) -> TaskResult:
-        failures = list(job.failures.all()) if job.pk and job.attempts else []
+    def _to_result(self, job: Any, task: Any, failures: list[Any] | None = None) -> TaskResult:
+        if failures is None:
+            failures = list(job.failures.all()) if job.pk and job.attempts else []
         worker_ids = [f.worker_id for f in failures]
         if job.attempts > len(failures) and job.claimed_by:
             worker_ids.append(job.claimed_by)

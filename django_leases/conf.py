@@ -48,7 +48,7 @@ OPTIONS: dict[str, Option] = {
                "Default retry ladder: a list of delays or a dict (base, factor, cap, jitter)."),
         Option("POLL_SECONDS", 1.0, "django_leases.E007",
                "How often an idle worker looks for due jobs."),
-        Option("CONCURRENCY", 1, "django_leases.E008",
+        Option("CONCURRENCY", 10, "django_leases.E008",
                "Handlers a worker process runs at once."),
         Option("GRACE_SECONDS", 20.0, "django_leases.E009",
                "How long a stopping worker lets handlers finish before releasing them."),

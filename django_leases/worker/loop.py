@@ -189,16 +189,17 @@ class Worker:
         return len(jobs)
 
     def _results_at_start(self, jobs: list[Any]) -> dict[Any, Any]:
-        """The TaskResults that task_started and contexts carry, read for the whole claim
-        batch in two statements here rather than one connection per handler thread. Empty
-        on trouble: the handlers then run without task_started/task_finished."""
+        """The TaskResults that task_started and contexts carry, built for the whole claim
+        batch here (from the claimed rows, plus one read of earlier failures when a job was
+        claimed before) rather than one connection per handler thread. Empty on trouble:
+        the handlers then run without task_started/task_finished."""
         if self.isolation != "thread" or not jobs:
             return {}
         from django.tasks import task_backends
 
-        ids = [j.pk for j in jobs if registry.lookup(self.alias, j.task_path) is not None]
+        known = [j for j in jobs if registry.lookup(self.alias, j.task_path) is not None]
         try:
-            return task_backends[self.alias].get_results(ids) if ids else {}
+            return task_backends[self.alias].results_of_claims(known) if known else {}
         except Exception as e:  # noqa: BLE001 -- a missed signal must not cost a claim
             logger.warning("Could not read the claimed jobs for task_started worker=%s "
                            "error=%s", self.worker_id, e)

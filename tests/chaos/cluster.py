@@ -71,7 +71,7 @@ class Cluster:
             conf.write(
                 f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                 f"unix_socket_directories = '{self.dir}'\nmax_connections = {self.max_connections}\n"
-                "superuser_reserved_connections = 0\nfsync = off\nsynchronous_commit = off\n"
+                "superuser_reserved_connections = 0\nfsync = off\n"
                 "full_page_writes = off\nshared_buffers = 32MB\nlog_min_messages = warning\n")
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start")
         with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
