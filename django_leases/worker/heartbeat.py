@@ -81,6 +81,8 @@ class Heartbeat(threading.Thread):
 
         held: set[Any] = set()
         if claims:
+            # Connect first: a fresh connection's own setup statements are not renewals.
+            connections[self.database].ensure_connection()
             with connections[self.database].execute_wrapper(count):
                 held = Job.objects.using(self.database).renew([c.job for c in claims], self.lease)
         WorkerProcess.objects.using(self.database).seen(self.worker_id)
