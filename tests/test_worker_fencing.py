@@ -18,23 +18,9 @@ from django_leases.models import Job
 from django_leases.states import DeadReason, FailureKind, JobState
 from tests.testapp.models import Effect, ItemLog
 from tests.testapp.tasks import backfill, boom, crash_worker, late_fenced_write, refuse
-from tests.worker_helpers import Workers, wait_for
+from tests.worker_helpers import FAST, LEASE, job_of, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-LEASE, BEAT, POLL = 2.0, 0.5, 0.2
-FAST = ["--lease", str(LEASE), "--heartbeat", str(BEAT), "--poll", str(POLL)]
-
-
-@pytest.fixture
-def workers(tmp_path):
-    pool = Workers(tmp_path)
-    yield pool
-    pool.close()
-
-
-def job_of(result) -> Job:
-    return Job.objects.get(pk=int(result.id))
 
 
 def test_a_handler_that_crashes_its_worker_every_time_ends_dead_after_max_attempts(workers):

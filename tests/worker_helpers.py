@@ -94,3 +94,15 @@ class Workers:
     def close(self) -> None:
         for worker in self.started:
             worker.kill()
+
+
+# Short leases so that expiry happens within a test.
+LEASE, BEAT, POLL = 2.0, 0.5, 0.2
+FAST = ["--lease", str(LEASE), "--heartbeat", str(BEAT), "--poll", str(POLL)]
+
+
+def job_of(result):
+    """The job row behind a django.tasks TaskResult."""
+    from django_leases.models import Job
+
+    return Job.objects.get(pk=int(result.id))
