@@ -56,6 +56,9 @@ PATTERNS = {
     "lost": re.compile(r"^Lost claim job=(\d+) fence=(\d+)"),
     "killing": re.compile(r"^Killing handler process pid=\d+ job=(\d+) fence=(\d+)"),
     "stopped": re.compile(r"^Chaos handler stopped job=(\d+) fence=(\d+) worker=\S+ stage=(\w+)"),
+    # The handler ended on another exception (e.g. its database connection broke); its
+    # outcome may then wait in the worker's retry back-off before "Discarded result".
+    "raised": re.compile(r"^Chaos handler raised job=(\d+) fence=(\d+) worker=\S+ stage=(\w+)"),
 }
 # How far past the bound a stop may land on a loaded 2-core machine (scheduling, the
 # statement that tells the worker, the log write).
@@ -263,9 +266,14 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
     kinds = {(job, f): k for job, execs in runs.items() for f, _, k, _, _ in execs}
     delays: dict[str, list[float]] = defaultdict(list)
     slow = []
+    before_loss = 0
     for key, (worker, stop_t) in {**by_kind["discarded"], **by_kind["stopped"]}.items():
-        stop_t = min(t for t in (by_kind["stopped"].get(key, (0, float("inf")))[1],
-                                 by_kind["discarded"].get(key, (0, float("inf")))[1]))
+        # The handler's code stopped at the first of: it stopped on LeaseLost, it raised
+        # another exception, the worker discarded its result. (A "Discarded result" line
+        # can come long after a handler that had already returned with a database error:
+        # the main loop logs it once its ack/fail retry back-off ends.)
+        stop_t = min(by_kind[k].get(key, (0, float("inf")))[1]
+                     for k in ("stopped", "raised", "discarded"))
         marks = [t for t in (takeover.get(key), by_kind["lost"].get(key, (0, None))[1]) if t]
         if not marks:
             continue  # stopped for another reason (e.g. released at shutdown)
@@ -273,6 +281,9 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
         for a, b in frozen[worker]:
             if a <= loss <= b or (loss < a and stop_t > b):
                 loss = max(loss, b)
+        if stop_t < loss:
+            before_loss += 1  # it had already returned: nothing ran on after the loss
+            continue
         process = isolation.get(worker) == "process"
         kind = kinds.get(key, "?")
         if kind == "hog":
@@ -289,6 +300,7 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
                  f"{slow[:5]}")
     fig["loss_to_stop"] = {k: {"n": len(d), "p50": pct(d, 0.5), "max": max(d)}
                            for k, d in delays.items() if d}
+    fig["handlers_ended_before_loss"] = before_loss
 
     # -- recovery after kill -9 ----------------------------------------------------------
     recovery = []
@@ -303,6 +315,7 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
     fig["faults"] = dict(Counter(e["kind"] for e in run["events"]))
     fig["skewed_workers"] = sorted({w["skew"] for w in run["workers"] if w["skew"]})
     fig["job_kinds"] = dict(Counter(k for k in kinds.values()))
+    fig["drain"] = run.get("drain")
     return {"violations": v, "figures": fig}
 
 

@@ -45,7 +45,12 @@ class Profile:
     heartbeat: float = 1.0
     poll: float = 0.5
     max_connections: int = 40
-    drain_timeout: float = 120.0
+    # After the feed, wait for the queue to empty while it makes progress: give up once no
+    # job reached a terminal state for drain_stall seconds, or after drain_timeout in all.
+    # (A profile that feeds faster than its workers can run leaves a backlog; the check
+    # must measure the queue, not how long the harness happened to wait.)
+    drain_stall: float = 60.0
+    drain_timeout: float = 900.0
     seed: int = 7
 
 
@@ -59,7 +64,7 @@ PROFILES = {
                               (29, "pg_restart"), (37, "pressure")]),
     "soak": Profile("soak", jobs=20_000, feed_seconds=1500, fault_every=6,
                     script=[(5, "kill"), (11, "sigstop"), (17, "partition"),
-                            (23, "pg_restart"), (29, "pressure")]),
+                            (23, "pg_restart"), (29, "pressure")], drain_timeout=3600.0),
 }
 
 
@@ -436,31 +441,57 @@ class Harness:
                 break
             time.sleep(0.1)
         feeder.join()
-        self._drain()
+        self.fed_at = time.monotonic() - self.started
+        drain = self._drain()
         self.duration = time.monotonic() - self.started
         return {"profile": asdict(self.p), "events": self.events, "enqueued": self.enqueued,
                 "feed_errors": self.feed_errors, "duration": self.duration,
+                "fed_at": self.fed_at, "drain": drain,
                 "db_started": self.db_started, "workers": [self._describe(w) for w in self.all_workers]}
 
     def _describe(self, w: Worker) -> dict[str, Any]:
         return {"worker_id": w.worker_id, "isolation": w.spec.isolation, "skew": w.spec.skew,
                 "log": str(w.log_path), "exit": w.proc.returncode}
 
-    def _drain(self) -> None:
+    def _drain(self) -> dict[str, Any]:
+        """Wait until every job is terminal, for as long as jobs keep finishing: stop early
+        only after drain_stall seconds without one more terminal job (or drain_timeout in
+        all). Then SIGTERM the workers. What is left is the checker's to report."""
         from django_leases.models import Job
 
-        try:
-            wait_for(lambda: not self._retry(lambda: Job.objects.filter(
-                state__in=["pending", "claimed"]).exists()), self.p.drain_timeout,
-                "every job to reach a terminal state", interval=0.5)
-        except TimeoutError as e:
-            log.error("%s", e)
+        start = last_progress = time.monotonic()
+        best = None
+        left_at_start = None
+        ended = "empty"
+        while True:
+            left = self._retry(lambda: Job.objects.filter(state__in=["pending", "claimed"]).count())
+            now = time.monotonic()
+            if left_at_start is None:
+                left_at_start = left
+            if left == 0:
+                break
+            if best is None or left < best:
+                best, last_progress = left, now
+            if now - last_progress > self.p.drain_stall:
+                ended = "stalled"
+                log.error("no job reached a terminal state for %g s; %d left", self.p.drain_stall, left)
+                break
+            if now - start > self.p.drain_timeout:
+                ended = "timeout"
+                log.error("the drain still had %d jobs after %g s", left, self.p.drain_timeout)
+                break
+            time.sleep(0.5)
+        drain = {"seconds": round(time.monotonic() - start, 1), "left_at_start": left_at_start,
+                 "left": left, "ended": ended}
+        log.info("drain: %(left_at_start)s jobs left when the feed ended, %(left)s after "
+                 "%(seconds)s s (%(ended)s)", drain)
         for w in self.workers.values():
             if w.alive():
                 w.proc.send_signal(signal.SIGTERM)
         for w in self.workers.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 w.proc.wait(30)
+        return drain
 
     def teardown(self) -> None:
         for w in self.all_workers:

@@ -44,6 +44,13 @@ def markdown(report: dict[str, Any], profile: str) -> str:
         d = stop.get(name)
         if d:
             rows.append((label, f"{_s(d['p50'])} / {_s(d['max'])} ({d['n']})"))
+    if f.get("handlers_ended_before_loss"):
+        rows.append(("handlers that had already ended (database error) when their claim was "
+                     "lost", f["handlers_ended_before_loss"]))
+    drain = f.get("drain")
+    if drain:
+        rows.append(("jobs left when the feed ended / drained in",
+                     f"{drain['left_at_start']} / {drain['seconds']:g} s ({drain['ended']})"))
     rows.append(("invariant violations", len(report["violations"])))
     lines = ["| measure | value |", "|---|---|"]
     lines += [f"| {a} | {b} |" for a, b in rows]

@@ -321,4 +321,11 @@ def chaos_job(key: str, kind: str = "quick", seconds: float = 0.1) -> dict:
         log.warning("Chaos handler stopped job=%s fence=%s worker=%s stage=%s", job.job_id,
                     job.fence, job.worker_id, stage)
         raise
+    except Exception as e:
+        # E.g. the database went away mid-transaction: the handler ends here, while its
+        # outcome may wait in the worker (retried through database trouble) and be
+        # discarded later. The checker times the handler's stop from this line.
+        log.warning("Chaos handler raised job=%s fence=%s worker=%s stage=%s error=%s",
+                    job.job_id, job.fence, job.worker_id, stage, type(e).__name__)
+        raise
     return result
