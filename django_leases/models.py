@@ -76,10 +76,11 @@ class Job(models.Model):
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
         indexes = [
-            # The claim's two halves: due pending jobs in claim order, and expired claims.
+            # The claim's two halves: pending jobs in claim order (an ordered scan, whatever the
+            # queues), and expired claims.
             models.Index(
-                fields=["queue_name", "-priority", "available_at", "id"],
-                name="leases_job_pending_idx",
+                fields=["-priority", "available_at", "id"],
+                name="leases_job_due_idx",
                 condition=models.Q(state=JobState.PENDING),
             ),
             models.Index(

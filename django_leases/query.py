@@ -126,7 +126,7 @@ class JobQuerySet(models.QuerySet):
 
     def claim_order(self, queues: Iterable[str]) -> JobQuerySet:
         """Claimable jobs of ``queues`` in the order a claim takes them (partial indexes
-        leases_job_pending_idx and leases_job_claimed_idx serve it)."""
+        on PostgreSQL the claim itself runs an ordered scan of leases_job_due_idx)."""
         return (
             self.filter(queue_name__in=list(queues))
             .claimable()
@@ -706,7 +706,35 @@ class JobQuerySet(models.QuerySet):
 # Now() compiles to on PostgreSQL: the same database clock.
 
 _PG_CLAIM = """
-WITH claimed AS (
+WITH due AS (
+    -- An ordered scan of leases_job_due_idx: the first rows in claim order, not a sort
+    -- of every pending job.
+    SELECT id, priority, available_at FROM {job}
+    WHERE state = 'pending' AND available_at <= statement_timestamp()
+      AND queue_name = ANY(%(queues)s)
+      AND (deadline IS NULL OR deadline >= statement_timestamp())
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    -- Claims whose lease ran out (leases_job_claimed_idx); usually none. Those that end
+    -- instead of running again (past deadline, no attempts left, a task that must not run
+    -- twice) are left to the portable path, which settles them.
+    SELECT id, priority, available_at FROM {job}
+    WHERE state = 'claimed' AND lease_expires_at < statement_timestamp()
+      AND queue_name = ANY(%(queues)s)
+      AND (deadline IS NULL OR deadline >= statement_timestamp())
+      AND on_lease_lost = 'retry' AND attempts < max_attempts
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT c.id, j.state AS was_state, j.claimed_by AS was_claimed_by, j.fence AS was_fence,
+           j.attempts AS was_attempts
+    FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS c JOIN {job} AS j ON j.id = c.id
+    ORDER BY c.priority DESC, c.available_at, c.id
+    LIMIT %(limit)s
+), claimed AS (
     UPDATE {job} AS j SET
         leases_lost = j.leases_lost + CASE WHEN j.state = 'claimed' THEN 1 ELSE 0 END,
         state = 'claimed',
@@ -719,21 +747,7 @@ WITH claimed AS (
         heartbeat_at = statement_timestamp(),
         last_attempted_at = statement_timestamp(),
         started_at = COALESCE(j.started_at, statement_timestamp())
-    FROM (
-        SELECT id, state AS was_state, claimed_by AS was_claimed_by, fence AS was_fence,
-               attempts AS was_attempts
-        FROM {job}
-        WHERE queue_name = ANY(%(queues)s)
-          AND ((state = 'pending' AND available_at <= statement_timestamp())
-               OR (state = 'claimed' AND lease_expires_at < statement_timestamp()))
-          -- Candidates that end instead of running (past deadline, no attempts left, a
-          -- task that must not run twice) are left to the portable path, which settles them.
-          AND (deadline IS NULL OR deadline >= statement_timestamp())
-          AND (state = 'pending' OR (on_lease_lost = 'retry' AND attempts < max_attempts))
-        ORDER BY priority DESC, available_at, id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
+    FROM picked AS c
     WHERE j.id = c.id
     RETURNING j.*, c.was_state, c.was_claimed_by, c.was_fence, c.was_attempts
 ), lost AS (
@@ -746,7 +760,7 @@ WITH claimed AS (
            '', statement_timestamp()
     FROM claimed WHERE was_state = 'claimed'
 )
-SELECT * FROM claimed
+SELECT * FROM claimed ORDER BY priority DESC, available_at, id
 """
 
 _PG_RENEW = """
