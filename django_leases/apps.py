@@ -14,3 +14,8 @@ class DjangoLeasesConfig(AppConfig):
         # django.tasks registers the check that runs each backend's check(); importing it
         # here makes sure our backend's checks run even before any @task module is loaded.
         import django.tasks  # noqa: F401
+        from django.core.signals import setting_changed
+
+        from .conf import clear_options_cache
+
+        setting_changed.connect(clear_options_cache, dispatch_uid="django_leases_options")

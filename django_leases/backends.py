@@ -51,7 +51,10 @@ class LeaseBackend(BaseTaskBackend):
 
     @property
     def lease_options(self) -> LeaseOptions:
-        return LeaseOptions.from_dict(self.options)
+        # Django builds a new backend when TASKS changes, so the instance may keep these.
+        if getattr(self, "_lease_options", None) is None:
+            self._lease_options = LeaseOptions.from_dict(self.options)
+        return self._lease_options
 
     @property
     def database(self) -> str:
@@ -88,23 +91,45 @@ class LeaseBackend(BaseTaskBackend):
         from .models import Job
 
         self.validate_task(task)
-        lease, max_attempts = self.job_options(task)
-        options = self.lease_options
-        retry = getattr(task, "retry", None) or options.retry_for_queue(task.queue_name)
         try:
             job = Job.objects.using(self.database).enqueue(
-                task.module_path, args, kwargs,
-                queue_name=task.queue_name, priority=task.priority, run_after=task.run_after,
-                lease_seconds=lease, max_attempts=max_attempts, retry=retry,
-                on_lease_lost=getattr(task, "on_lease_lost", LeaseLostPolicy.RETRY),
-                max_age=options.max_age_days * 86400,
-                unique_key=getattr(task, "unique_key", None),
-            )
+                task.module_path, args, kwargs, unique_key=getattr(task, "unique_key", None),
+                **self._job_fields(task))
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
-        result = self._to_result(job, task)
+        result = self._to_result(job, task, failures=[])
         task_enqueued.send(type(self), task_result=result)
         return result
+
+    def enqueue_many(self, task: Any, calls: Any) -> list[TaskResult]:
+        """Enqueue one job per ``(args, kwargs)`` pair in bulk INSERTs (all or nothing)."""
+        from .models import Job
+
+        self.validate_task(task)
+        if getattr(task, "unique_key", None) is not None:
+            raise InvalidTask(f"Cannot enqueue {task.module_path} in bulk with a unique_key")
+        try:
+            jobs = Job.objects.using(self.database).enqueue_many(
+                task.module_path, [(a, k) for a, k in calls], **self._job_fields(task))
+        except (InvalidJobArgument, InvalidLeaseOption) as e:
+            raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
+        results = [self._to_result(job, task, failures=[]) for job in jobs]
+        for result in results:
+            task_enqueued.send(type(self), task_result=result)
+        return results
+
+    def _job_fields(self, task: Any) -> dict[str, Any]:
+        """What a job of ``task`` inherits: the task's options, else its queue's, else the
+        backend's."""
+        lease, max_attempts = self.job_options(task)
+        options = self.lease_options
+        return {
+            "queue_name": task.queue_name, "priority": task.priority, "run_after": task.run_after,
+            "lease_seconds": lease, "max_attempts": max_attempts,
+            "retry": getattr(task, "retry", None) or options.retry_for_queue(task.queue_name),
+            "on_lease_lost": getattr(task, "on_lease_lost", LeaseLostPolicy.RETRY),
+            "max_age": options.max_age_days * 86400,
+        }
 
     def get_result(self, result_id: Any) -> TaskResult:
         try:
@@ -157,7 +182,8 @@ class LeaseBackend(BaseTaskBackend):
         if job.attempts > len(failures) and job.claimed_by:
             worker_ids.append(job.claimed_by)
         result = TaskResult(
-            task=task.using(queue_name=job.queue_name, priority=job.priority),
+            task=task if (task.queue_name, task.priority) == (job.queue_name, job.priority)
+            else task.using(queue_name=job.queue_name, priority=job.priority),
             id=str(job.pk),
             status=_STATUS[JobState(job.state)],
             enqueued_at=job.enqueued_at,

@@ -259,8 +259,26 @@ def lease_backend_aliases() -> list[str]:
     return aliases
 
 
+_options_cache: dict[str | None, LeaseOptions] = {}
+
+
+def clear_options_cache(**kwargs: Any) -> None:
+    """Forget validated options (connected to setting_changed for TASKS in apps.py)."""
+    if kwargs.get("setting", "TASKS") == "TASKS":
+        _options_cache.clear()
+
+
 def get_options(alias: str | None = None) -> LeaseOptions:
-    """Validated options of the backend ``alias`` (the first lease backend by default)."""
+    """Validated options of the backend ``alias`` (the first lease backend by default),
+    validated once per settings."""
+    try:
+        return _options_cache[alias]
+    except KeyError:
+        options = _options_cache[alias] = _read_options(alias)
+        return options
+
+
+def _read_options(alias: str | None) -> LeaseOptions:
     tasks = getattr(settings, "TASKS", {})
     if alias is None:
         aliases = lease_backend_aliases()

@@ -13,7 +13,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import (
-    DatabaseError,
     IntegrityError,
     connections,
     models,
@@ -182,6 +181,45 @@ class JobQuerySet(models.QuerySet):
         pending or claimed job with the same key is refused (DuplicateJob) or, with
         ``on_duplicate="merge"``, the existing job is returned instead.
         """
+        db = self._db or router.db_for_write(self.model)
+        job = self._build(
+            task_path, args, kwargs, queue_name=queue_name, priority=priority,
+            run_after=run_after, delay=delay, lease_seconds=lease_seconds,
+            max_attempts=max_attempts, retry=retry, on_lease_lost=on_lease_lost,
+            deadline=deadline, max_age=max_age, unique_key=unique_key, on_duplicate=on_duplicate)
+        if unique_key is None:
+            job.save(using=db, force_insert=True)
+        else:
+            existing = self._insert_unique(db, job)
+            if existing is not None:
+                if on_duplicate == "merge":
+                    return existing
+                from .exceptions import DuplicateJob
+
+                raise DuplicateJob(unique_key, existing.pk)
+        # On PostgreSQL a trigger (migration 0007) wakes listening workers when this commits.
+        return job
+
+    def _build(
+        self,
+        task_path: str,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        queue_name: str = "default",
+        priority: int = 0,
+        run_after: datetime | None = None,
+        delay: float | None = None,
+        lease_seconds: float | None = None,
+        max_attempts: int | None = None,
+        retry: Any = None,
+        on_lease_lost: str = LeaseLostPolicy.RETRY,
+        deadline: datetime | None = None,
+        max_age: float | None = None,
+        unique_key: str | None = None,
+        on_duplicate: str = "refuse",
+    ) -> Job:
+        """Validate an enqueue and return the unsaved job (see enqueue())."""
         from .exceptions import InvalidLeaseOption
         from .retry import Retry
 
@@ -222,21 +260,35 @@ class JobQuerySet(models.QuerySet):
         else:
             age = options.max_age_days * 86400 if max_age is None else _seconds("max_age", max_age)
             fields["deadline"] = _lease_end(age)
-        db = self._db or router.db_for_write(self.model)
-        job = self.model(task_path=task_path, args=args, kwargs=kwargs, queue_name=queue_name,
-                         priority=priority, lease_seconds=lease, max_attempts=attempts, **fields)
-        if unique_key is None:
-            job.save(using=db, force_insert=True)
-        else:
-            existing = self._insert_unique(db, job)
-            if existing is not None:
-                if on_duplicate == "merge":
-                    return existing
-                from .exceptions import DuplicateJob
+        return self.model(task_path=task_path, args=args, kwargs=kwargs, queue_name=queue_name,
+                          priority=priority, lease_seconds=lease, max_attempts=attempts, **fields)
 
-                raise DuplicateJob(unique_key, existing.pk)
-        _notify_on_commit(db, queue_name)
-        return job
+    def enqueue_many(
+        self,
+        task_path: str,
+        calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
+        *,
+        batch_size: int = 1000,
+        **options: Any,
+    ) -> list[Job]:
+        """Insert one pending job per ``(args, kwargs)`` call in as few INSERTs as possible
+        (``batch_size`` rows each), in the caller's transaction; the options are those of
+        ``enqueue()`` except ``unique_key``. Every call is checked before anything is written:
+        an argument that does not round-trip through JSON raises InvalidJobArgument naming
+        the call (``calls[3].args[0]``) and nothing is inserted.
+        """
+        from .exceptions import InvalidJobArgument, InvalidLeaseOption
+
+        if "unique_key" in options:
+            raise InvalidLeaseOption("unique_key", "enqueue_many() takes no unique_key; use enqueue()")
+        db = self._db or router.db_for_write(self.model)
+        jobs = []
+        for i, (args, kwargs) in enumerate(calls):
+            try:
+                jobs.append(self._build(task_path, args, kwargs, **options))
+            except InvalidJobArgument as e:
+                raise InvalidJobArgument(f"calls[{i}].{e.path}", e.reason) from e
+        return self.model._default_manager.using(db).bulk_create(jobs, batch_size=batch_size)
 
     def _insert_unique(self, db: str, job: Job) -> Job | None:
         """Insert ``job`` unless an active job holds its key; return that job if one does."""
@@ -814,38 +866,9 @@ def _pg_json(value: Any) -> str | None:
     return None if value is None else json.dumps(value)
 
 
-# Enqueue wake-ups on PostgreSQL: the channel; the payload is the queue name.
+# Enqueue wake-ups on PostgreSQL (sent by the trigger of migration 0007): the payload is the
+# queue name.
 NOTIFY_CHANNEL = "django_leases"
-
-
-def _notify_enabled(db: str) -> bool:
-    """NOTIFY is on for a PostgreSQL database unless the lease backend using it says NOTIFY=False."""
-    if connections[db].vendor != "postgresql":
-        return False
-    for alias in conf.lease_backend_aliases():
-        options = conf.get_options(alias)
-        if options.database == db:
-            return options.notify
-    return conf.get_options(None).notify
-
-
-def _notify_on_commit(db: str, queue_name: str) -> None:
-    """Wake idle workers once the enqueueing transaction commits (a worker woken before the
-    commit would find nothing)."""
-    if not _notify_enabled(db):
-        return
-
-    def send() -> None:
-        try:
-            with connections[db].cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue_name])
-        except DatabaseError:
-            # The job is committed and polling finds it: a lost wake-up must not turn a
-            # successful enqueue into an error.
-            pass
-
-    transaction.on_commit(send, using=db)
-
 
 
 class WorkerQuerySet(models.QuerySet):

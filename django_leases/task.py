@@ -31,6 +31,11 @@ class LeaseTask(Task):
     # At most one pending or claimed job per key; a second enqueue raises DuplicateJob.
     unique_key: str | None = None
 
+    def enqueue_many(self, calls: Any) -> list[Any]:
+        """Enqueue one job per ``(args, kwargs)`` pair in bulk INSERTs, in the caller's
+        transaction; nothing is written if any call's arguments are refused."""
+        return self.get_backend().enqueue_many(self, calls)
+
     def using_lease(self, **changes: Any) -> LeaseTask:
         """A copy with other lease options (lease, max_attempts, retry, on_lease_lost,
         non_retryable, unique_key); validated at once, like ``using()``."""

@@ -215,3 +215,17 @@ def test_aenqueue_and_aget_result_match_their_sync_twins():
     assert (again.id, again.status, again.args) == (result.id, TaskResultStatus.READY, [4, 5])
     async_to_sync(again.arefresh)()
     assert again.status == TaskResultStatus.READY
+
+
+def test_enqueue_many_writes_every_job_in_bulk_or_none():
+    """Invariant 3: one bad call refuses the whole batch, naming the call and argument."""
+    results = add.enqueue_many([((i, i), {}) for i in range(250)])
+    assert len(results) == 250 and all(r.status == TaskResultStatus.READY for r in results)
+    jobs = Job.objects.filter(pk__in=[int(r.id) for r in results])
+    assert jobs.count() == 250 and {j.args[0] for j in jobs} == set(range(250))
+    job = jobs.first()
+    assert job.deadline - job.enqueued_at == timedelta(days=14)  # database clock, as enqueue()
+    with pytest.raises(InvalidTask, match=r"calls\[1\]\.args\[0\]"):
+        add.enqueue_many([((1, 2), {}), ((object(), 2), {})])
+    assert Job.objects.count() == 250
+    assert len(Job.objects.claim("w", limit=300)) == 250
