@@ -88,6 +88,8 @@ class JobHandle:
         self.database = database
         self.acked = False
         self.acked_result: Any = None
+        # The worker's hook: a claim acknowledged by its handler is no longer renewed.
+        self._on_acked: Callable[[], Any] = lambda: None
         self._callbacks: list[Callable[[], None]] = []
         self._callbacks_lock = threading.Lock()
 
@@ -138,6 +140,7 @@ class JobHandle:
     def _mark_acked(self, result: Any) -> None:
         """The handler acknowledged its job itself (fenced(ack=True)); the worker must not."""
         self.acked, self.acked_result = True, result
+        self._on_acked()
 
     def _mark_lost(self) -> None:
         self._lost.set()

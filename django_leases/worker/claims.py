@@ -2,8 +2,10 @@
 
 A claim moves RUNNING -> FINISHING (its ack or fail is being sent) -> forgotten, or
 RUNNING -> LOST (a renewal missed it, or the watchdog saw its lease run out) or
-RUNNING -> RELEASING (shutdown). Only a RUNNING claim can be declared lost, so a renewal
-that misses a job because its ack just landed is never mistaken for a loss.
+RUNNING -> RELEASING (shutdown), or RUNNING -> ACKED (the handler acknowledged the job in
+its own fenced transaction). Only a RUNNING claim can be declared lost, so a renewal that
+misses a job because its ack just landed is never mistaken for a loss (in process isolation
+the parent learns of a handler's own ack only with its outcome).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ RUNNING = "running"
 FINISHING = "finishing"
 LOST = "lost"
 RELEASING = "releasing"
+# The handler acknowledged the job itself, in its fenced(ack=True) transaction: nothing is
+# left to renew, and a renewal missing the row is no loss.
+ACKED = "acked"
 
 
 @dataclass
@@ -52,6 +57,7 @@ class Claim:
             lease_seconds=lease, worker_id=worker_id, lost=self.lost_flag, stamp=self.stamp,
             checkpointer=self._no_checkpoint, claim_token=job.claim_token, database=job._state.db,
         )
+        self.handle._on_acked = lambda: self._move(ACKED)
         # Set by the executor: the child process, in process isolation.
         self.process: Any = None
         self.exited = threading.Event()
