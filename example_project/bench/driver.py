@@ -54,6 +54,10 @@ def enqueue_bulk(count: int) -> str:
 
         enqueue_many(tasks.noop, [((), {}) for _ in range(count)])
         return "django_ox.bulk.enqueue_many (public API)"
+    if SYSTEM == "leases" and hasattr(tasks.noop, "enqueue_many"):
+        with transaction.atomic():
+            tasks.noop.enqueue_many([((), {}) for _ in range(count)])
+        return "LeaseTask.enqueue_many (public API)"
     if SYSTEM == "leases":
         from django_leases import conf
         from django_leases.models import Job

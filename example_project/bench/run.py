@@ -468,7 +468,7 @@ def main() -> None:
     parser.add_argument("--systems", default="limit,limit10,leases,tasksdb,procrastinate,ox")
     parser.add_argument("--cma-variants", default="leases,tasksdb,ox",
                         help="systems also drained with 2 workers and CONN_MAX_AGE=None")
-    parser.add_argument("--leases-concurrency", type=int, default=10,
+    parser.add_argument("--leases-concurrency", type=int, default=1,
                         help="also drain django-leases with this CONCURRENCY (2 workers; 0: skip)")
     parser.add_argument("--workloads", default="drain,enqueue,latency,recovery,heartbeat")
     parser.add_argument("--enqueue-single", type=int, default=2000)
@@ -535,6 +535,7 @@ def main() -> None:
                 return
 
     started = time.time()
+    code_before = library_fingerprint()
     for rnd in range(a.rounds):
         log(f"== round {rnd + 1}/{a.rounds} ({time.time() - started:.0f}s)")
         if "drain" in workloads:
@@ -584,7 +585,23 @@ def main() -> None:
             results["errors"]["enqueue_profile"] = str(e)
 
     results["meta"] = meta(a, systems + variants, time.time() - started)
+    results["meta"]["library"] = code_before
+    if library_fingerprint() != code_before:
+        results["errors"]["library"] = ("django_leases/ changed while the benchmark ran: "
+                                        "its figures mix two versions; run it again")
     report(results, a, systems, variants, worker_counts)
+
+
+def library_fingerprint() -> str:
+    """The git commit plus a hash of django_leases/ (uncommitted edits included)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "django_leases").rglob("*.py")):
+        digest.update(path.read_bytes())
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    return f"{head or '?'}+{digest.hexdigest()[:12]}"
 
 
 def meta(a: argparse.Namespace, systems: list[System], seconds: float) -> dict:
@@ -762,7 +779,7 @@ def evaluate(results: dict, a: argparse.Namespace, systems: list[System],
     if lim and worst:
         add("drain, 2 workers >= 1.5x the one-claim-one-ack limit", worst / lim, 1.5,
             f"{worst:,.0f} / {lim:,.0f} = {worst / lim:.2f}x (worse of CONN_MAX_AGE 0 and None)")
-    c10 = next((k.split("|")[0] for k in drains if k.startswith("leases@c") and k.endswith("|2")), None)
+    c10 = next((k.split("|")[0] for k in drains if k.startswith("leases@c") and "@cma" not in k and k.endswith("|2")), None)
     if lim and c10 and rate(f"{c10}|2"):
         targets.append({"target": f"(not a target) {c10}: drain, 2 workers, vs limit",
                         "value": rate(f"{c10}|2") / lim, "pass": None,
@@ -782,9 +799,13 @@ def evaluate(results: dict, a: argparse.Namespace, systems: list[System],
             f"{l1:,.0f} / {r1:,.0f} = {l1 / r1:.2f}x")
         lb = med([r["bulk_per_s"] for r in enq["leases"]])[0]
         rb = med([r["bulk_per_s"] for r in enq["limit"]])[0]
-        targets.append({"target": "bulk enqueue API >= 0.4x raw executemany", "value": None,
-                        "measured": f"no bulk enqueue API; Job.objects.bulk_create reaches "
-                                    f"{lb:,.0f} / {rb:,.0f} = {lb / rb:.2f}x", "pass": False})
+        if "public API" in enq["leases"][0]["bulk_api"]:
+            add("bulk enqueue API >= 0.4x raw executemany", lb / rb, 0.4,
+                f"{lb:,.0f} / {rb:,.0f} = {lb / rb:.2f}x ({enq['leases'][0]['bulk_api']})")
+        else:
+            targets.append({"target": "bulk enqueue API >= 0.4x raw executemany", "value": None,
+                            "measured": f"no bulk enqueue API; Job.objects.bulk_create reaches "
+                                        f"{lb:,.0f} / {rb:,.0f} = {lb / rb:.2f}x", "pass": False})
     if results["latency"].get("leases"):
         p50 = med([r["p50_ms"] for r in results["latency"]["leases"]])[0]
         add("enqueue-to-start p50 <= 5 ms (LISTEN/NOTIFY)", p50, 5.0,
