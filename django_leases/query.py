@@ -316,6 +316,8 @@ class JobQuerySet(models.QuerySet):
         queues: Iterable[str] = ("default",),
         limit: int = 1,
         lease: float | None = None,
+        *,
+        settle: bool = True,
     ) -> list[Job]:
         """Claim up to ``limit`` due or expired jobs, by priority then due time.
 
@@ -325,6 +327,10 @@ class JobQuerySet(models.QuerySet):
         attempts left or whose task says a lost lease means dead-letter or park. Where the
         database has SKIP LOCKED, rows another worker is claiming are passed over; elsewhere
         (SQLite) the UPDATE re-checks the claim predicate, so two workers never both win a row.
+
+        On PostgreSQL one statement claims; the candidates that end instead of running are
+        settled by a second, portable pass when the first claimed fewer than ``limit``.
+        ``settle=False`` skips that pass (a worker woken by NOTIFY settles on its next poll).
         """
         if limit < 1:
             return []
@@ -333,7 +339,7 @@ class JobQuerySet(models.QuerySet):
         claimed: list[Job] = []
         if _pg(db):
             claimed = _pg_claim(self.model, db, worker_id, queues, limit, lease)
-            if len(claimed) == limit:
+            if len(claimed) == limit or not settle:
                 return claimed
             limit -= len(claimed)
         return claimed + self._claim_portable(db, worker_id, queues, limit, lease)

@@ -175,3 +175,19 @@ def test_prune_deletes_finished_jobs_past_retention_in_batches():
     assert set(Job.objects.values_list("pk", flat=True)) == {young.pk, dead.pk, pending.pk}
     call_command("leases_prune", "--include-dead", stdout=out)
     assert not Job.objects.filter(pk=dead.pk).exists()
+
+
+def test_a_claim_without_settling_leaves_endings_to_the_next_settling_claim():
+    """Invariant 3: on PostgreSQL a NOTIFY-woken claim (settle=False) is one statement and
+    skips the past-deadline job, which the next settling claim dead-letters; elsewhere every
+    claim settles."""
+    from django.db import connection
+
+    job = enqueue(deadline=timezone.now() - timedelta(seconds=1))
+    assert Job.objects.claim("w", settle=False) == []
+    job.refresh_from_db()
+    expected = JobState.PENDING if connection.vendor == "postgresql" else JobState.DEAD
+    assert job.state == expected
+    Job.objects.claim("w")
+    job.refresh_from_db()
+    assert (job.state, job.dead_reason) == (JobState.DEAD, DeadReason.DEADLINE)
