@@ -26,7 +26,8 @@ author = "django-leases developers"
 release = __import__("django_leases").__version__
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 source_suffix = {".md": "markdown"}
-exclude_patterns = ["_build", "images/README.md"]
+# bench_results.md is the harness's raw output; benchmarks.md presents it.
+exclude_patterns = ["_build", "images/README.md", "bench_results.md"]
 myst_heading_anchors = 3
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
