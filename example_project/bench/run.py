@@ -624,7 +624,9 @@ def meta(a: argparse.Namespace, systems: list[System], seconds: float) -> dict:
             "python": platform.python_version(), "postgres": pg, "nproc": os.cpu_count(),
             "cpu": cpu, "kernel": platform.release(), "seconds": round(seconds),
             "versions": {s.key: s.version() for s in systems},
-            "args": {k: str(v) for k, v in vars(a).items()}}
+            # Paths relative to the repository, so the results name no machine's folders.
+            "args": {k: os.path.relpath(v, REPO) if isinstance(v, Path) else str(v)
+                     for k, v in vars(a).items()}}
 
 
 def report(results: dict, a: argparse.Namespace, systems: list[System], variants: list[System],
