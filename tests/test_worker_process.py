@@ -54,6 +54,7 @@ def test_bad_options_are_refused_before_any_claim():
         (["--grace", "-1"], "--grace"),
         (["--max-jobs", "0"], "--max-jobs"),
         (["--backend", "nope"], "--backend"),
+        (["--queue", "nowhere"], "--queue"),
     ]
     for args, option in cases:
         with pytest.raises(CommandError, match=re.escape(option)):

@@ -115,6 +115,14 @@ class Command(BaseCommand):
         queues = options["queues"] or _backend_queues(alias)
         if any(not q or len(q) > 100 for q in queues):
             raise InvalidLeaseOption("queue", f"names must be 1-100 characters, got {queues!r}")
+        from django.conf import settings
+
+        declared = settings.TASKS[alias].get("QUEUES")
+        unknown = [q for q in queues if declared and q not in declared]
+        if unknown:
+            # No task of this backend can be enqueued there, so such a worker would idle forever.
+            raise InvalidLeaseOption("queue", f"{unknown!r} not in TASKS[{alias!r}]['QUEUES'] "
+                                              f"({', '.join(declared)})")
         worker_id = options["worker_id"]
         if worker_id is not None and not 0 < len(worker_id) <= 200:
             raise InvalidLeaseOption("worker_id", "must be 1-200 characters")
