@@ -24,6 +24,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from . import conf
+from .deadlocks import retry_deadlock_victims
 from .jsonsafe import ensure_json
 from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
 
@@ -310,6 +311,7 @@ class JobQuerySet(models.QuerySet):
 
     # -- the claim and its owner's writes ----------------------------------------------
 
+    @retry_deadlock_victims
     def claim(
         self,
         worker_id: str,
@@ -431,6 +433,7 @@ class JobQuerySet(models.QuerySet):
                     lost.append(job)
             self._record_expired(db, lost)
 
+    @retry_deadlock_victims
     def renew(self, claims: Iterable[ClaimRef], lease: float | None = None) -> set[Any]:
         """Push the lease of every claim forward in one statement; return the ids still held.
 
@@ -465,6 +468,7 @@ class JobQuerySet(models.QuerySet):
         return self.model._default_manager.using(db).filter(
             pk=claim.pk, claim_token=claim.claim_token, state=JobState.CLAIMED)
 
+    @retry_deadlock_victims
     def ack(self, claim: ClaimRef, result: Any = None) -> bool:
         """Mark the job succeeded if ``claim`` still owns it. Raise InvalidJobArgument if
         ``result`` does not round-trip through JSON (nothing is written then)."""
@@ -474,6 +478,7 @@ class JobQuerySet(models.QuerySet):
             claim_token=None, lease_expires_at=None,
         ) == 1
 
+    @retry_deadlock_victims
     def fail(
         self,
         claim: ClaimRef,
@@ -530,6 +535,7 @@ class JobQuerySet(models.QuerySet):
             )
         return True
 
+    @retry_deadlock_victims
     def release(self, claim: ClaimRef) -> bool:
         """Give the job back to pending at once without counting the attempt."""
         return self._owned(claim).update(
@@ -537,6 +543,7 @@ class JobQuerySet(models.QuerySet):
             claim_token=None, lease_expires_at=None,
         ) == 1
 
+    @retry_deadlock_victims
     def checkpoint(self, claim: ClaimRef, cursor: Any, lease: float | None = None) -> bool:
         """Commit ``cursor`` and renew the lease in one conditional UPDATE."""
         cursor = ensure_json(cursor, "cursor")
@@ -677,6 +684,7 @@ class JobQuerySet(models.QuerySet):
 
     # -- worker verbs --
 
+    @retry_deadlock_victims
     def ack_many(self, outcomes: Sequence[tuple[ClaimRef, Any]]) -> set[Any]:
         """Mark several jobs succeeded, each with its result, where the claim still owns
         the job; return the ids acknowledged. Raise InvalidJobArgument (nothing written) if

@@ -76,3 +76,51 @@ def test_processes_claiming_at_once_never_hold_the_same_job():
     assert Job.objects.filter(state=JobState.SUCCEEDED).count() == 2000
     # A lost race never bumps a fence: the UPDATE re-checks the claim predicate.
     assert set(Job.objects.values_list("fence", flat=True)) == {1}
+
+
+def _innodb_deadlocks():
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+        return int(cursor.fetchone()[1])
+
+
+def test_a_stale_checkpoint_chosen_as_deadlock_victim_answers_lost_not_an_error():
+    """MySQL/MariaDB: a stale owner's checkpoint that reaches the row through the token index
+    while a takeover holds the row is rolled back by InnoDB to break the cycle. The verb sends
+    it again and answers False, the claim is lost (2), instead of raising; the takeover's
+    state stays as it wrote it (5)."""
+    from django.db import transaction
+
+    if connections["default"].vendor != "mysql":
+        pytest.skip("the lock cycle is InnoDB's: a row lock plus a secondary-index lock")
+    fill(1)
+    [stale] = Job.objects.claim("stale", limit=1)
+    deadlocks = _innodb_deadlocks()
+    answer: list[object] = []
+
+    def checkpoint():
+        try:
+            answer.append(Job.objects.checkpoint(stale, 4))
+        except Exception as e:  # surfaced below
+            answer.append(e)
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        Job.objects.filter(pk=stale.pk).expire_now()
+        writer = threading.Thread(target=checkpoint)
+        writer.start()
+        with connections["default"].cursor() as cursor:
+            for _ in range(200):  # until the checkpoint waits for the row this block holds
+                cursor.execute("SELECT COUNT(*) FROM information_schema.innodb_trx "
+                               "WHERE trx_state = 'LOCK WAIT'")
+                if cursor.fetchone()[0]:
+                    break
+                threading.Event().wait(0.01)
+        [thief] = Job.objects.claim("thief", limit=1)
+    writer.join(timeout=60)
+    assert _innodb_deadlocks() > deadlocks, "no deadlock happened: the test proves nothing"
+    assert answer == [False]
+    job = Job.objects.get(pk=stale.pk)
+    assert (job.claimed_by, job.fence, job.cursor, job.claim_token) == (
+        "thief", 2, None, thief.claim_token)

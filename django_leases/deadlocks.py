@@ -1,0 +1,50 @@
+"""Owner writes that the database picked as a deadlock victim are sent again.
+
+On MySQL/MariaDB an owner's UPDATE can reach the row through the claim-token index while a
+takeover holds the row and wants that index entry: InnoDB breaks the cycle by rolling one
+statement back. The victim changed nothing, so sending it again is safe, and the second try
+gives the real answer (usually 0 rows: the takeover won). Without this the stale owner's
+handler would see an OperationalError instead of LeaseLost.
+
+Only a write outside any atomic block is retried: inside one, the rollback took the caller's
+earlier statements with it, and only the caller can redo those.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.db import OperationalError, connections, router
+
+# ER_LOCK_DEADLOCK; PostgreSQL's deadlock_detected SQLSTATE.
+MYSQL_DEADLOCK = 1213
+POSTGRES_DEADLOCK = "40P01"
+TRIES = 3
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def is_deadlock(error: OperationalError) -> bool:
+    cause = error.__cause__
+    if getattr(cause, "sqlstate", None) == POSTGRES_DEADLOCK:
+        return True
+    return bool(error.args) and error.args[0] == MYSQL_DEADLOCK
+
+
+def retry_deadlock_victims(method: Method) -> Method:
+    """Wrap a queryset verb whose writes are one statement or one atomic block of its own."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        db = self._db or router.db_for_write(self.model)
+        for tries_left in range(TRIES - 1, -1, -1):
+            try:
+                return method(self, *args, **kwargs)
+            except OperationalError as error:
+                if not tries_left or connections[db].in_atomic_block or not is_deadlock(error):
+                    raise
+        raise AssertionError("unreachable")
+
+    return wrapper  # type: ignore[return-value]
