@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from django.db import OperationalError, connections, router
 
@@ -23,9 +23,6 @@ MYSQL_DEADLOCK = 1213
 POSTGRES_DEADLOCK = "40P01"
 TRIES = 3
 
-Method = TypeVar("Method", bound=Callable[..., Any])
-
-
 def is_deadlock(error: OperationalError) -> bool:
     cause = error.__cause__
     if getattr(cause, "sqlstate", None) == POSTGRES_DEADLOCK:
@@ -33,7 +30,7 @@ def is_deadlock(error: OperationalError) -> bool:
     return bool(error.args) and error.args[0] == MYSQL_DEADLOCK
 
 
-def retry_deadlock_victims(method: Method) -> Method:
+def retry_deadlock_victims[Method: Callable[..., Any]](method: Method) -> Method:
     """Wrap a queryset verb whose writes are one statement or one atomic block of its own."""
 
     @functools.wraps(method)

@@ -7,7 +7,6 @@ caught); 1 otherwise. Writes DIR/report.json, DIR/report.md and the workers' log
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import tempfile

@@ -15,7 +15,6 @@ checker notices each: a checker that cannot fail proves nothing.
 from __future__ import annotations
 
 import re
-import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any

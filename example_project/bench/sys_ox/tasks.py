@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-from django.tasks import task
-
 from common import sleep_body, stamp_body
+from django.tasks import task
 
 
 @task()

@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-from procrastinate.contrib.django import app
-
 from common import sleep_body, stamp_body
+from procrastinate.contrib.django import app
 
 
 @app.task(name="noop")
