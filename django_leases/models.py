@@ -10,7 +10,7 @@ from django.db.models import Case, F, When
 from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from .conf import DEFAULT_LEASE_SECONDS
+from .conf import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from .query import JobQuerySet, WorkerQuerySet
 from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
 
@@ -105,6 +105,13 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=models.Q(priority__gte=-100, priority__lte=100),
                 name="leases_job_priority_range",
+            ),
+            # A row written straight into the table with a lease of zero, a negative one or
+            # NaN would be taken over the moment it is claimed; the database refuses it.
+            models.CheckConstraint(
+                condition=models.Q(lease_seconds__gte=MIN_LEASE_SECONDS,
+                                   lease_seconds__lte=MAX_LEASE_SECONDS),
+                name="leases_job_lease_range",
             ),
         ]
 

@@ -27,6 +27,7 @@ from .heartbeat import Heartbeat, Watchdog
 from .listener import Listener
 from .running import task_context
 from .shutdown import StopRequest
+from .vetting import unrunnable
 from .waker import Waker
 
 logger = logging.getLogger("django_leases.worker")
@@ -185,11 +186,10 @@ class Worker:
                 logger.warning("Lost claim job=%s fence=%s worker=%s: its lease ran out and the "
                                "job was claimed again; telling its handler to stop", replaced.pk,
                                replaced.job.fence, self.worker_id)
-            if task is None:
+            refusal = unrunnable(job, task, self.alias)
+            if refusal is not None:
                 self._done.put((claim, Outcome(
-                    "unrunnable", exception_class_path="django_leases.exceptions.UnknownTask",
-                    message=f"{job.task_path!r} is not a task declared for backend "
-                            f"{self.alias!r}; its dotted path is never imported on a row's say-so")))
+                    "unrunnable", exception_class_path=refusal[0], message=refusal[1])))
                 continue
             self.executor.submit(claim, task)
         return len(jobs)

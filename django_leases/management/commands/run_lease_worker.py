@@ -71,9 +71,11 @@ class Command(BaseCommand):
 
         _configure_logging(options["verbosity"])
         try:
-            worker = Worker(**self._worker_kwargs(options))
+            kwargs = self._worker_kwargs(options)
         except InvalidLeaseOption as e:
             raise CommandError(f"--{e.option.replace('_', '-')}: {e.reason}") from e
+        _require_migrations(kwargs["database"])
+        worker = Worker(**kwargs)
         status = worker.run()
         if status:
             sys.exit(status)
@@ -133,6 +135,28 @@ class Command(BaseCommand):
             "max_jobs": max_jobs, "grace": grace, "worker_id": worker_id,
             "notify": backend.notify,
         }
+
+
+def _require_migrations(database: str) -> None:
+    """Refuse to start on a database that lacks django_leases's tables or columns: every
+    claim would fail, and the loop would log the same error once per poll forever."""
+    from django.db import DatabaseError, connections
+    from django.db.migrations.executor import MigrationExecutor
+
+    try:
+        executor = MigrationExecutor(connections[database])
+        leaves = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "django_leases"]
+        missing = [migration.name for migration, _ in executor.migration_plan(leaves)
+                   if migration.app_label == "django_leases"]
+    except DatabaseError as e:
+        # Unreachable for now: the loop waits for it like for any outage.
+        logging.getLogger("django_leases.worker").warning(
+            "Could not check the migrations of database %r: %s", database, e)
+        return
+    if missing:
+        raise CommandError(
+            f"database {database!r} lacks django_leases migrations {', '.join(missing)}; "
+            f"run: manage.py migrate django_leases --database {database}")
 
 
 def _backend_queues(alias: str) -> list[str]:
