@@ -17,15 +17,17 @@ ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 PG_ONLY = "needs PostgreSQL (LISTEN/NOTIFY, pg_terminate_backend); run with DATABASE_URL=postgres://..."
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+def wait_for(condition, timeout: float, what: str, interval: float = 0.05,
+             error: type[Exception] = AssertionError):
+    """Poll ``condition`` until it returns something truthy; raise ``error`` after
+    ``timeout`` seconds (a test fails; the chaos harness catches TimeoutError)."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            raise error(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
 
 

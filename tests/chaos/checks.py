@@ -144,7 +144,7 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
     claims = 0
     own_clock = []
     early = []
-    for job, o_state, n_state, o_fence, n_fence, o_lease, n_lease, now, by, hid in history:
+    for job, o_state, n_state, o_fence, n_fence, o_lease, n_lease, now, by, _hid in history:
         o_lease = float(o_lease) if o_lease is not None else None
         n_lease = float(n_lease) if n_lease is not None else None
         now = float(now)
@@ -178,9 +178,9 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
         ledger[job].append(fence)
     slots = {key: (fence, applied) for key, fence, applied in _rows(
         "SELECT key, fence, applied FROM testapp_chaosslot")}
-    key_of = {pk: key for pk, key in _rows("SELECT id, args->>0 FROM django_leases_job")}
+    key_of = dict(_rows("SELECT id, args->>0 FROM django_leases_job"))
     twice = []
-    for pk, (state, fence, _, result) in jobs.items():
+    for pk, (state, fence, _, _result) in jobs.items():
         if state != "succeeded":
             continue
         effects = ledger.get(pk, [])
@@ -240,7 +240,7 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
         runs[job].append((fence, worker, kind, float(start), end))
     duplicates = []
     for job, execs in runs.items():
-        for i, (f1, w1, k1, s1, e1) in enumerate(execs):
+        for i, (f1, w1, k1, _s1, e1) in enumerate(execs):
             for f2, w2, _, s2, _ in execs[i + 1:]:
                 if f2 > f1 and s2 < e1:
                     end1 = lease_end.get((job, f1))

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..worker_helpers import wait_for
 from .cluster import Cluster
 from .proxy import Proxy
 
@@ -130,17 +131,6 @@ class Worker:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
         self._log.close()
-
-
-def wait_for(condition, timeout: float, what: str, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
 
 
 class Harness:
@@ -282,7 +272,7 @@ class Harness:
             busy = [self.workers[n] for n in names if self._claims_of(self.workers[n].worker_id)]
             return self.rng.choice(busy) if busy else None
         try:
-            return wait_for(pick, 20, "a busy worker")
+            return wait_for(pick, 20, "a busy worker", error=TimeoutError)
         except TimeoutError:
             return self.workers[self.rng.choice(names)]
 
@@ -329,7 +319,7 @@ class Harness:
                 pk__in=[pk for pk, _ in left], fence__in=[f for _, f in left],
                 state="claimed").exists())
         try:
-            wait_for(done, 60, what)
+            wait_for(done, 60, what, error=TimeoutError)
         except TimeoutError as e:
             log.warning("%s", e)
 
