@@ -9,6 +9,7 @@ database-clock values (``db_now`` is annotated as Now()), never the web server's
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
@@ -186,6 +187,22 @@ LEASE_FIELDS = ("lease_seconds", "lease_expires_at", "claim_token", "fence", "at
                 "max_attempts", "leases_lost", "claimed_by", "heartbeat_at")
 
 
+# What an action can change; a job whose values differ afterwards is logged as changed.
+_WATCHED = ("state", "available_at", "lease_expires_at", "claim_token")
+
+
+def _watched(job: Job) -> tuple[Any, ...]:
+    return tuple(getattr(job, name) for name in _WATCHED)
+
+
+def after_count(selection: QuerySet, verb: str) -> int:
+    """Selected jobs a verb had to leave in place: for requeue, the dead or cancelled jobs
+    still dead or cancelled afterwards (their unique key is held by an active job)."""
+    if verb == "requeue":
+        return selection.filter(state__in=[JobState.DEAD, JobState.CANCELLED]).count()
+    return 0
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     """Jobs, read-only; operator actions call the conditional verbs of JobQuerySet."""
@@ -326,22 +343,70 @@ class JobAdmin(admin.ModelAdmin):
         return render_to_string("admin/django_leases/job/error_history.html",
                                 {"failures": list(job.failures.order_by("attempt", "id"))})
 
-    # -- actions: each calls one verb and reports its rowcount ------------------------
+    # -- actions: each calls one verb, reports its rowcount and logs what changed --------
 
     def _act(self, request: HttpRequest, queryset: QuerySet, verb: Callable[[QuerySet], int],
-             done: str, not_eligible: str) -> None:
+             done: str, not_eligible: str, *, waiting: str = "") -> None:
         # Rebuild the selection without the list's annotations, so the verb's statement is
         # the plain conditional UPDATE query.py wrote.
         selection = Job.objects.filter(pk__in=queryset.values("pk"))
-        total = selection.count()
+        before = {job.pk: job for job in selection.only("task_path", *_WATCHED)}
         changed = verb(selection)
+        after = {job.pk: job for job in Job.objects.filter(pk__in=before).only(*_WATCHED)}
+        self._log(request, [job for pk, job in before.items()
+                            if pk not in after or _watched(after[pk]) != _watched(job)],
+                  done, after)
+        total = len(before)
+        # Jobs the verb left alone for a reason of their own (a held unique key), counted
+        # apart from the ineligible ones.
+        held = after_count(selection, waiting) if waiting else 0
         message = f"{changed} of {total} {done}"
-        skipped = total - changed
+        skipped = total - changed - held
         if skipped > 0:
             message += "; " + ngettext("%(n)d was %(why)s", "%(n)d were %(why)s", skipped) % {
                 "n": skipped, "why": not_eligible}
+        if held > 0:
+            message += "; " + ngettext(
+                "%(n)d stays: another active job holds its unique key",
+                "%(n)d stay: other active jobs hold their unique keys", held) % {"n": held}
         self.message_user(request, message + ".",
-                          messages.SUCCESS if skipped <= 0 else messages.WARNING)
+                          messages.SUCCESS if skipped + held <= 0 else messages.WARNING)
+
+    def _log(self, request: HttpRequest, changed: list[Job], done: str,
+             after: dict[Any, Job]) -> None:
+        """One admin log entry per job the action changed (deletion for a purged one)."""
+        from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+
+        for flag, jobs in ((CHANGE, [j for j in changed if j.pk in after]),
+                           (DELETION, [j for j in changed if j.pk not in after])):
+            if jobs:
+                LogEntry.objects.log_actions(
+                    user_id=request.user.pk, queryset=jobs, action_flag=flag,
+                    change_message=f"{done.capitalize()} by the admin action.",
+                    single_object=len(jobs) == 1)
+
+    def _confirmation(self, request: HttpRequest, queryset: QuerySet, action: str,
+                      question: str) -> Any:
+        """Django's delete_selected pattern: the first POST shows what the action would
+        touch and asks (this page); the second (post=yes) gets None and acts."""
+        from django.template.response import TemplateResponse
+
+        if request.POST.get("post") == "yes":
+            return None
+        jobs = list(Job.objects.filter(pk__in=queryset.values("pk")).order_by("-id")[:100])
+        return TemplateResponse(
+            request, "admin/django_leases/job/action_confirmation.html", {
+                **self.admin_site.each_context(request),
+                "opts": self.model._meta,
+                "title": _("Are you sure?"),
+                "question": question,
+                "action": action,
+                "jobs": jobs,
+                "total": queryset.count(),
+                "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                "select_across": request.POST.get("select_across", "0"),
+            })
 
     @admin.action(description=_("Retry now: make selected pending jobs due"), permissions=["change"])
     def retry_now(self, request: HttpRequest, queryset: QuerySet) -> None:
@@ -350,25 +415,40 @@ class JobAdmin(admin.ModelAdmin):
     @admin.action(description=_("Requeue selected dead or cancelled jobs"), permissions=["change"])
     def requeue(self, request: HttpRequest, queryset: QuerySet) -> None:
         self._act(request, queryset, lambda qs: qs.requeue(), "requeued",
-                  "no longer dead or cancelled")
+                  "no longer dead or cancelled", waiting="requeue")
 
     @admin.action(description=_("Cancel selected pending or claimed jobs"), permissions=["change"])
-    def cancel(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def cancel(self, request: HttpRequest, queryset: QuerySet) -> Any:
+        if asking := self._confirmation(request, queryset, "cancel", _(
+                "Cancel these jobs? A running handler is told to stop at its next renewal, "
+                "and its result is discarded.")):
+            return asking
         self._act(request, queryset, lambda qs: qs.cancel(), "cancelled",
                   "no longer pending or claimed")
+        return None
 
     @admin.action(description=_("Expire selected stalled claims now (their worker is gone)"),
                   permissions=["change"])
-    def expire_stalled(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def expire_stalled(self, request: HttpRequest, queryset: QuerySet) -> Any:
+        if asking := self._confirmation(request, queryset, "expire_stalled", _(
+                "End these stalled leases now? Another worker may claim the jobs at once; if "
+                "their worker is in fact alive, both run them.")):
+            return asking
         period = heartbeat_seconds()
         self._act(request, queryset, lambda qs: qs.expire_stalled_now(period), "expired",
                   "not stalled claims")
+        return None
 
     @admin.action(description=_("Purge selected finished jobs (succeeded or cancelled)"),
                   permissions=["change"])
-    def purge_finished(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def purge_finished(self, request: HttpRequest, queryset: QuerySet) -> Any:
+        if asking := self._confirmation(request, queryset, "purge_finished", _(
+                "Delete these finished jobs, their results and their failure history? "
+                "This cannot be undone.")):
+            return asking
         self._act(request, queryset, lambda qs: qs.purge_finished(), "purged",
                   "not succeeded or cancelled")
+        return None
 
     # -- the lease advisor: manage.py lease_report as a page ---------------------------
 
@@ -387,10 +467,7 @@ class JobAdmin(admin.ModelAdmin):
 
         if not self.has_view_permission(request):
             raise PermissionDenied
-        try:
-            days = float(request.GET.get("days", 7)) or None
-        except ValueError:
-            days = 7.0
+        days = _days(request.GET.get("days"))
         return TemplateResponse(request, "admin/django_leases/job/advisor.html", {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -403,6 +480,17 @@ class JobAdmin(admin.ModelAdmin):
                       "recommended": fmt_seconds(r.recommended_lease)}
                      for r in report(days)],
         })
+
+
+def _days(value: str | None) -> float | None:
+    """The advisor's window: 7 days unless the query asks for 0 (all time) or a sane number."""
+    try:
+        days = float(value if value is not None else 7)
+    except ValueError:
+        return 7.0
+    if days == 0:
+        return None
+    return days if math.isfinite(days) and 0 < days <= 3650 else 7.0
 
 
 @admin.register(WorkerProcess)

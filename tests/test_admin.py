@@ -313,8 +313,9 @@ def test_staff_without_view_permission_are_refused(client):
 
 
 def act(client, action, jobs):
-    response = client.post(LIST, {"action": action, "_selected_action": [j.pk for j in jobs]},
-                           follow=True)
+    """Run an action, answering yes where it asks first."""
+    response = client.post(LIST, {"action": action, "_selected_action": [j.pk for j in jobs],
+                                  "post": "yes"}, follow=True)
     assert response.status_code == 200
     return [str(m) for m in response.context["messages"]]
 
@@ -422,3 +423,71 @@ def test_workers_page_is_read_only(admin_client):
                                  {"hostname": "evil"})
     assert response.status_code == 403
     assert WorkerProcess.objects.get().hostname == "h"
+
+
+# -- confirmation and the admin log ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", ["cancel", "expire_stalled", "purge_finished"])
+def test_actions_that_stop_or_delete_ask_first_and_change_nothing_until_confirmed(operator, action):
+    """The first POST shows the selected jobs and a question; only the second acts (2)."""
+    jobs = {"cancel": claimed_job("w1"),
+            "expire_stalled": claimed_job("w1", heartbeat_ago=600),
+            "purge_finished": succeeded_job()}
+    job = jobs[action]
+    response = operator.post(LIST, {"action": action, "_selected_action": [job.pk]})
+    page = response.content.decode()
+    assert response.status_code == 200 and 'id="leases-question"' in page
+    assert str(job) in unescape(page)
+    assert f'name="_selected_action" value="{job.pk}"' in page
+    assert 'name="post" value="yes"' in page
+    after = Job.objects.get(pk=job.pk)
+    assert (after.state, after.lease_expires_at) == (job.state, job.lease_expires_at)
+    assert act(operator, action, [job])[0].startswith("1 of 1 ")
+
+
+def test_a_confirmed_action_across_every_page_acts_on_the_filtered_jobs(operator):
+    """select_across carries through the question: the filter, not the page, is acted on."""
+    expired = [claimed_job("w1", expires_in=-5) for _ in range(3)]
+    healthy = claimed_job("w2")
+    ask = operator.post(f"{LIST}?lease=expired", {
+        "action": "cancel", "select_across": "1", "_selected_action": [expired[0].pk]})
+    assert 'name="select_across" value="1"' in ask.content.decode()
+    response = operator.post(f"{LIST}?lease=expired", {
+        "action": "cancel", "select_across": "1", "_selected_action": [expired[0].pk],
+        "post": "yes"}, follow=True)
+    assert [str(m) for m in response.context["messages"]] == ["3 of 3 cancelled."]
+    assert Job.objects.get(pk=healthy.pk).state == JobState.CLAIMED
+
+
+def test_each_job_an_action_changed_gets_an_admin_log_entry(operator):
+    """The admin log names every job the verb changed (a deletion for a purged one), and
+    none it skipped: the rowcount's jobs, not the selection (2)."""
+    from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+
+    pending = Job.objects.enqueue(TASK, [1, 1])
+    done = succeeded_job()
+    act(operator, "cancel", [pending, done])
+    [entry] = LogEntry.objects.all()
+    assert (entry.object_id, entry.action_flag, entry.user.username) == (
+        str(pending.pk), CHANGE, "operator")
+    assert entry.get_change_message() == "Cancelled by the admin action."
+    act(operator, "purge_finished", [done, Job.objects.get(pk=pending.pk), dead_job()])
+    deleted = LogEntry.objects.filter(action_flag=DELETION)
+    assert sorted(int(e.object_id) for e in deleted) == sorted([done.pk, pending.pk])
+    assert not Job.objects.filter(pk__in=[done.pk, pending.pk]).exists()
+
+
+def test_requeue_reports_jobs_whose_unique_key_is_held_apart(operator):
+    """A dead job whose unique key an active job holds stays dead, and the message says why
+    instead of calling it ineligible."""
+    first = Job.objects.enqueue(TASK, [1, 1], unique_key="report-2026-11")
+    [claim] = Job.objects.claim("w1", ["default"])
+    assert claim.pk == first.pk
+    assert Job.objects.fail(claim, message="boom", retry=False)
+    Job.objects.enqueue(TASK, [1, 1], unique_key="report-2026-11")
+    other_dead = dead_job()
+    assert act(operator, "requeue", [Job.objects.get(pk=first.pk), other_dead, succeeded_job()]) == [
+        "1 of 3 requeued; 1 was no longer dead or cancelled; "
+        "1 stays: another active job holds its unique key."]
+    assert Job.objects.get(pk=first.pk).state == JobState.DEAD
