@@ -193,3 +193,15 @@ def test_admin_advisor_page_needs_view_permission(client):
     User.objects.create_user("staff", password="pw", is_staff=True)
     client.login(username="staff", password="pw")
     assert client.get(ADVISOR).status_code == 403
+
+
+@pytest.mark.parametrize("days, window", [("-1", "7"), ("inf", "7"), ("nan", "7"), ("x", "7"),
+                                          ("1e9", "7"), ("30", "30"), ("0", "all")])
+def test_admin_advisor_page_falls_back_to_a_week_on_a_bad_window(client, days, window):
+    """?days= that is not a sane number of days shows the default week instead of an error."""
+    User.objects.create_superuser("admin", "a@example.com", "pw")
+    client.login(username="admin", password="pw")
+    seed(ADD, [1.0, 2.0])
+    page = client.get(ADVISOR, {"days": days})
+    assert page.status_code == 200
+    assert f"over the last {window} days" in page.content.decode()
