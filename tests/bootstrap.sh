@@ -27,21 +27,31 @@ leases_find_python() {
 }
 
 leases_venv() {
-  local extras=${LEASES_EXTRAS:-test} python venv stamp want
+  # The virtualenv is rebuilt only when the interpreter, the Django pin or pyproject.toml
+  # changed; extras another command needs are added to it, never swapped for, so the README's
+  # commands (demo, tests, docs) share one .venv instead of wiping each other's.
+  local extras=${LEASES_EXTRAS:-test} python venv stamp want have installed union
   venv=${LEASES_VENV:-$leases_root/.venv}
   python=$(leases_find_python) || return 1
-  want="$python $extras ${LEASES_DJANGO:+$LEASES_DJANGO }$(cksum < "$leases_root/pyproject.toml")"
+  want="$python ${LEASES_DJANGO:+$LEASES_DJANGO }$(cksum < "$leases_root/pyproject.toml")"
   stamp="$venv/.leases-stamp"
-  if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  have=$(sed -n 1p "$stamp" 2>/dev/null)
+  installed=$(sed -n 2p "$stamp" 2>/dev/null)
+  if [ ! -x "$venv/bin/python" ] || [ "$have" != "$want" ]; then
     echo "Setting up $venv with $("$python" -V) ..." >&2
     rm -rf "$venv"
     "$python" -m venv "$venv" || return 1
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2 || return 1
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$leases_root[$extras]" >&2 || return 1
+    installed=""
+  fi
+  union=$(printf '%s\n' ${installed//,/ } ${extras//,/ } | sort -u | paste -sd, -)
+  if [ "$union" != "$installed" ] || [ "$have" != "$want" ]; then
+    echo "Installing django-leases[$union] into $venv ..." >&2
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$leases_root[$union]" >&2 || return 1
     if [ -n "${LEASES_DJANGO:-}" ]; then
       "$venv/bin/python" -m pip install -q --disable-pip-version-check "$LEASES_DJANGO" >&2 || return 1
     fi
-    echo "$want" > "$stamp"
+    printf '%s\n%s\n' "$want" "$union" > "$stamp"
   fi
   LEASES_VENV_PYTHON="$venv/bin/python"
 }
