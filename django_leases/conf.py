@@ -7,6 +7,7 @@ read when asked for, never at import time.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,7 @@ def _number(name: str, value: Any, *, low: float, high: float | None = None,
         integer and not isinstance(value, int)
     ):
         raise InvalidLeaseOption(name, f"must be {kind}, got {value!r}")
-    if value < low or (high is not None and value > high):
+    if not math.isfinite(value) or value < low or (high is not None and value > high):
         upper = f" and at most {high:g}" if high is not None else ""
         raise InvalidLeaseOption(name, f"must be at least {low:g}{upper}, got {value!r}")
     return value

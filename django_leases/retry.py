@@ -6,12 +6,16 @@ failure is recorded, so worker clocks play no part.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .exceptions import InvalidLeaseOption
+
+# A step longer than this is a typo (seconds meant as minutes, or a stray exponent).
+MAX_DELAY_SECONDS = 30 * 86400
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class Retry:
             _non_negative(f"retry.delays[{i}]", d)
         _non_negative("retry.base", self.base)
         _non_negative("retry.cap", self.cap)
-        if isinstance(self.factor, bool) or not isinstance(self.factor, int | float) or self.factor < 1:
+        if isinstance(self.factor, bool) or not isinstance(self.factor, int | float) or not 1 <= self.factor < math.inf:
             raise InvalidLeaseOption("retry.factor", f"must be a number >= 1, got {self.factor!r}")
         if isinstance(self.jitter, bool) or not isinstance(self.jitter, int | float) or not 0 <= self.jitter < 1:
             raise InvalidLeaseOption("retry.jitter", f"must be from 0 to below 1, got {self.jitter!r}")
@@ -80,8 +84,10 @@ class Retry:
 
 
 def _non_negative(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise InvalidLeaseOption(name, f"must be seconds >= 0, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+            or not 0 <= value <= MAX_DELAY_SECONDS):
+        raise InvalidLeaseOption(name, f"must be seconds from 0 to {MAX_DELAY_SECONDS:g}, "
+                                       f"got {value!r}")
 
 
 DEFAULT_RETRY = Retry()

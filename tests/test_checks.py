@@ -23,6 +23,8 @@ def ids(options):
         ({"LEASE_SECONDS": 12 * 3600 + 1}, "django_leases.E001", "LEASE_SECONDS"),
         ({"LEASE_SECONDS": 0.5}, "django_leases.E001", "LEASE_SECONDS"),
         ({"LEASE_SECONDS": "30"}, "django_leases.E001", "LEASE_SECONDS"),
+        ({"LEASE_SECONDS": float("nan")}, "django_leases.E001", "LEASE_SECONDS"),
+        ({"HEARTBEAT_SECONDS": float("nan")}, "django_leases.E002", "HEARTBEAT_SECONDS"),
         ({"LEASE_SECONDS": 30, "HEARTBEAT_SECONDS": 30}, "django_leases.E002", "HEARTBEAT_SECONDS"),
         ({"HEARTBEAT_SECONDS": 0}, "django_leases.E002", "HEARTBEAT_SECONDS"),
         ({"LEASE_SECOND": 30}, "django_leases.E003", "LEASE_SECOND"),

@@ -49,6 +49,8 @@ def test_bad_options_are_refused_before_any_claim():
     cases = [
         (["--lease", "3", "--heartbeat", "3"], "--heartbeat"),
         (["--lease", "0.5"], "--lease"),
+        (["--lease", "nan"], "--lease"),
+        (["--poll", "nan"], "--poll"),
         (["--concurrency", "0"], "--concurrency"),
         (["--poll", "0"], "--poll"),
         (["--grace", "-1"], "--grace"),
