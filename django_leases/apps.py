@@ -16,6 +16,7 @@ class DjangoLeasesConfig(AppConfig):
         import django.tasks  # noqa: F401
         from django.core.signals import setting_changed
 
+        from . import checks  # noqa: F401 -- registers the database check
         from .conf import clear_options_cache
 
         setting_changed.connect(clear_options_cache, dispatch_uid="django_leases_options")

@@ -45,8 +45,56 @@ def check_database(alias: str, database: str) -> list[checks.CheckMessage]:
         return [checks.Error(
             f"TASKS[{alias!r}]['OPTIONS']['DATABASE'] is {database!r}, a "
             f"{connection.display_name} database without SELECT ... FOR UPDATE SKIP LOCKED.",
-            hint="Use PostgreSQL, MySQL 8.0+, MariaDB 10.6+ or SQLite for the job table.",
+            hint="Use PostgreSQL, MySQL, MariaDB or SQLite for the job table.",
             obj=f"TASKS[{alias!r}]",
             id="django_leases.E004",
         )]
     return []
+
+
+def session_clock_offset(database: str) -> float:
+    """Seconds between the database's Now() and UTC, as this connection sees them.
+
+    Django writes datetimes to MySQL/MariaDB as UTC (USE_TZ), while Now() there is
+    CURRENT_TIMESTAMP in the session's time zone: any offset moves every lease, delay and
+    deadline by that much. PostgreSQL and SQLite store instants, so their offset is 0.
+    """
+    connection = connections[database]
+    if connection.vendor != "mysql":
+        return 0.0
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), NOW(6))")
+        return cursor.fetchone()[0] / 1e6
+
+
+def utc_session_problem(database: str) -> str | None:
+    """Why lease arithmetic on ``database`` would be off, or None."""
+    from django.conf import settings
+
+    offset = session_clock_offset(database)
+    if not settings.USE_TZ or abs(offset) < 1:
+        return None
+    return (f"database {database!r} runs its sessions {offset / 3600:+g} h from UTC, so Now() "
+            "there disagrees with the UTC times Django writes by that much: leases, delays "
+            "and deadlines would all be off. Add \"init_command\": \"SET time_zone = "
+            f"'+00:00'\" to DATABASES[{database!r}]['OPTIONS'].")
+
+
+@checks.register(checks.Tags.database)
+def check_session_clocks(app_configs: Any = None, databases: Any = None, **kwargs: Any
+                         ) -> list[checks.CheckMessage]:
+    """Run by ``check --database`` and migrate: a query, so only with database checks."""
+    from .conf import get_options, lease_backend_aliases
+
+    messages: list[checks.CheckMessage] = []
+    for alias in lease_backend_aliases():
+        try:
+            database = get_options(alias).database
+        except Exception:  # noqa: BLE001 -- reported by the backend's own check
+            continue
+        if databases and database in databases:
+            problem = utc_session_problem(database)
+            if problem:
+                messages.append(checks.Error(problem, obj=f"TASKS[{alias!r}]",
+                                             id="django_leases.E015"))
+    return messages

@@ -99,3 +99,25 @@ def test_a_worker_on_an_empty_database_exits_with_the_command_to_run(tmp_path):
     assert run.returncode == 1, run.stderr
     assert "lacks django_leases migrations 0001_initial, " in run.stderr
     assert "run: manage.py migrate django_leases --database default" in run.stderr
+
+
+def test_a_mysql_session_off_utc_is_an_error_and_the_worker_refuses_it():
+    """Invariant 1 on MySQL/MariaDB: Now() there is the session's local time while Django
+    writes UTC, so a session off UTC moves every lease; check --database reports E015 and
+    the worker will not start."""
+    from django.core import checks
+
+    if connection.vendor != "mysql":
+        pytest.skip("PostgreSQL and SQLite store instants; only MySQL's Now() has a zone")
+    assert checks.run_checks(tags=[checks.Tags.database], databases=["default"]) == []
+    with connection.cursor() as cursor:
+        cursor.execute("SET time_zone = '+02:00'")
+    try:
+        [error] = checks.run_checks(tags=[checks.Tags.database], databases=["default"])
+        assert error.id == "django_leases.E015"
+        assert "+2 h from UTC" in error.msg and "SET time_zone = '+00:00'" in error.msg
+        with pytest.raises(CommandError, match=r"\+2 h from UTC"):
+            call_command("run_lease_worker", "--burst")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET time_zone = @@global.time_zone")

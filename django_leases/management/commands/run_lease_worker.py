@@ -74,7 +74,7 @@ class Command(BaseCommand):
             kwargs = self._worker_kwargs(options)
         except InvalidLeaseOption as e:
             raise CommandError(f"--{e.option.replace('_', '-')}: {e.reason}") from e
-        _require_migrations(kwargs["database"])
+        _require_ready_database(kwargs["database"])
         worker = Worker(**kwargs)
         status = worker.run()
         if status:
@@ -137,9 +137,10 @@ class Command(BaseCommand):
         }
 
 
-def _require_migrations(database: str) -> None:
-    """Refuse to start on a database that lacks django_leases's tables or columns: every
-    claim would fail, and the loop would log the same error once per poll forever."""
+def _require_ready_database(database: str) -> None:
+    """Refuse to start on a database that lacks django_leases's tables or columns (every
+    claim would fail, and the loop would log the same error once per poll forever), or
+    whose session clock is not UTC (MySQL/MariaDB: every lease would be off)."""
     from django.db import DatabaseError, connections
     from django.db.migrations.executor import MigrationExecutor
 
@@ -157,6 +158,11 @@ def _require_migrations(database: str) -> None:
         raise CommandError(
             f"database {database!r} lacks django_leases migrations {', '.join(missing)}; "
             f"run: manage.py migrate django_leases --database {database}")
+    from ...checks import utc_session_problem
+
+    problem = utc_session_problem(database)
+    if problem:
+        raise CommandError(problem)
 
 
 def _backend_queues(alias: str) -> list[str]:
