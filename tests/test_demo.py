@@ -49,3 +49,43 @@ def test_tour_exits_nonzero_when_no_worker_is_left_to_take_over(shop_db):
     run = manage(shop_db, "lease_tour", "--skip-steps", "--kill-all", "--deadline", "10")
     assert run.returncode == 1
     assert "gave up waiting for another worker to take job" in run.stderr
+
+
+CLIENT_SCRIPT = """
+import json
+from django.test import Client
+from django.db import connections
+from django.test.utils import setup_test_environment
+from django_leases.models import Job
+
+setup_test_environment()
+client = Client()
+seen = {}
+for atomic in (False, True):
+    # Read per request by Django's handler: the project's setting, switched in place.
+    connections["default"].settings_dict["ATOMIC_REQUESTS"] = atomic
+    placed = client.post("/order/", {"email": "ada@example.com"})
+    result_id = placed.url.rstrip("/").rsplit("/", 1)[-1]
+    poll = client.get(f"/results/{result_id}.json").json()
+    seen[str(atomic)] = [placed.status_code, poll["status"], poll["finished"]]
+job = Job.objects.get(pk=int(result_id))
+seen["job"] = [job.task_path, job.args, job.state]
+seen["missing_result"] = client.get("/results/999999.json").status_code
+seen["missing_job"] = client.get("/orders/jobs/999999/").status_code
+print(json.dumps(seen))
+"""
+
+
+def test_the_order_view_redirects_to_a_result_page_that_polls_the_job(shop_db):
+    """docs/django-tasks.md's example: POST an order, follow the redirect's job id to the
+    JSON the status page polls (READY, not finished: no worker runs here), with and without
+    ATOMIC_REQUESTS; an unknown job is a 404, not a 500 (3)."""
+    import json
+
+    run = manage(shop_db, "shell", "-c", CLIENT_SCRIPT)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["False"] == [302, "READY", False]
+    assert seen["True"] == [302, "READY", False]
+    assert seen["job"] == ["shop.tasks.send_receipt", [2], "pending"]
+    assert (seen["missing_result"], seen["missing_job"]) == (404, 404)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.http import HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, JsonResponse
 from django.tasks import TaskResultStatus
+from django.tasks.exceptions import TaskResultDoesNotExist
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -68,7 +69,10 @@ def start_backfill(request: HttpRequest) -> JsonResponse:
 @require_GET
 def job_status(request: HttpRequest, job_id: int) -> JsonResponse:
     """The Django Tasks view of a job: status, workers that ran it, return value."""
-    result = send_receipt.get_backend().get_result(str(job_id))
+    try:
+        result = send_receipt.get_backend().get_result(str(job_id))
+    except TaskResultDoesNotExist:
+        raise Http404("no such job") from None
     body: dict[str, Any] = {"id": result.id, "task": result.task.module_path,
                             "status": result.status, "worker_ids": result.worker_ids,
                             "errors": len(result.errors)}

@@ -21,6 +21,9 @@ from .models import Order
 from .tasks import send_receipt
 
 
+# The view opens its own transaction: under ATOMIC_REQUESTS the request's transaction would
+# commit only after the view returned, too late for the redirect to name the job.
+@transaction.non_atomic_requests
 @require_http_methods(["GET", "POST"])
 def place_order(request: HttpRequest) -> HttpResponse:
     """GET: the order form. POST: create the order, enqueue its receipt once it commits."""
