@@ -141,7 +141,7 @@ def advise(task_path: str, durations: Any, lease: float, heartbeat: float | None
     if heartbeat is not None and heartbeat > lease / 3:
         advice.findings.append(Finding(
             HEARTBEAT, f"HEARTBEAT_SECONDS {fmt_seconds(heartbeat)} is above lease/3 ({fmt_seconds(lease / 3)}): "
-                       f"one missed beat loses the claim (run_lease_worker renews these "
+                       f"fewer than two beats may fail before the claim is lost (run_lease_worker renews these "
                        f"claims every {fmt_seconds(lease / 3)} anyway); set it to at most "
                        f"{fmt_seconds(advice.recommended_heartbeat)}"))
     return advice
