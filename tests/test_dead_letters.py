@@ -177,6 +177,33 @@ def test_prune_deletes_finished_jobs_past_retention_in_batches():
     assert not Job.objects.filter(pk=dead.pk).exists()
 
 
+def test_prune_dead_letters_pending_jobs_no_claim_will_reach_past_their_deadline():
+    """Invariant 3: a parked job, one in a queue no worker serves and one scheduled past its
+    own deadline would otherwise stay pending for ever; leases_prune ends them dead with the
+    reason, and leaves a job whose deadline is still ahead (or a claimed one) alone."""
+    past = timezone.now() - timedelta(seconds=1)
+    parked = enqueue(deadline=past)
+    Job.objects.filter(pk=parked.pk).update(available_at=None)
+    unserved = enqueue(deadline=past, queue_name="nobody-serves-this")
+    scheduled = enqueue(deadline=past, delay=3600)
+    alive = enqueue(delay=3600)
+    claimed = enqueue()
+    [claim] = Job.objects.claim("w")
+    assert claim.pk == claimed.pk
+    Job.objects.filter(pk=claimed.pk).update(deadline=Now() - timedelta(seconds=1))
+    out = StringIO()
+    call_command("leases_prune", "--dry-run", stdout=out)
+    assert "Would dead-letter 3 pending jobs past their deadline." in out.getvalue()
+    call_command("leases_prune", "--batch-size", "2", stdout=out)
+    assert "Dead-lettered 3 pending jobs past their deadline." in out.getvalue()
+    for job in (parked, unserved, scheduled):
+        job.refresh_from_db()
+        assert (job.state, job.dead_reason, job.finished_at is not None) == (
+            JobState.DEAD, DeadReason.DEADLINE, True)
+    assert Job.objects.get(pk=alive.pk).state == JobState.PENDING
+    assert Job.objects.get(pk=claimed.pk).state == JobState.CLAIMED
+
+
 def test_a_claim_without_settling_leaves_endings_to_the_next_settling_claim():
     """Invariant 3: on PostgreSQL a NOTIFY-woken claim (settle=False) is one statement and
     skips the past-deadline job, which the next settling claim dead-letters; elsewhere every

@@ -1,19 +1,24 @@
-"""Delete finished jobs past the backend's retention, in batches."""
+"""Dead-letter pending jobs past their deadline, then delete finished jobs past the
+backend's retention, in batches. Run it from cron (hourly is plenty)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models.functions import Now
 
 from django_leases.conf import get_options
 from django_leases.exceptions import InvalidLeaseOption
 from django_leases.models import Job
+from django_leases.states import JobState
 
 
 class Command(BaseCommand):
-    help = ("Delete succeeded and cancelled jobs (and with --include-dead, dead ones) that "
-            "finished more than RETENTION_DAYS ago on the database clock.")
+    help = ("Dead-letter pending jobs past their deadline, then delete succeeded and cancelled "
+            "jobs (and with --include-dead, dead ones) that finished more than RETENTION_DAYS "
+            "ago on the database clock.")
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--backend", default=None,
@@ -33,14 +38,18 @@ class Command(BaseCommand):
         except InvalidLeaseOption as e:
             raise CommandError(str(e)) from e
         days = lease_options.retention_days if older_than_days is None else older_than_days
-        if days < 0:
-            raise CommandError(f"--older-than-days must be >= 0, got {days:g}")
+        if not 0 <= days < math.inf:
+            raise CommandError(f"--older-than-days must be a finite number >= 0, got {days:g}")
         if batch_size < 1:
             raise CommandError(f"--batch-size must be >= 1, got {batch_size}")
         jobs = Job.objects.using(lease_options.database)
         if dry_run:
+            late = jobs.filter(state=JobState.PENDING, deadline__lt=Now()).count()
             count = jobs.all().prunable(days, include_dead=include_dead).count()
+            self.stdout.write(f"Would dead-letter {late} pending jobs past their deadline.")
             self.stdout.write(f"Would delete {count} jobs finished more than {days:g} days ago.")
             return
+        late = jobs.all().dead_letter_past_deadline(batch_size=batch_size)
+        self.stdout.write(f"Dead-lettered {late} pending jobs past their deadline.")
         deleted = jobs.all().prune(days, include_dead=include_dead, batch_size=batch_size)
         self.stdout.write(f"Deleted {deleted} jobs finished more than {days:g} days ago.")
