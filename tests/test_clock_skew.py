@@ -1,20 +1,26 @@
 """Workers whose clocks are an hour off claim, renew and expire exactly like the others.
 
-Runs real processes under Debian's faketime. On SQLite the database clock is the process's
-own clock, so skew there is not something the queue can correct (docs/concepts.md).
+Runs real processes under Debian's faketime: single manager calls an hour off
+(tests/skewed.py), and whole run_lease_worker processes ten minutes off with libfaketime
+preloaded. On SQLite the database clock is the process's own clock, so skew there is not
+something the queue can correct (docs/concepts.md).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
-from datetime import timedelta
+import signal
+import time
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection
 from django.db.models.functions import Now
 
-from django_leases.models import Job
+from django_leases.models import Job, WorkerProcess
 from tests import procs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -90,3 +96,81 @@ def test_a_skewed_enqueue_with_delay_is_due_by_the_server_clock(skew):
     job = Job.objects.annotate(now=Now()).get(pk=job_id)
     assert timedelta(seconds=50) < job.available_at - job.now <= timedelta(seconds=60)
     assert Job.objects.claim("w") == []
+
+
+# -- a whole run_lease_worker under libfaketime ---------------------------------------------
+
+# As the chaos suite does (tests/chaos/harness.py): libfaketime preloaded into the worker
+# itself, no wrapper process, its monotonic clock left alone (the worker times its beats and
+# waits with it; a faked one makes every timed wait hang or spin).
+FAKETIME_LIB = os.environ.get("LEASES_CHAOS_FAKETIME_LIB",
+                              "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
+WORKER_SKEWS = {"ahead": ("+10m", 600), "behind": ("-10m", -600)}
+
+
+def first_log_stamp(worker):
+    """The worker's own wall clock, as its first log line stamped it (seconds since epoch)."""
+    stamp = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", worker.log())
+    assert stamp, worker.log()[:500]
+    return datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("skew", ["ahead", "behind"])
+def test_a_worker_whose_clock_is_ten_minutes_off_claims_renews_and_acks_on_the_database_clock(
+        workers, monkeypatch, skew):
+    """Invariant 1 for a real worker process: ``manage.py run_lease_worker`` with its wall
+    clock ten minutes ahead or behind (libfaketime). Every lease it writes, at the claim and
+    at each renewal, ends the database's now() + lease, never its own clock's; its heartbeat
+    and its worker row carry the database's time; the job is claimed, renewed several times,
+    and acknowledged once, under its first fence, with no lease lost."""
+    from tests.testapp.tasks import hold
+    from tests.worker_helpers import BEAT, FAST, LEASE, job_of, wait_for
+
+    if not os.path.exists(FAKETIME_LIB):
+        pytest.fail(f"libfaketime not found at {FAKETIME_LIB} (apt-get install faketime)")
+    offset_spec, offset = WORKER_SKEWS[skew]
+    monkeypatch.setenv("LD_PRELOAD", FAKETIME_LIB)
+    monkeypatch.setenv("FAKETIME", offset_spec)
+    monkeypatch.setenv("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+    started = time.time()
+    worker = workers.start(f"skewed-{skew}", *FAST)
+    monkeypatch.undo()  # nothing else this test starts is skewed
+    # The skew is real: the worker stamped its first log line ten minutes off our clock.
+    assert abs(first_log_stamp(worker) - started - offset) < 60, (worker.log()[:300], started)
+
+    result = hold.enqueue(4 * LEASE)  # eight heartbeat periods
+    lease = timedelta(seconds=LEASE)
+    beats, wrong = set(), []
+
+    def watch():
+        job = Job.objects.annotate(db_now=Now()).get(pk=int(result.id))
+        if job.state == "claimed":
+            beats.add(job.heartbeat_at)
+            # Written by one statement from the database clock: now() + lease exactly, and
+            # that statement ran moments ago by the database's clock (not ten minutes off).
+            ok = (job.lease_expires_at - job.heartbeat_at == lease
+                  and timedelta(0) <= job.db_now - job.heartbeat_at < lease)
+            if not ok:
+                wrong.append((job.heartbeat_at, job.lease_expires_at, job.db_now))
+        return job.state == "succeeded"
+
+    wait_for(watch, 4 * LEASE + 30, "the job to be acknowledged", interval=0.1)
+    assert not wrong, f"leases not on the database clock (heartbeat, lease end, db now): {wrong[:3]}"
+    # Claimed, then renewed at each beat: at least half of the beats were seen.
+    assert len(beats) >= 4 * LEASE / BEAT / 2, sorted(beats)
+    job = Job.objects.annotate(db_now=Now()).get(pk=int(result.id))
+    assert (job.fence, job.attempts, job.leases_lost, job.claimed_by) == (1, 1, 0, f"skewed-{skew}")
+    assert not job.failures.exists()
+    # Its other stamps are the database's too: the attempt started after the enqueue and
+    # lasted the hold, and it finished moments ago by the database's clock.
+    assert job.enqueued_at <= job.last_attempted_at < job.finished_at <= job.db_now
+    assert timedelta(seconds=4 * LEASE) <= job.finished_at - job.last_attempted_at < timedelta(seconds=4 * LEASE + 10)
+    assert job.db_now - job.finished_at < timedelta(seconds=30)
+    seen = WorkerProcess.objects.annotate(db_now=Now()).get(worker_id=f"skewed-{skew}")
+    assert timedelta(0) <= seen.db_now - seen.last_seen_at < timedelta(seconds=30)
+    assert timedelta(0) <= seen.db_now - seen.started_at < timedelta(seconds=120)
+    assert "Lost claim" not in worker.log()
+    assert job_of(result).state == "succeeded"
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit() == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from django.db import connection
 
 from django_leases.api import JobHandle, Stamp
 from django_leases.exceptions import LeaseLost
@@ -99,3 +100,84 @@ def test_idempotency_key_is_the_same_for_every_attempt():
 def test_fenced_outside_a_handler_says_so():
     with pytest.raises(RuntimeError, match="inside a job handler"), fenced():
         pass
+
+
+# -- the check at commit, with the takeover on another connection ---------------------------
+
+
+def take_over_elsewhere(job):
+    """End the lease and claim the job on another thread, so on another connection: the
+    takeover is committed when this returns, and nobody told the owner's handle."""
+    from django.db import connections
+
+    out = []
+
+    def run():
+        try:
+            Job.objects.filter(pk=job.pk).expire_now()
+            out.extend(Job.objects.claim("thief"))
+        except Exception as e:  # surfaced below
+            out.append(e)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the takeover is stuck: it waits for the owner's transaction"
+    [thief] = out
+    assert isinstance(thief, Job), thief
+    assert (thief.fence, thief.claimed_by) == (job.fence + 1, "thief")
+    return thief
+
+
+def assert_the_stale_owner_changed_nothing(job, thief, handle, phase):
+    """Invariant 5 as rowcounts: nothing of the block committed, the job is still the
+    thief's, and every later write of the stale claim touches no row."""
+    assert handle.lost and not handle.acked
+    assert not Effect.objects.filter(phase=phase).exists()
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.state, stored.fence, stored.claim_token, stored.claimed_by, stored.result) == (
+        JobState.CLAIMED, 2, thief.claim_token, "thief", None)
+    assert Job.objects.renew([job]) == set()
+    assert Job.objects.checkpoint(job, {"stale": True}) is False
+    assert Job.objects.ack(job, "stale") is False
+    assert Job.objects.ack(thief, "thief") is True
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("ack", [False, True], ids=["renew", "ack"])
+def test_fenced_refuses_the_commit_when_the_claim_is_taken_over_on_another_connection_mid_block(ack):
+    """Invariant 5, by the check inside the transaction alone: the owner enters fenced()
+    with its claim held and its lost flag unset (so the entry check passes), writes, and
+    while the block is open another connection expires the lease and claims the job, and
+    commits. Nothing tells the owner; the block's closing conditional UPDATE (renewal, or
+    the ack) touches no row, so the block is rolled back and LeaseLost raised."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite in IMMEDIATE mode holds the write lock for the whole block: a "
+                    "takeover on another connection waits for its end, it cannot commit mid-block "
+                    "(see the test below for a takeover the owner has not heard of)")
+    job = claimed()
+    handle = handle_for(job)
+    with pytest.raises(LeaseLost), fenced(ack=ack, result={"stale": True}, handle=handle):
+        assert not handle.lost
+        effect(job, "mid-block")
+        thief = take_over_elsewhere(job)
+        assert not handle.lost  # only the check at the end of the block can refuse it now
+    assert_the_stale_owner_changed_nothing(job, thief, handle, "mid-block")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("ack", [False, True], ids=["renew", "ack"])
+def test_fenced_refuses_an_owner_that_has_not_heard_of_the_takeover(ack):
+    """Invariant 5 on every database: the takeover committed on another connection before
+    the block, but the owner's heartbeat has not noticed yet (lost flag unset), so entering
+    fenced() succeeds. The closing conditional UPDATE finds another token: the block's
+    writes are rolled back and LeaseLost raised."""
+    job = claimed()
+    handle = handle_for(job)
+    thief = take_over_elsewhere(job)
+    with pytest.raises(LeaseLost), fenced(ack=ack, result={"stale": True}, handle=handle):
+        assert not handle.lost
+        effect(job, "unheard")
+    assert_the_stale_owner_changed_nothing(job, thief, handle, "unheard")
