@@ -13,12 +13,21 @@ from collections import Counter
 
 import django
 import pytest
+from django.db.models.functions import Now
 
-from django_leases.models import Job
+from django_leases.models import Job, JobFailure
 from django_leases.states import DeadReason, FailureKind, JobState
 from tests.testapp.models import Effect, ItemLog
-from tests.testapp.tasks import backfill, boom, crash_worker, late_fenced_write, refuse
-from tests.worker_helpers import FAST, LEASE, job_of, wait_for
+from tests.testapp.tasks import (
+    backfill,
+    boom,
+    checkpoint_then_refuse,
+    crash_worker,
+    late_fenced_write,
+    refuse,
+    spin,
+)
+from tests.worker_helpers import BEAT, FAST, LEASE, job_of, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -40,13 +49,16 @@ def test_a_handler_that_crashes_its_worker_every_time_ends_dead_after_max_attemp
         (n + 1, n + 1, FailureKind.LEASE_EXPIRED, f"crash-{n}") for n in range(3)]
 
 
-def test_a_backfill_killed_three_times_processes_every_item_exactly_once(workers):
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_backfill_killed_three_times_processes_every_item_exactly_once(workers, isolation):
     """Invariants 3 and 5: each batch's rows and checkpoint commit in one fenced transaction,
-    so 10,000 items survive three kill -9s with none lost and none done twice."""
+    so 10,000 items survive three kill -9s with none lost and none done twice. In process
+    isolation the child sends the checkpoint on its own connection, inside that transaction
+    (forwarded to the parent, it deadlocked on SQLite and committed early elsewhere)."""
     result = backfill.enqueue(10_000, 100, 0.03)
     rng = random.Random(7)
     for n in range(3):
-        worker = workers.start(f"backfill-{n}", *FAST)
+        worker = workers.start(f"backfill-{isolation}-{n}", *FAST, "--isolation", isolation)
         # Let it get somewhere first (a few batches), then kill it at a random moment.
         seen = ItemLog.objects.count()
         wait_for(lambda s=seen: ItemLog.objects.count() >= s + 300, 30, "progress")
@@ -54,7 +66,7 @@ def test_a_backfill_killed_three_times_processes_every_item_exactly_once(workers
         worker.signal(signal.SIGKILL)
         worker.wait_exit()
         assert job_of(result).state == JobState.CLAIMED
-    finisher = workers.start("backfill-final", *FAST)
+    finisher = workers.start(f"backfill-{isolation}-final", *FAST, "--isolation", isolation)
     wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 120, "the backfill to finish")
     finisher.kill()
     per_item = Counter(ItemLog.objects.values_list("item", flat=True))
@@ -65,6 +77,21 @@ def test_a_backfill_killed_three_times_processes_every_item_exactly_once(workers
     # Each claim resumed where the last checkpoint left off: fences rise with the items.
     fences = list(ItemLog.objects.order_by("item").values_list("fence", flat=True))
     assert fences == sorted(fences) and set(fences) == {1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_checkpoint_inside_a_fenced_block_rolls_back_with_it(workers, isolation):
+    """Invariants 3 and 5: a checkpoint is part of the handler's fenced transaction, in
+    either isolation; when the block gives up, its writes and the cursor roll back together,
+    so the next attempt would resume from where the committed work ends."""
+    result = checkpoint_then_refuse.using_lease(max_attempts=1).enqueue("rollback")
+    w = workers.start(f"rollback-{isolation}", *FAST, "--isolation", isolation)
+    wait_for(lambda: job_of(result).state == JobState.DEAD, 60, "the job to be dead")
+    w.kill()
+    job = job_of(result)
+    assert (job.dead_reason, job.cursor) == (DeadReason.NON_RETRYABLE, None)
+    assert not Effect.objects.filter(key="rollback").exists()
+    assert job.failures.get().exception_class_path == "django_leases.exceptions.NonRetryable"
 
 
 def test_a_stale_workers_fenced_write_is_refused_after_sigcont(workers):
@@ -139,3 +166,39 @@ def test_a_row_naming_an_undeclared_path_ends_dead_and_is_never_imported(workers
     assert failure.exception_class_path == "django_leases.exceptions.UnknownTask"
     assert "not a task declared" in failure.message
     assert not trap.exists()
+
+
+def test_a_handler_spinning_in_pure_python_does_not_stop_renewals(workers):
+    """Invariants 2 and 4 with a handler that really hogs its thread: a pure-Python busy
+    loop (no sleep, which would release the GIL) for six heartbeat periods, in thread
+    isolation. The heartbeat thread keeps renewing: seen from the database, heartbeat_at
+    keeps moving and the lease never runs out (database clock), nobody takes the job over,
+    and it runs once, acknowledged under its first fence."""
+    spin_for = 3 * LEASE  # six heartbeat periods (BEAT = LEASE / 4)
+    result = spin.enqueue("spin", spin_for)
+    a = workers.start("spin-a", *FAST, "--isolation", "thread")
+    wait_for(lambda: Effect.objects.filter(key="spin", phase="start").exists(), 20, "the spin to start")
+    beats, expired_seen = set(), []
+
+    def watch():
+        job = Job.objects.annotate(db_now=Now()).get(pk=int(result.id))
+        if job.state == JobState.CLAIMED:
+            beats.add(job.heartbeat_at)
+            if job.lease_expires_at < job.db_now:
+                expired_seen.append((job.lease_expires_at, job.db_now))
+        return Effect.objects.filter(key="spin", phase="done").exists()
+
+    wait_for(watch, spin_for + 20, "the spin to end", interval=0.1)
+    assert not expired_seen, f"the lease ran out while the handler spun: {expired_seen[:3]}"
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 20, "the ack")
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+    # A heartbeat every BEAT: at least half of the periods the spin lasted were seen renewed.
+    assert len(beats) >= spin_for / BEAT / 2, sorted(beats)
+    job = job_of(result)
+    assert (job.fence, job.attempts, job.leases_lost, job.claimed_by) == (1, 1, 0, "spin-a")
+    assert job.result["fence"] == 1 and job.result["loops"] > 0
+    assert not JobFailure.objects.exists()
+    assert list(Effect.objects.filter(key="spin").order_by("id").values_list("fence", "worker_id", "phase")) == [
+        (1, "spin-a", "start"), (1, "spin-a", "done")]
+    assert "Lost claim" not in a.log()

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, transaction
+from django.db import connection
 
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
@@ -286,17 +286,26 @@ def test_the_worker_survives_losing_its_connections(workers):
     assert a.wait_exit() == 0
 
 
-def test_a_stale_owners_checkpoint_is_rejected_and_stops_the_handler(workers):
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_stale_owners_checkpoint_is_rejected_and_stops_the_handler(workers, isolation):
     """Once another claim took the job over, the first owner's next checkpoint matches no row
-    (5): the stored cursor stays where the takeover found it and the handler stops (2)."""
+    (5): the stored cursor stays where the takeover found it and the handler stops (2). In
+    process isolation the child sends the checkpoint itself."""
     from tests.testapp.tasks import count_up
 
     result = count_up.enqueue(10_000, 0.05)
-    a = workers.start("ckpt-a", "--lease", "6", "--heartbeat", "5", "--poll", "0.2")
-    wait_for(lambda: (job_of(result).cursor or 0) >= 3, 10, "a few checkpoints")
-    with transaction.atomic():
-        Job.objects.filter(pk=job_of(result).pk).expire_now()
-        [thief] = Job.objects.claim("ckpt-thief", limit=1, lease=30)
+    a = workers.start("ckpt-a", "--lease", "6", "--heartbeat", "5", "--poll", "0.2",
+                      "--isolation", isolation)
+    wait_for(lambda: (job_of(result).cursor or 0) >= 3, 30, "a few checkpoints")
+    pk = job_of(result).pk
+
+    def take_over():
+        # The owner renews with every checkpoint (each 50 ms), and on MariaDB its UPDATE may
+        # hold a lock the claim's SKIP LOCKED passes over: expire and claim until one wins.
+        Job.objects.filter(pk=pk).expire_now()
+        return Job.objects.claim("ckpt-thief", limit=1, lease=30)
+
+    [thief] = wait_for(take_over, 10, "the takeover")
     taken = job_of(result)
     assert (thief.pk, taken.fence, taken.claimed_by) == (taken.pk, 2, "ckpt-thief")
     a.wait_log(f"Discarded result of job={taken.pk} fence=1 worker=ckpt-a")

@@ -32,14 +32,18 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05,
 
 
 class WorkerProcess:
-    def __init__(self, worker_id: str, args: list[str], log_path: Path, env: dict[str, str]):
+    def __init__(self, worker_id: str, args: list[str], log_path: Path, env: dict[str, str],
+                 own_group: bool = False):
         self.worker_id = worker_id
         self.log_path = log_path
+        self.own_group = own_group
         self._log = open(log_path, "wb")  # noqa: SIM115 -- closed in kill()
         cmd = [sys.executable, "-m", "django", "run_lease_worker",
                "--settings=tests.worker_settings", "--worker-id", worker_id, *args]
+        # own_group: a process group of its own (the worker and its handler children), as
+        # a systemd unit's cgroup is, so that signal_group() reaches all of them.
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=env)
+                                     env=env, process_group=0 if own_group else None)
 
     @property
     def pid(self) -> int:
@@ -55,6 +59,12 @@ class WorkerProcess:
     def signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
 
+    def signal_group(self, sig: int) -> None:
+        """Signal the worker and its children at once (started with own_group=True), as
+        systemd's KillMode=control-group does."""
+        assert self.own_group, "start the worker with own_group=True"
+        os.killpg(self.pid, sig)
+
     def wait_exit(self, timeout: float = 15.0) -> int:
         try:
             return self.proc.wait(timeout)
@@ -67,6 +77,10 @@ class WorkerProcess:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid, sig)
             self.proc.wait(10)
+        if self.own_group:
+            # Handler children left behind, if any.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
         self._log.close()
 
 
@@ -78,8 +92,10 @@ class Workers:
         self.started: list[WorkerProcess] = []
 
     def start(self, worker_id: str, *args: str, ready: bool = True, notify: bool = True,
-              verbosity: int = 2) -> WorkerProcess:
+              verbosity: int = 2, own_group: bool = False,
+              env_extra: dict[str, str] | None = None) -> WorkerProcess:
         env = dict(os.environ)
+        env.update(env_extra or {})
         env["LEASES_WORKER_DB_NAME"] = connection.settings_dict["NAME"]
         if "queue" in connections.settings:
             # The "queue" backend's test database (its own name only if a test set it up).
@@ -87,7 +103,7 @@ class Workers:
         env["LEASES_WORKER_NOTIFY"] = "1" if notify else "0"
         env["PYTHONPATH"] = str(ROOT)
         worker = WorkerProcess(worker_id, [*args, "-v", str(verbosity)],
-                               self.tmp_path / f"{worker_id}.log", env)
+                               self.tmp_path / f"{worker_id}.log", env, own_group)
         self.started.append(worker)
         if ready:
             worker.wait_log("Worker started", timeout=20)

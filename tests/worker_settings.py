@@ -2,13 +2,15 @@
 
 The same as tests.settings, pointed at the test database the pytest process created
 (LEASES_WORKER_DB_NAME), with timestamps in the log lines. LEASES_WORKER_NOTIFY=0 turns
-NOTIFY off, as a deployment behind PgBouncer transaction pooling would.
+NOTIFY off, as a deployment behind PgBouncer transaction pooling would. LEASES_WORKER_FAULT
+injects a driver fault into one thread's statements (tests/worker_faults.py).
 """
 
 from __future__ import annotations
 
 import os
 
+import tests.worker_faults  # noqa: F401 -- LEASES_WORKER_FAULT, for the tests that set it
 from tests.settings import *  # noqa: F403
 from tests.settings import DATABASES, LOGGING, TASKS
 

@@ -1,9 +1,15 @@
 """Entry point of a process-isolated handler (a 'spawn' child of the worker).
 
-The child runs one job and reports back through its pipe; it writes nothing of the job's
-own state. Checkpoints are forwarded to the parent, which sends the conditional UPDATE.
-The parent sets the shared lost flag when the claim goes; a watcher thread turns that
-into current_job().lost and cancels an async handler.
+The child runs one job and reports its outcome back through its pipe; the parent writes
+the ack or fail. Checkpoints the child sends itself, on its own connection, so that inside
+fenced() they commit with the handler's writes (checkpoints.py). The parent sets the shared
+lost flag when the claim goes; a watcher thread turns that into current_job().lost and
+cancels an async handler.
+
+Stop signals go to more than the worker: Ctrl-C reaches the terminal's whole process
+group, systemd (KillMode=control-group) and container runtimes signal every process of the
+unit. Only the parent decides when a job stops, so the child ignores SIGINT and SIGTERM;
+the parent kills it with SIGKILL when it must.
 """
 
 from __future__ import annotations
@@ -16,9 +22,14 @@ from typing import Any
 from .executors import KILL_GRACE_SECONDS
 
 
+def _ignore_stop_signal(signum: int, frame: Any) -> None:
+    """A no-op handler rather than SIG_IGN: an ignored disposition survives exec, so the
+    processes a job starts could not be stopped with SIGTERM either; a handler is reset."""
+
+
 def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> None:
-    # Ctrl-C reaches the whole process group; only the parent decides when jobs stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, _ignore_stop_signal)
     import django
 
     django.setup()
@@ -26,22 +37,15 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
 
     from .. import registry
     from ..api import JobHandle
+    from .checkpoints import store_checkpoint
     from .claims import Outcome
     from .running import run_task, task_context
-
-    def checkpoint(cursor: Any) -> bool:
-        conn.send(("checkpoint", cursor))
-        kind, answer = conn.recv()
-        if kind == "error":
-            from django.db import OperationalError
-
-            raise OperationalError(answer)
-        return bool(answer)
 
     handle = JobHandle(
         job_id=payload["job_id"], fence=payload["fence"], attempt=payload["attempt"],
         cursor=payload["cursor"], lease_seconds=payload["lease"],
-        worker_id=payload["worker_id"], lost=lost, stamp=stamp, checkpointer=checkpoint,
+        worker_id=payload["worker_id"], lost=lost, stamp=stamp,
+        checkpointer=lambda cursor: store_checkpoint(handle, cursor),
         claim_token=payload["claim_token"], database=payload["database"],
     )
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api import JobHandle, Stamp
+from .checkpoints import store_checkpoint
 
 RUNNING = "running"
 FINISHING = "finishing"
@@ -29,7 +30,9 @@ ACKED = "acked"
 class Outcome:
     """What a handler came back with; picklable, so a child process can send it."""
 
-    kind: str  # "ok", "error", "lost"
+    # "ok", "error", "lost", or "stopped": the handler's process died while the worker was
+    # stopping (a stop signal sent to the whole process group), so its job is released.
+    kind: str
     result: Any = None
     # False when the task lists the exception as non-retryable: dead-letter at once.
     retryable: bool = True
@@ -47,6 +50,8 @@ class Claim:
         self.lease = lease
         self.state = RUNNING
         self.lost_reason = ""
+        # Set once the handler's outcome says it acknowledged the job itself (fenced(ack=True)):
+        # such a claim is not released at shutdown.
         self.outcome: Outcome | None = None
         self._lock = threading.Lock()
         self.lost_flag = lost_flag if lost_flag is not None else threading.Event()
@@ -55,16 +60,15 @@ class Claim:
         self.handle = JobHandle(
             job_id=job.pk, fence=job.fence, attempt=job.attempts, cursor=job.cursor,
             lease_seconds=lease, worker_id=worker_id, lost=self.lost_flag, stamp=self.stamp,
-            checkpointer=self._no_checkpoint, claim_token=job.claim_token, database=job._state.db,
+            checkpointer=self._checkpoint, claim_token=job.claim_token, database=job._state.db,
         )
         self.handle._on_acked = lambda: self._move(ACKED)
         # Set by the executor: the child process, in process isolation.
         self.process: Any = None
         self.exited = threading.Event()
 
-    @staticmethod
-    def _no_checkpoint(cursor: Any) -> bool:
-        raise RuntimeError("checkpoint is not wired")
+    def _checkpoint(self, cursor: Any) -> bool:
+        return store_checkpoint(self.handle, cursor)
 
     @property
     def pk(self) -> Any:

@@ -4,7 +4,8 @@ A thread cannot be stopped from outside, so a thread-isolated handler that ignor
 ``current_job().lost`` runs on after its claim is lost (its result is still discarded).
 In process isolation the parent kills the child once the claim is lost and the child has
 not stopped within a short grace. Either way the parent's main loop, not the handler,
-sends the ack or fail, so ownership writes happen in one place.
+sends the ack or fail, so ownership writes happen in one place (a handler's checkpoints
+and fenced() writes go out on its own connection).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from .claims import RELEASING, Claim, Outcome
 from .running import run_task
@@ -27,8 +29,7 @@ logger = logging.getLogger("django_leases.worker")
 
 Done = Callable[[Claim, Outcome], None]
 
-# How long a child whose claim is lost may take to stop on its own before SIGTERM, and
-# how long after SIGTERM before SIGKILL.
+# How long a child whose claim is lost may take to stop on its own before SIGKILL.
 KILL_GRACE_SECONDS = 1.0
 
 
@@ -84,14 +85,19 @@ class ThreadExecutor(_Slots):
 
 
 class ProcessExecutor(_Slots):
-    """Run each job in a fresh 'spawn' child; the parent answers its checkpoints."""
+    """Run each job in a fresh 'spawn' child and watch it until it reports or dies.
+
+    ``stopping`` tells whether the worker is stopping: a child that dies then (a stop signal
+    sent to the whole process group or cgroup reached handler code that re-enabled it) is
+    reported as "stopped", and its job released, not failed.
+    """
 
     def __init__(self, size: int, done: Done, *, alias: str, worker_id: str,
-                 checkpoint: Callable[[Claim, Any], bool]) -> None:
+                 stopping: Callable[[], bool]) -> None:
         self._mp = multiprocessing.get_context("spawn")
         self._alias = alias
         self._worker_id = worker_id
-        self._checkpoint = checkpoint
+        self._stopping = stopping
         super().__init__(size, done, "leases-child")
 
     def new_flags(self) -> tuple[Any, Any]:
@@ -134,12 +140,6 @@ class ProcessExecutor(_Slots):
                     message = conn.recv()
                 except (EOFError, OSError):
                     message = None
-                if message is not None and message[0] == "checkpoint":
-                    try:
-                        conn.send(("checkpointed", self._checkpoint(claim, message[1])))
-                    except DatabaseError as e:
-                        conn.send(("error", str(e)))
-                    continue
                 if message is not None and message[0] == "done":
                     outcome = message[1]
                 if message is None and not process.is_alive():
@@ -163,10 +163,24 @@ class ProcessExecutor(_Slots):
         if outcome is None:
             if claim.lost_flag.is_set():
                 return Outcome("lost")
+            if self._died_of_stopping(process):
+                return Outcome("stopped", message=f"handler process exited with code "
+                                                  f"{process.exitcode} while the worker stopped")
             return Outcome("error", exception_class_path="django_leases.exceptions.HandlerDied",
                            message=f"handler process exited with code {process.exitcode} "
                                    "before returning")
         return outcome
+
+    def _died_of_stopping(self, process: Any) -> bool:
+        """Whether the worker is stopping. A child killed by a stop signal may die before
+        the parent's own signal handler has run, so that case waits a moment for it."""
+        stop_signals = (-signal.SIGTERM, -signal.SIGINT)
+        deadline = time.monotonic() + (KILL_GRACE_SECONDS if process.exitcode in stop_signals else 0)
+        while not self._stopping():
+            if time.monotonic() >= deadline:
+                return False
+            threading.Event().wait(0.05)
+        return True
 
 
 class SharedFlag:
@@ -196,12 +210,9 @@ class SharedFlag:
 
 
 def _kill(process: Any) -> None:
-    """SIGTERM, then SIGKILL if the child has not gone after a short grace."""
-    process.terminate()
-    process.join(KILL_GRACE_SECONDS)
-    if process.is_alive():
-        process.kill()
-        process.join()
+    """SIGKILL: the child ignores SIGTERM (child.py), and has had its grace already."""
+    process.kill()
+    process.join()
 
 
 def _drop_broken_connections() -> None:

@@ -4,70 +4,88 @@ The heartbeat renews every claim the process holds in one statement per period (
 touches the worker's own row); a claim missing from the answer is lost. The watchdog
 covers the case the heartbeat cannot: renewals failing or hanging while the database is
 unreachable. It compares time.monotonic() with the moment just before the last claim or
-renewal statement was sent, so its estimate of the lease errs on the short side.
+renewal statement was sent, so its estimate of the lease errs on the short side. Both
+survive any exception of one round (vital.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, connections
 
 from .claims import ClaimBook
+from .vital import VitalThread
+from .waker import Waker
 
 logger = logging.getLogger("django_leases.worker")
+
+DB_ERRORS = (DatabaseError, InterfaceError)
 
 # Longest the heartbeat thread sleeps before looking at the claims it must renew again.
 _SLICE = 0.25
 
 
-class Heartbeat(threading.Thread):
+class Heartbeat(VitalThread):
+    role = "heartbeat"
+
     def __init__(self, *, book: ClaimBook, database: str, worker_id: str, period: float,
-                 lease: float | None) -> None:
-        super().__init__(name="leases-heartbeat", daemon=True)
+                 lease: float | None, waker: Waker) -> None:
+        super().__init__(worker_id=worker_id, waker=waker)
         self.book = book
         self.database = database
-        self.worker_id = worker_id
         self.period = period
         self.lease = lease
-        self._stop_event = threading.Event()
+        # time.monotonic() just before the last beat that went through began.
+        self.beat_ok_at = time.monotonic()
 
-    def stop(self) -> None:
-        self._stop_event.set()
-
-    def run(self) -> None:
+    def serve(self) -> None:
         from ..models import Job, WorkerProcess
 
         delay = self.period
         last = time.monotonic()
+        nap = min(delay, _SLICE)
         try:
             # Wake in short slices: a claim with a lease shorter than the period may arrive
             # mid-wait, and must be renewed within a third of its own lease.
-            while not self._stop_event.wait(min(delay, self._period(), _SLICE)):
-                if time.monotonic() - last < min(delay, self._period()):
-                    continue
-                last = time.monotonic()
+            while not self._stop_event.wait(nap):
                 try:
+                    nap = min(delay, self._period(), _SLICE)
+                    if time.monotonic() - last < min(delay, self._period()):
+                        continue
+                    last = time.monotonic()
                     self.beat(Job, WorkerProcess)
                     delay = self._period()
-                except DatabaseError as e:
-                    logger.warning("Renewal failed worker=%s error=%s; retrying", self.worker_id,
-                                   str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+                except Exception as e:  # noqa: BLE001 -- renewals must outlive any one error
+                    if isinstance(e, DB_ERRORS):
+                        logger.warning("Renewal failed worker=%s error=%s; retrying",
+                                       self.worker_id, _first_line(e))
+                    else:
+                        self.round_failed(e)
                     _reset(self.database)
                     # Retry sooner than a full period: every missed beat eats into the lease.
-                    delay = min(self._period(), max(0.2, self.period / 4))
+                    delay = min(self.period, max(0.2, self.period / 4))
+                    nap = min(delay, _SLICE)
         finally:
-            connections[self.database].close()
+            _reset(self.database)
 
     def _period(self) -> float:
         """The configured period, shortened to a third of the shortest lease held (jobs of
         a queue or task with its own, shorter lease must not expire between beats)."""
         leases = [c.lease for c in self.book.renewable()]
         return min([self.period, *(lease / 3 for lease in leases)])
+
+    def overdue(self, now: float) -> tuple[float, float] | None:
+        """(seconds since the last good beat began, the lease it outlived) once no beat has
+        gone through for longer than the lease: --lease, else the shortest lease held, else
+        three periods (the default period is a third of LEASE_SECONDS). None otherwise."""
+        leases = [c.lease for c in self.book.renewable()]
+        limit = self.lease or min(leases, default=3 * self.period)
+        silent = now - self.beat_ok_at
+        return (silent, limit) if silent > limit else None
 
     def beat(self, Job: Any, WorkerProcess: Any) -> None:
         claims = self.book.renewable()
@@ -86,6 +104,7 @@ class Heartbeat(threading.Thread):
             with connections[self.database].execute_wrapper(count):
                 held = Job.objects.using(self.database).renew([c.job for c in claims], self.lease)
         WorkerProcess.objects.using(self.database).seen(self.worker_id)
+        self.beat_ok_at = started
         lost = 0
         for claim in claims:
             if claim.pk in held:
@@ -101,33 +120,39 @@ class Heartbeat(threading.Thread):
                          len(held), len(claims), statements, self.worker_id, lost)
 
 
-class Watchdog(threading.Thread):
+class Watchdog(VitalThread):
     """Declare a claim lost once its lease has run out by the local monotonic estimate."""
 
-    def __init__(self, *, book: ClaimBook, worker_id: str, period: float) -> None:
-        super().__init__(name="leases-watchdog", daemon=True)
+    role = "watchdog"
+
+    def __init__(self, *, book: ClaimBook, worker_id: str, period: float, waker: Waker) -> None:
+        super().__init__(worker_id=worker_id, waker=waker)
         self.book = book
-        self.worker_id = worker_id
         self.period = period
-        self._stop_event = threading.Event()
 
-    def stop(self) -> None:
-        self._stop_event.set()
-
-    def run(self) -> None:
+    def serve(self) -> None:
         # Checking a few times per heartbeat period keeps the notice well within one period.
         while not self._stop_event.wait(self.period / 4):
-            now = time.monotonic()
-            for claim in self.book.all():
-                if claim.expired_locally(now) and claim.mark_lost(
-                        "no renewal succeeded for longer than the lease"):
-                    logger.warning("Lost claim job=%s fence=%s worker=%s: no renewal succeeded "
-                                   "for %.1f s (lease %g s); telling its handler to stop",
-                                   claim.pk, claim.job.fence, self.worker_id,
-                                   now - claim.stamp.value, claim.lease)
+            try:
+                self.watch(time.monotonic())
+            except Exception as e:  # noqa: BLE001 -- the watch must outlive any one error
+                self.round_failed(e)
+
+    def watch(self, now: float) -> None:
+        for claim in self.book.all():
+            if claim.expired_locally(now) and claim.mark_lost(
+                    "no renewal succeeded for longer than the lease"):
+                logger.warning("Lost claim job=%s fence=%s worker=%s: no renewal succeeded "
+                               "for %.1f s (lease %g s); telling its handler to stop",
+                               claim.pk, claim.job.fence, self.worker_id,
+                               now - claim.stamp.value, claim.lease)
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _reset(database: str) -> None:
     """Drop this thread's broken connection; the next query opens a fresh one."""
-    with contextlib.suppress(DatabaseError):
+    with contextlib.suppress(Exception):
         connections[database].close()

@@ -15,7 +15,7 @@ import socket
 import time
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import connections
 
 from .. import registry
 from ..exceptions import InvalidJobArgument
@@ -23,16 +23,19 @@ from ..jsonsafe import ensure_json
 from ..states import FailureKind
 from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
 from .executors import KILL_GRACE_SECONDS, ProcessExecutor, ThreadExecutor
-from .heartbeat import Heartbeat, Watchdog
+from .heartbeat import DB_ERRORS, Heartbeat, Watchdog
 from .listener import Listener
 from .running import task_context
 from .shutdown import StopRequest
 from .vetting import unrunnable
+from .vital import VitalThread
 from .waker import Waker
 
 logger = logging.getLogger("django_leases.worker")
 
-DB_ERRORS = (DatabaseError, InterfaceError)
+# How long thread-isolated handlers told to stop at release may take to return before
+# their jobs are released anyway (a thread cannot be killed; it ends with the process).
+RELEASE_NOTICE_SECONDS = 1.0
 
 
 def default_worker_id() -> str:
@@ -94,6 +97,8 @@ class Worker:
         self._claimed = 0
         self._backoff = Backoff()
         self._settled_at = float("-inf")
+        self._vital: list[VitalThread] = []
+        self._overdue_logged = False
 
     # -- public ------------------------------------------------------------------------
 
@@ -102,12 +107,14 @@ class Worker:
         self.stop_request.request()
 
     def run(self) -> int:
+        """Serve until stopped; 0, or 1 if the heartbeat or the watchdog thread died."""
         from ..models import Job, WorkerProcess
 
         self.Job, self.WorkerProcess = Job, WorkerProcess
         registry.discover()
         self.stop_request.install()
         threads: list[Any] = []
+        status = 0
         try:
             if not self._register():
                 return 0
@@ -119,25 +126,25 @@ class Worker:
                         "per job" if self.lease is None else f"{self.lease:g}s",
                         self.heartbeat_seconds, self.poll)
             self._loop()
-            self._shutdown()
+            status = self._shutdown()
         finally:
             for thread in threads:
                 thread.stop()
             self.stop_request.restore()
             self.waker.close()
-        return 0
+        return status
 
     # -- the loop ----------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while not self.stop_request.stopping:
+        while not self.stop_request.stopping and self._dead_thread() is None:
             self._settle()
             if self._claims_left() == 0 and not self.book:
                 logger.info("Worker ran its %d jobs worker=%s", self._claimed, self.worker_id)
                 return
             free = min(self.concurrency - len(self.book), self._claims_left())
             got = 0
-            if free > 0:
+            if free > 0 and self._heartbeat_on_time():
                 try:
                     got = self._claim(free)
                     self._backoff.reset()
@@ -153,6 +160,23 @@ class Worker:
                     continue
             # Jitter keeps a fleet of idle workers from polling in lockstep.
             self.waker.wait(self.poll * random.uniform(0.9, 1.1))
+
+    def _dead_thread(self) -> VitalThread | None:
+        return next((t for t in self._vital if t.died or not t.is_alive()), None)
+
+    def _heartbeat_on_time(self) -> bool:
+        """False while no renewal has gone through for longer than the lease (a renewal
+        hanging on a half-open connection, the database unreachable): a job claimed now
+        could not be renewed either, so the loop claims nothing until the heartbeat is back."""
+        late = self.heartbeat.overdue(time.monotonic())
+        if late is not None and not self._overdue_logged:
+            logger.warning("Heartbeat overdue worker=%s: no renewal went through for %.1f s "
+                           "(lease %g s); claiming nothing until one does", self.worker_id,
+                           *late)
+        elif late is None and self._overdue_logged:
+            logger.info("Heartbeat back worker=%s: claiming again", self.worker_id)
+        self._overdue_logged = late is not None
+        return late is None
 
     def _claims_left(self) -> int:
         if self.max_jobs is None:
@@ -174,7 +198,6 @@ class Worker:
             lost_flag, shared_stamp = self.executor.new_flags()
             claim = Claim(job, stamp=started, lease=self.lease or job.lease_seconds,
                           worker_id=self.worker_id, lost_flag=lost_flag, shared_stamp=shared_stamp)
-            claim.handle._checkpointer = lambda cursor, c=claim: self._checkpoint(c, cursor)
             logger.info("Claimed job=%s task=%s fence=%s attempt=%s/%s worker=%s", job.pk,
                         job.task_path, job.fence, job.attempts, job.max_attempts, self.worker_id)
             task = registry.lookup(self.alias, job.task_path)
@@ -211,19 +234,6 @@ class Worker:
                            "error=%s", self.worker_id, e)
             return {}
 
-    def _checkpoint(self, claim: Claim, cursor: Any) -> bool:
-        """Store a handler's cursor and renew its lease (called from its slot thread)."""
-        started = time.monotonic()
-        ok = self.Job.objects.using(self.database).checkpoint(claim.job, cursor, self.lease)
-        if ok:
-            claim.stamp.value = started
-            logger.debug("Checkpoint job=%s fence=%s worker=%s", claim.pk, claim.job.fence,
-                         self.worker_id)
-        else:
-            logger.warning("Checkpoint rejected job=%s fence=%s worker=%s: the claim is lost",
-                           claim.pk, claim.job.fence, self.worker_id)
-        return ok
-
     def _finished(self, claim: Claim, outcome: Outcome) -> None:
         """Called on a slot thread when a handler returns: queue it for the main loop."""
         self._done.put((claim, outcome))
@@ -241,8 +251,11 @@ class Worker:
                 break
         oks: list[tuple[Claim, Any]] = []
         others: list[tuple[Claim, Outcome]] = []
+        stopped: list[Claim] = []
         for claim, outcome in items:
             if outcome.acked:
+                # Not to be released at shutdown: the job is done.
+                claim.outcome = outcome
                 self.book.forget(claim)
                 logger.info("Acked job=%s fence=%s worker=%s in the handler's fenced "
                             "transaction", claim.pk, claim.job.fence, self.worker_id)
@@ -253,7 +266,9 @@ class Worker:
             if claim.state == RUNNING and not claim.begin_finish():
                 self._discard(claim, outcome)
                 continue
-            if outcome.kind == "ok":
+            if outcome.kind == "stopped":
+                stopped.append(claim)
+            elif outcome.kind == "ok":
                 try:
                     oks.append((claim, ensure_json(outcome.result, "result")))
                 except InvalidJobArgument as e:
@@ -265,12 +280,20 @@ class Worker:
         try:
             if oks:
                 self._ack(oks)
+                oks = []  # sent: not to be sent again if a later write fails
             while others:
                 self._fail(*others[0])
                 others.pop(0)
+            while stopped:
+                # Its process died of the stop (a signal to the whole process group or
+                # cgroup): the job goes back to pending, the attempt not counted.
+                self._release(stopped[0], "; its handler process died while the worker "
+                                          "was stopping")
+                stopped.pop(0)
         except DB_ERRORS as e:
             pending = [(c, Outcome("ok", result=r)) for c, r in oks if c.state == FINISHING]
             pending += [(c, o) for c, o in others if c.state == FINISHING]
+            pending += [(c, Outcome("stopped")) for c in stopped if c.state == FINISHING]
             for claim, _ in pending:
                 claim.finish_failed()
             self._unsent = pending
@@ -279,6 +302,8 @@ class Worker:
     def _discard(self, claim: Claim, outcome: Outcome) -> None:
         self.book.forget(claim)
         if claim.state == RELEASING:
+            logger.info("Handler of job=%s fence=%s worker=%s has stopped; its job is to be "
+                        "released", claim.pk, claim.job.fence, self.worker_id)
             return
         logger.warning("Discarded result of job=%s fence=%s worker=%s: the claim was lost "
                        "(%s)", claim.pk, claim.job.fence, self.worker_id,
@@ -321,45 +346,82 @@ class Worker:
 
     # -- stopping ----------------------------------------------------------------------
 
-    def _shutdown(self) -> None:
-        if self.stop_request.stopping:
+    def _shutdown(self) -> int:
+        """Let handlers finish within the grace; then tell the rest to stop, mark the worker
+        stopped and release their jobs, in that order: every other write comes first, so a
+        handler the process cannot kill (a thread) runs on after its job is released only
+        until the process exits, right after. 1 if a vital thread died, else 0."""
+        dead = self._dead_thread()
+        if dead is not None:
+            self._log_death(dead)
+        elif self.stop_request.stopping:
             logger.info("Stopping on %s worker=%s: claiming nothing more; %d running, "
                         "waiting up to %gs", self.stop_request.signal_name, self.worker_id,
                         len(self.book), self.grace)
-        deadline = time.monotonic() + self.grace
+        deadline = time.monotonic() + (0 if dead else self.grace)
         while self.book and not self.stop_request.hurry and time.monotonic() < deadline:
             self._settle()
+            if (dead := self._dead_thread()) is not None:
+                # No renewals any more (or no watch on them): release now.
+                self._log_death(dead)
+                break
             if self.book:
                 self.waker.wait(min(self.poll, max(deadline - time.monotonic(), 0.0)))
         self._settle()
-        if self.book:
-            self._release_all()
+        unfinished = self._tell_to_stop()
+        self._settle()
         self._call_until_done("mark stopped", lambda: self.WorkerProcess.objects.using(
             self.database).stopped(self.worker_id))
+        self._release_all(unfinished)
         logger.info("Worker stopped worker=%s", self.worker_id)
+        return 0 if dead is None else 1
 
-    def _release_all(self) -> None:
-        """Give unfinished jobs back to pending, after their handlers were told (and, in
-        process isolation, killed) so no two handlers run one job before its lease ends."""
+    def _log_death(self, thread: VitalThread) -> None:
+        consequence = ("its claims are no longer renewed" if thread is self.heartbeat
+                       else "lost leases are no longer noticed")
+        logger.error("The %s thread died worker=%s: %s; claiming nothing more, releasing %d "
+                     "claim(s) and exiting with status 1", thread.role, self.worker_id,
+                     consequence, len(self.book))
+
+    def _tell_to_stop(self) -> list[Claim]:
+        """Tell the unfinished handlers their claims are going, as a lost claim does
+        (LeaseLost, cancellation of async handlers), and wait a moment for them to return;
+        in process isolation their children are killed at once. Return those claims."""
         claims = [c for c in self.book.all() if c.begin_release()]
-        deadline = time.monotonic() + 3 * KILL_GRACE_SECONDS
+        if not claims:
+            return []
+        notice = 3 * KILL_GRACE_SECONDS if self.isolation == "process" else RELEASE_NOTICE_SECONDS
+        deadline = time.monotonic() + notice
         for claim in claims:
-            if self.isolation == "process":
-                claim.exited.wait(max(deadline - time.monotonic(), 0.0))
+            claim.exited.wait(max(deadline - time.monotonic(), 0.0))
+        running = [c.pk for c in claims if not c.exited.is_set()]
+        if running:
+            logger.warning("Handlers of jobs %s still running worker=%s; releasing them anyway: "
+                           "they end with this process", ",".join(map(str, running)),
+                           self.worker_id)
+        return claims
+
+    def _release_all(self, claims: list[Claim]) -> None:
         for claim in claims:
-            ok = self._call_until_done(
-                "release", lambda c=claim: self.Job.objects.using(self.database).release(c.job))
-            self.book.forget(claim)
-            if ok:
-                logger.info("Released job=%s fence=%s worker=%s: back to pending, attempt not "
-                            "counted", claim.pk, claim.job.fence, self.worker_id)
-            elif ok is None:
+            if claim.outcome is not None and claim.outcome.acked:
+                continue  # its handler acknowledged it meanwhile, in fenced(ack=True)
+            if self._call_until_done("release", lambda c=claim: self._release(c)) is None:
+                self.book.forget(claim)
                 logger.error("Could not release job=%s fence=%s worker=%s: the database is "
                              "unreachable; the job is claimable again when its lease ends",
                              claim.pk, claim.job.fence, self.worker_id)
-            else:
-                logger.warning("Release rejected job=%s fence=%s worker=%s: the claim was "
-                               "already lost", claim.pk, claim.job.fence, self.worker_id)
+
+    def _release(self, claim: Claim, why: str = "") -> bool:
+        """Give the job back to pending, the attempt not counted; raise on database trouble."""
+        released = self.Job.objects.using(self.database).release(claim.job)
+        self.book.forget(claim)
+        if released:
+            logger.info("Released job=%s fence=%s worker=%s: back to pending, attempt not "
+                        "counted%s", claim.pk, claim.job.fence, self.worker_id, why)
+        else:
+            logger.warning("Release rejected job=%s fence=%s worker=%s: the claim was "
+                           "already lost", claim.pk, claim.job.fence, self.worker_id)
+        return released
 
     def _call_until_done(self, what: str, call: Any, tries: int = 5) -> Any:
         """Retry ``call`` through database trouble a few times; None if it never went."""
@@ -387,18 +449,21 @@ class Worker:
     def _executor(self) -> Any:
         if self.isolation == "process":
             return ProcessExecutor(self.concurrency, self._finished, alias=self.alias,
-                                   worker_id=self.worker_id, checkpoint=self._checkpoint)
+                                   worker_id=self.worker_id,
+                                   stopping=lambda: self.stop_request.stopping)
         return ThreadExecutor(self.concurrency, self._finished, self._task_context)
 
     def _task_context(self, claim: Claim, task: Any) -> Any:
         return task_context(task, claim.handle)
 
     def _start_threads(self) -> list[Any]:
-        threads: list[Any] = [
-            Heartbeat(book=self.book, database=self.database, worker_id=self.worker_id,
-                      period=self.heartbeat_seconds, lease=self.lease),
-            Watchdog(book=self.book, worker_id=self.worker_id, period=self.heartbeat_seconds),
-        ]
+        self.heartbeat = Heartbeat(book=self.book, database=self.database,
+                                   worker_id=self.worker_id, period=self.heartbeat_seconds,
+                                   lease=self.lease, waker=self.waker)
+        watchdog = Watchdog(book=self.book, worker_id=self.worker_id,
+                            period=self.heartbeat_seconds, waker=self.waker)
+        self._vital = [self.heartbeat, watchdog]
+        threads: list[Any] = list(self._vital)
         if self.notify and connections[self.database].vendor == "postgresql":
             threads.append(Listener(database=self.database, queues=self.queues,
                                     waker=self.waker, worker_id=self.worker_id))

@@ -163,6 +163,35 @@ def backfill(total: int, batch: int, pause: float) -> int:
 
 
 @task
+def checkpoint_then_refuse(key: str) -> None:
+    """Write an effect and checkpoint inside one fenced() block, then give up in it: the
+    block rolls back, and the checkpoint with it, since it is part of the same transaction."""
+    from django_leases.api import current_job
+    from django_leases.exceptions import NonRetryable
+    from django_leases.fencing import fenced
+
+    with fenced():
+        _effect(key, "fenced")
+        current_job().checkpoint({"next": 1})
+        raise NonRetryable("changed my mind")
+
+
+@task
+def mortal(key: str, seconds: float) -> None:
+    """Restore SIGTERM's default action, as handler code with signal handling of its own
+    may, then sleep: in process isolation a SIGTERM sent to the whole process group kills
+    this child (it must run in a child's main thread)."""
+    import signal
+
+    from django_leases.api import current_job
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _effect(key, "start")
+    current_job().sleep(seconds)
+    _effect(key, "done")
+
+
+@task
 def late_fenced_write(key: str, seconds: float) -> None:
     """Ignore cancellation for ``seconds``, then write an effect inside fenced(): a handler
     whose claim was taken over meanwhile must commit nothing."""
@@ -329,3 +358,24 @@ def chaos_job(key: str, kind: str = "quick", seconds: float = 0.1) -> dict:
                     job.job_id, job.fence, job.worker_id, stage, type(e).__name__)
         raise
     return result
+
+
+# -- a handler that keeps its thread busy in pure Python (tests/test_worker_fencing.py) ----
+
+
+@task
+def spin(key: str, seconds: float) -> dict:
+    """Busy-loop in pure Python bytecode for ``seconds``: no sleep, no I/O, no look at the
+    claim, so the thread never gives up the GIL on its own (the interpreter's switch
+    interval is all the heartbeat thread gets). Writes a start and a done effect."""
+    import time
+
+    from django_leases.api import current_job
+
+    _effect(key, "start")
+    until = time.monotonic() + seconds
+    loops = 0
+    while time.monotonic() < until:
+        loops += 1
+    _effect(key, "done")
+    return {"fence": current_job().fence, "loops": loops}

@@ -39,8 +39,11 @@ class Command(BaseCommand):
                  f"LEASE_SECONDS when enqueued through the backend: {defaults.lease_seconds:g}).")
         parser.add_argument(
             "--heartbeat", type=float, default=None, metavar="SECONDS",
-            help="Renewal period, shorter than the lease (default: HEARTBEAT_SECONDS, or "
-                 "lease / 3).")
+            help="Renewal period, shorter than the lease (default: the smaller of "
+                 "HEARTBEAT_SECONDS and lease / 3, the lease being --lease or else "
+                 f"LEASE_SECONDS: {min(defaults.heartbeat_seconds, defaults.lease_seconds / 3):g} "
+                 "s without --lease). Claims whose own lease is shorter are renewed every "
+                 "third of it anyway.")
         parser.add_argument(
             "--poll", type=float, default=None, metavar="SECONDS",
             help=f"How often an idle worker looks for due jobs, with 10%% jitter (default: "

@@ -1,0 +1,173 @@
+"""The heartbeat and watchdog threads: their default period, errors they outlive, and what
+the worker does when renewals stop going through or a thread dies anyway.
+
+Invariants (design.md): (2) rowcount is ownership, (3) nothing is lost, (4) duplicates only
+after expiry. Faults are real where a real one exists (a row lock that holds a renewal, a
+signal); where none does, a driver error is injected at Django's execute_wrappers of the
+heartbeat thread's connection (tests/worker_faults.py), never in django_leases.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+
+from django_leases.management.commands.run_lease_worker import Command
+from django_leases.models import Job, JobFailure, WorkerProcess
+from django_leases.states import JobState
+from django_leases.worker.claims import Claim, ClaimBook
+from django_leases.worker.heartbeat import Watchdog
+from django_leases.worker.waker import Waker
+from tests.testapp.tasks import add, hold
+from tests.worker_helpers import BEAT, FAST, LEASE, POLL, job_of, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+# Four renewal periods per lease, and room for three failed renewals (retried every 0.2 s)
+# inside one lease even on a loaded machine.
+ROOMY = ["--lease", "4", "--heartbeat", "0.5", "--poll", str(POLL)]
+
+
+def _defaults(**options):
+    base = {"backend": None, "queues": None, "concurrency": None, "isolation": "thread",
+            "lease": None, "heartbeat": None, "poll": None, "burst": False, "max_jobs": None,
+            "grace": None, "worker_id": None}
+    return Command()._worker_kwargs({**base, **options})
+
+
+def test_the_heartbeat_default_is_what_the_help_says(capsys):
+    """--heartbeat defaults to the smaller of HEARTBEAT_SECONDS and lease / 3, the lease
+    being --lease or else LEASE_SECONDS (30 s in the test settings), and --help says so."""
+    assert _defaults()["heartbeat"] == 10
+    assert _defaults(lease=6)["heartbeat"] == 2
+    assert _defaults(lease=60)["heartbeat"] == 10
+    assert _defaults(lease=60, heartbeat=25)["heartbeat"] == 25
+    with pytest.raises(SystemExit):
+        call_command("run_lease_worker", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the smaller of HEARTBEAT_SECONDS and lease / 3" in text
+    assert "--lease or else LEASE_SECONDS: 10 s without --lease" in text
+
+
+@pytest.mark.slow
+def test_the_heartbeat_outlives_an_interface_error(workers):
+    """InterfaceError is no DatabaseError (MySQLdb raised it on a dead connection): renewals
+    failing with it are retried like any database trouble, so the claim is kept past its
+    first lease and the job acknowledged under its first fence (2, 4), and the worker goes
+    on claiming."""
+    result = hold.enqueue(6)
+    a = workers.start("iface-a", *ROOMY, env_extra={
+        "LEASES_WORKER_FAULT": "leases-heartbeat:InterfaceError:3:django_leases_job"})
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 30, "the held job")
+    job = job_of(result)
+    assert (job.fence, job.attempts, job.leases_lost) == (1, 1, 0)
+    log = a.log()
+    assert log.count("Renewal failed worker=iface-a error=(0, '') injected") == 3, log
+    assert "Renewed 1 of 1 claims" in log
+    assert "Lost claim" not in log
+    after = add.enqueue(2, 3)
+    wait_for(lambda: job_of(after).state == JobState.SUCCEEDED, 20, "a later job")
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+
+
+@pytest.mark.slow
+def test_a_dead_heartbeat_thread_makes_the_worker_release_and_exit_non_zero(workers):
+    """A heartbeat thread ended outright (SystemExit passes any ``except Exception``) would
+    leave the worker claiming jobs nobody renews. It stops claiming, releases what it holds
+    (pending, attempt not counted: 3) and exits with status 1, saying why."""
+    held = hold.enqueue(60)
+    a = workers.start("deadbeat-a", *FAST, env_extra={
+        "LEASES_WORKER_FAULT": "leases-heartbeat:SystemExit:1:django_leases_job"})
+    assert a.wait_exit(LEASE + 20) == 1
+    assert "The heartbeat thread died worker=deadbeat-a: its claims are no longer renewed" in a.log()
+    job = job_of(held)
+    assert (job.state, job.attempts, job.fence, job.claim_token) == (JobState.PENDING, 0, 1, None)
+    assert f"Released job={job.pk} fence=1 worker=deadbeat-a" in a.log()
+    assert WorkerProcess.objects.get(worker_id="deadbeat-a").stopped_at is not None
+    assert not JobFailure.objects.exists()
+
+
+def test_the_watchdog_outlives_an_error_in_one_round():
+    """An exception in one watchdog round (here a logging filter that raises, as a broken
+    LOGGING filter would) is logged and the next round carries on: the second expired claim
+    is still declared lost, its handler told."""
+    for _ in range(2):
+        Job.objects.enqueue("tests.testapp.tasks.hold", [60])
+    jobs = Job.objects.claim("watchdog-test", limit=2, lease=30)
+    book = ClaimBook()
+    long_ago = time.monotonic() - 100
+    claims = [Claim(job, stamp=long_ago, lease=1, worker_id="watchdog-test") for job in jobs]
+    for claim in claims:
+        book.add(claim)
+    raised = []
+
+    def broken_filter(record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Lost claim") and not raised:
+            raised.append(record)
+            raise RuntimeError("a broken log filter")
+        return True
+
+    logger = logging.getLogger("django_leases.worker")
+    logger.addFilter(broken_filter)
+    waker = Waker()
+    watchdog = Watchdog(book=book, worker_id="watchdog-test", period=0.2, waker=waker)
+    try:
+        watchdog.start()
+        wait_for(lambda: all(c.handle.lost for c in claims), 10, "both claims to be lost")
+        assert raised
+        assert watchdog.is_alive() and not watchdog.died
+    finally:
+        watchdog.stop()
+        watchdog.join(5)
+        logger.removeFilter(broken_filter)
+        waker.close()
+
+
+@pytest.mark.slow
+def test_no_claims_while_a_renewal_hangs_for_longer_than_the_lease(workers):
+    """A renewal that hangs (here on a row lock; in production on a half-open connection)
+    makes the watchdog give up the claims it holds; a job claimed meanwhile could not be
+    renewed either, so the worker claims nothing until a renewal goes through again, then
+    carries on (3)."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite locks the whole database: a claim would wait like the renewal")
+    held = hold.enqueue(60)
+    # --grace 1: the held job, claimed again once its lease ran out, is released at the end.
+    a = workers.start("stuck-a", *FAST, "--grace", "1")
+    wait_for(lambda: job_of(held).state == JobState.CLAIMED, 20, "the held job")
+    a.wait_log("Renewed 1 of 1 claims")
+    locked, unlock = threading.Event(), threading.Event()
+
+    def lock_the_row():
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(pk=job_of(held).pk))
+                locked.set()
+                unlock.wait(60)
+        finally:
+            connection.close()
+
+    locker = threading.Thread(target=lock_the_row)
+    locker.start()
+    try:
+        assert locked.wait(10)
+        a.wait_log(f"Lost claim job={held.id} fence=1", timeout=LEASE + 10)
+        a.wait_log("Heartbeat overdue worker=stuck-a", timeout=LEASE + 10)
+        later = add.enqueue(1, 2)
+        time.sleep(3 * POLL + 3 * BEAT + 1)
+        assert job_of(later).state == JobState.PENDING
+        assert f"Claimed job={later.id}" not in a.log()
+    finally:
+        unlock.set()
+        locker.join(10)
+    wait_for(lambda: job_of(later).state == JobState.SUCCEEDED, 20, "the later job")
+    assert "Heartbeat back worker=stuck-a" in a.log()
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0

@@ -1,0 +1,89 @@
+"""Stopping run_lease_worker with real signals: what happens to the jobs still running.
+
+Invariants (design.md): (3) nothing is lost, (4) duplicates only after expiry: a released
+job may run elsewhere at once, so its handler must be stopped (or the process gone) first.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from django_leases.models import JobFailure, WorkerProcess
+from django_leases.states import JobState
+from tests.testapp.models import Effect
+from tests.testapp.tasks import mortal, record, stubborn
+from tests.worker_helpers import FAST, job_of, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def phases(key: str) -> list[str]:
+    return list(Effect.objects.filter(key=key).order_by("id").values_list("phase", flat=True))
+
+
+def test_sigterm_to_the_whole_process_group_finishes_or_releases_process_isolated_jobs(workers):
+    """systemd's default KillMode=control-group sends SIGTERM to every process of the unit,
+    handler children included. The children ignore it: the job that finishes within
+    --grace is acknowledged with one attempt, the one that would not is released (pending,
+    attempt not counted). A child whose handler re-enabled SIGTERM dies of it; its job is
+    released too, not failed (3)."""
+    short = record.enqueue("group-short", first_seconds=10)
+    long = record.enqueue("group-long", first_seconds=60)
+    dies = mortal.enqueue("group-mortal", 60)
+    a = workers.start("group-a", "--isolation", "process", "--concurrency", "3", "--grace", "20",
+                      *FAST, own_group=True)
+    wait_for(lambda: all(phases(k) for k in ("group-short", "group-long", "group-mortal")), 60,
+             "the three handler processes to start")
+    a.signal_group(signal.SIGTERM)
+    assert a.wait_exit(60) == 0
+    log = a.log()
+    done = job_of(short)
+    assert (done.state, done.attempts, done.fence) == (JobState.SUCCEEDED, 1, 1), log[-3000:]
+    assert done.result == {"fence": 1, "worker": "group-a"}
+    # It was still running when the signal came, and finished in the grace period.
+    assert log.index("Stopping on SIGTERM") < log.index(f"Acked job={done.pk} fence=1")
+    for result in (long, dies):
+        job = job_of(result)
+        assert (job.state, job.attempts, job.fence, job.claim_token) == (
+            JobState.PENDING, 0, 1, None), log[-3000:]
+        assert f"Released job={job.pk} fence=1 worker=group-a" in log
+    assert f"Released job={dies.id} fence=1 worker=group-a: back to pending, attempt not " \
+           "counted; its handler process died while the worker was stopping" in log
+    assert not JobFailure.objects.exists(), list(JobFailure.objects.values_list("message", flat=True))
+    assert phases("group-short") == ["start", "done"]
+    assert phases("group-long") == ["start"] and phases("group-mortal") == ["start"]
+
+
+def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_worker_stopped(workers):
+    """At the end of --grace, thread-isolated handlers are told to stop as on a lost claim,
+    the worker row is marked stopped, and only then are the jobs released, right before the
+    process exits: a handler that ignores the notice runs on after its release only until
+    the exit (4). Both jobs are back to pending with the attempt not counted (3)."""
+    coop = record.enqueue("order-coop", first_seconds=60)
+    deaf = stubborn.enqueue("order-deaf", seconds=8)
+    a = workers.start("order-a", "--concurrency", "2", "--grace", "1", *FAST)
+    wait_for(lambda: phases("order-coop") and phases("order-deaf"), 20, "both handlers")
+    signalled = time.monotonic()
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(30) == 0
+    log = a.log()
+    stopped_at = WorkerProcess.objects.get(worker_id="order-a").stopped_at
+    for result in (coop, deaf):
+        job = job_of(result)
+        assert (job.state, job.attempts, job.fence, job.claim_token) == (
+            JobState.PENDING, 0, 1, None), log[-3000:]
+        # Database clock: the worker row was marked stopped before the job was released.
+        assert stopped_at <= job.available_at, (stopped_at, job.available_at)
+    # The cooperative handler stopped when told, before its job was released; the deaf one
+    # was still running and was released anyway.
+    assert log.index(f"Handler of job={coop.id} fence=1 worker=order-a has stopped") < log.index(
+        f"Released job={coop.id} fence=1")
+    assert f"Handlers of jobs {deaf.id} still running worker=order-a" in log
+    assert log.index(f"Released job={deaf.id} fence=1") < log.index("Worker stopped worker=order-a")
+    # The deaf handler ended with the process: its 8 s sleep never got to the "done" effect.
+    wait_for(lambda: time.monotonic() - signalled > 9, 15, "the deaf handler's sleep to pass")
+    assert phases("order-deaf") == ["start"] and phases("order-coop") == ["start"]
+    assert not JobFailure.objects.exists()
