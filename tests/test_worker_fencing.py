@@ -202,3 +202,25 @@ def test_a_handler_spinning_in_pure_python_does_not_stop_renewals(workers):
     assert list(Effect.objects.filter(key="spin").order_by("id").values_list("fence", "worker_id", "phase")) == [
         (1, "spin-a", "start"), (1, "spin-a", "done")]
     assert "Lost claim" not in a.log()
+
+
+@pytest.mark.parametrize(("task_name", "exception"), [
+    ("raise_lease_lost", "django_leases.exceptions.LeaseLost"),
+    ("raise_cancelled", "asyncio.exceptions.CancelledError"),
+])
+def test_a_handler_raising_what_a_loss_would_on_a_held_claim_fails_the_attempt(
+        workers, task_name, exception):
+    """Invariants 2 and 3: LeaseLost or CancelledError from the handler's own code, while the
+    claim is still held, is recorded as a failed attempt and retried at once by the ladder,
+    instead of leaving the job claimed and unrenewed until its lease runs out."""
+    from tests.testapp import tasks
+
+    result = getattr(tasks, task_name).using_lease(
+        max_attempts=2, retry=[0], lease=60).enqueue()
+    w = workers.start(f"own-{task_name}", "--heartbeat", "2", "--poll", "0.2")
+    wait_for(lambda: job_of(result).state == JobState.DEAD, 20, "both attempts to fail")
+    w.kill()
+    job = job_of(result)
+    assert (job.attempts, job.fence, job.dead_reason, job.leases_lost) == (
+        2, 2, DeadReason.ATTEMPTS, 0)
+    assert [f.exception_class_path for f in job.failures.order_by("attempt")] == [exception] * 2

@@ -69,9 +69,10 @@ def _run(task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle,
             result = asyncio.run(_run_async(task.func, args, kwargs, handle))
         else:
             result = task.func(*args, **kwargs)
-    except (LeaseLost, asyncio.CancelledError):
-        return Outcome("lost")
-    except Exception as e:
+    # CancelledError is a BaseException. It and LeaseLost mean "lost" only when the claim
+    # really was lost; raised by the handler's own code on a claim still held, they are an
+    # error like any other, or the job would sit claimed, unrenewed, until its lease ran out.
+    except (LeaseLost, asyncio.CancelledError, Exception) as e:
         if handle.lost:
             return Outcome("lost")
         outcome = Outcome(

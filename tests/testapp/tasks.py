@@ -379,3 +379,23 @@ def spin(key: str, seconds: float) -> dict:
         loops += 1
     _effect(key, "done")
     return {"fence": current_job().fence, "loops": loops}
+
+
+# -- handlers whose own code raises what a lost claim would (tests/test_worker_fencing.py) --
+
+
+@task
+def raise_lease_lost() -> None:
+    """Raise LeaseLost on a claim that is still held (a misuse, or a library of its own
+    reusing the name): an error like any other, not a loss."""
+    from django_leases.exceptions import LeaseLost
+
+    raise LeaseLost("raised by the handler, not by the worker")
+
+
+@task
+async def raise_cancelled() -> None:
+    """Raise CancelledError on a claim still held (an inner timeout gone wrong)."""
+    import asyncio
+
+    raise asyncio.CancelledError("cancelled by the handler's own code")
