@@ -328,10 +328,14 @@ def chaos_job(key: str, kind: str = "quick", seconds: float = 0.1) -> dict:
 
     log = logging.getLogger("tests.chaos.handler")
     job = current_job()
-    run = ChaosRun.objects.create(job_id=job.job_id, key=key, kind=kind, fence=job.fence,
-                                  worker_id=job.worker_id, pid=os.getpid(), local_start=time.time())
-    stage = "work"
+    stage = "record"
     try:
+        # Inside the try: if the database is unreachable already, the handler ends here and
+        # the checker must see that line, or it times the worker's later discard instead.
+        run = ChaosRun.objects.create(job_id=job.job_id, key=key, kind=kind, fence=job.fence,
+                                      worker_id=job.worker_id, pid=os.getpid(),
+                                      local_start=time.time())
+        stage = "work"
         if kind in ("hog", "deaf"):
             # Blocks without looking at the claim. Not time.sleep: under libfaketime (the
             # skewed workers) clock_nanosleep fails with EINVAL.
