@@ -13,6 +13,8 @@ from django.tasks.signals import task_enqueued
 from . import registry
 from .conf import LeaseOptions, validate_lease, validate_max_attempts
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
+from .jsonsafe import ensure_json
+from .query import EnqueueOptions, JobFields, insert_job, insert_job_rows
 from .retry import Retry
 from .states import FailureKind, JobState, LeaseLostPolicy
 from .task import LeaseTask
@@ -48,6 +50,11 @@ class LeaseBackend(BaseTaskBackend):
     supports_get_result = True
     supports_priority = True
     task_class = LeaseTask
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        # What each task's jobs get, checked once per task (see _job_fields).
+        self._checked_tasks: dict[Any, JobFields] = {}
 
     @property
     def lease_options(self) -> LeaseOptions:
@@ -90,14 +97,13 @@ class LeaseBackend(BaseTaskBackend):
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
         from .models import Job
 
-        self.validate_task(task)
         try:
-            job = Job.objects.using(self.database).enqueue(
-                task.module_path, args, kwargs, unique_key=getattr(task, "unique_key", None),
-                **self._job_fields(task))
+            fields = self._job_fields(task)
+            job = insert_job(Job, self.database, fields, ensure_json(list(args), "args"),
+                             ensure_json(dict(kwargs), "kwargs"))
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
-        result = self._to_result(job, task, failures=[])
+        result = self._enqueued_result(task, job.pk, job.enqueued_at, job.args, job.kwargs)
         task_enqueued.send(type(self), task_result=result)
         return result
 
@@ -105,31 +111,47 @@ class LeaseBackend(BaseTaskBackend):
         """Enqueue one job per ``(args, kwargs)`` pair in bulk INSERTs (all or nothing)."""
         from .models import Job
 
-        self.validate_task(task)
         if getattr(task, "unique_key", None) is not None:
+            self.validate_task(task)
             raise InvalidTask(f"Cannot enqueue {task.module_path} in bulk with a unique_key")
         try:
-            jobs = Job.objects.using(self.database).enqueue_many(
-                task.module_path, [(a, k) for a, k in calls], **self._job_fields(task))
+            rows = insert_job_rows(Job, self.database, self._job_fields(task), calls, batch_size=1000)
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
-        results = [self._to_result(job, task, failures=[]) for job in jobs]
+        results = [self._enqueued_result(task, *row) for row in rows]
         for result in results:
             task_enqueued.send(type(self), task_result=result)
         return results
 
-    def _job_fields(self, task: Any) -> dict[str, Any]:
-        """What a job of ``task`` inherits: the task's options, else its queue's, else the
-        backend's."""
+    def _job_fields(self, task: Any) -> JobFields:
+        """What a job of ``task`` gets (the task's options, else its queue's, else the
+        backend's), checked, after validate_task(). Tasks are frozen, so both are done once
+        per task and backend; a task that cannot be hashed (a list as retry) is checked on
+        every enqueue."""
+        try:
+            return self._checked_tasks[task]
+        except (KeyError, TypeError):
+            pass
+        self.validate_task(task)
+        fields = self._job_options(task).check(task.module_path)
+        try:
+            if len(self._checked_tasks) >= 1024:  # tasks made per call, e.g. using(run_after=...)
+                self._checked_tasks.clear()
+            self._checked_tasks[task] = fields
+        except TypeError:
+            pass
+        return fields
+
+    def _job_options(self, task: Any) -> EnqueueOptions:
         lease, max_attempts = self.job_options(task)
         options = self.lease_options
-        return {
-            "queue_name": task.queue_name, "priority": task.priority, "run_after": task.run_after,
-            "lease_seconds": lease, "max_attempts": max_attempts,
-            "retry": getattr(task, "retry", None) or options.retry_for_queue(task.queue_name),
-            "on_lease_lost": getattr(task, "on_lease_lost", LeaseLostPolicy.RETRY),
-            "max_age": options.max_age_days * 86400,
-        }
+        return EnqueueOptions(
+            queue_name=task.queue_name, priority=task.priority, run_after=task.run_after,
+            lease_seconds=lease, max_attempts=max_attempts,
+            retry=getattr(task, "retry", None) or options.retry_for_queue(task.queue_name),
+            on_lease_lost=getattr(task, "on_lease_lost", LeaseLostPolicy.RETRY),
+            max_age=options.max_age_days * 86400, unique_key=getattr(task, "unique_key", None),
+        )
 
     def get_result(self, result_id: Any) -> TaskResult:
         try:
@@ -174,6 +196,14 @@ class LeaseBackend(BaseTaskBackend):
                 f"Job {job.pk} names {job.task_path!r}, which is not a task declared for "
                 f"backend {self.alias!r}.")
         return task
+
+    def _enqueued_result(self, task: Any, pk: Any, enqueued_at: Any, args: list[Any],
+                         kwargs: dict[str, Any]) -> TaskResult:
+        """The TaskResult of a job just inserted: READY, not started, no errors."""
+        return TaskResult(
+            task=task, id=str(pk), status=TaskResultStatus.READY, enqueued_at=enqueued_at,
+            started_at=None, finished_at=None, last_attempted_at=None, args=args,
+            kwargs=kwargs, backend=self.alias, errors=[], worker_ids=[])
 
     def _to_result(self, job: Any, task: Any, failures: list[Any] | None = None) -> TaskResult:
         if failures is None:

@@ -7,8 +7,10 @@ the database clock (``Now()``); no datetime computed in Python is ever compared 
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,8 +41,14 @@ class ClaimRef(Protocol):
     claim_token: uuid.UUID | None
 
 
+def _checked_lease(lease: float | None) -> float | None:
+    """A caller's lease override, refused (InvalidLeaseOption naming ``lease``) when zero,
+    negative, NaN or past 12 h: a claim given such a lease would be open to takeover at once."""
+    return None if lease is None else conf.validate_lease(lease, "lease")
+
+
 def _lease_end(lease: float) -> Any:
-    return Now() + Value(timedelta(seconds=lease))
+    return _after_now(timedelta(seconds=lease))
 
 
 def _lease_end_by_job(claims: Iterable[Any], override: float | None) -> Any:
@@ -73,8 +81,8 @@ def _seconds(name: str, value: Any) -> float:
 
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise InvalidLeaseOption(name, f"must be seconds >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise InvalidLeaseOption(name, f"must be a finite number of seconds >= 0, got {value!r}")
     return float(value)
 
 
@@ -105,6 +113,214 @@ def _token_case(tokens: dict[Any, uuid.UUID]) -> Case:
           for pk, token in tokens.items()],
         output_field=models.UUIDField(),
     )
+
+
+# -- enqueue: the options of one call, checked once ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueOptions:
+    """The keyword options of ``enqueue()`` (``enqueue_many()`` takes them all but
+    ``unique_key``). ``check()`` turns them into the JobFields every job of the call gets,
+    so a bulk enqueue validates its options once, not once per row."""
+
+    queue_name: str = "default"
+    priority: int = 0
+    run_after: datetime | None = None
+    delay: float | timedelta | None = None
+    lease_seconds: float | None = None
+    max_attempts: int | None = None
+    retry: Any = None
+    on_lease_lost: str = LeaseLostPolicy.RETRY
+    deadline: datetime | None = None
+    max_age: float | timedelta | None = None
+    unique_key: str | None = None
+    on_duplicate: str = "refuse"
+
+    def check(self, task_path: str) -> JobFields:
+        """The validated fields; raise InvalidLeaseOption naming the first bad option.
+        Missing lease, attempts and age come from the backend OPTIONS."""
+        from .exceptions import InvalidLeaseOption
+        from .retry import Retry
+
+        if not isinstance(task_path, str) or not task_path:
+            raise InvalidLeaseOption("task_path", f"must be a dotted path, got {task_path!r}")
+        self._check_choices()
+        options = conf.get_options(None)
+        lease = conf.validate_lease(
+            options.lease_seconds if self.lease_seconds is None else self.lease_seconds, "lease_seconds")
+        attempts = conf.validate_max_attempts(
+            options.max_attempts if self.max_attempts is None else self.max_attempts, "max_attempts")
+        retry = None if self.retry is None else Retry.from_json(self.retry)
+        run_after = None if self.run_after is None else _aware("run_after", self.run_after)
+        delay = None if self.delay is None else timedelta(seconds=_seconds("delay", self.delay))
+        deadline = max_age = None
+        if self.deadline is not None:
+            deadline = _aware("deadline", self.deadline)
+        else:
+            age = options.max_age_days * 86400 if self.max_age is None else _seconds("max_age", self.max_age)
+            max_age = timedelta(seconds=age)
+        return JobFields(task_path, self.queue_name, self.priority, lease, attempts, retry,
+                         self.on_lease_lost, self.unique_key, self.on_duplicate,
+                         run_after, delay, deadline, max_age)
+
+    def _check_choices(self) -> None:
+        from .exceptions import InvalidLeaseOption
+
+        queue, priority, key = self.queue_name, self.priority, self.unique_key
+        if not isinstance(queue, str) or not 0 < len(queue) <= 100:
+            raise InvalidLeaseOption("queue_name", f"must be 1-100 characters, got {queue!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+            raise InvalidLeaseOption("priority", f"must be a whole number from -100 to 100, got {priority!r}")
+        if self.run_after is not None and self.delay is not None:
+            raise InvalidLeaseOption("run_after", "give run_after or delay, not both")
+        if self.deadline is not None and self.max_age is not None:
+            raise InvalidLeaseOption("deadline", "give deadline or max_age, not both")
+        if self.on_lease_lost not in LeaseLostPolicy.values:
+            raise InvalidLeaseOption(
+                "on_lease_lost", f"must be one of {LeaseLostPolicy.values}, got {self.on_lease_lost!r}")
+        if self.on_duplicate not in ("refuse", "merge"):
+            raise InvalidLeaseOption("on_duplicate", f"must be 'refuse' or 'merge', got {self.on_duplicate!r}")
+        if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 200):
+            raise InvalidLeaseOption("unique_key", f"must be 1-200 characters, got {key!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class JobFields:
+    """The checked columns of one enqueue call's jobs. The due time and the deadline are
+    either the caller's own absolute time or an interval that the INSERT adds to the
+    database clock: nothing here holds a "now" computed in Python."""
+
+    task_path: str
+    queue_name: str
+    priority: int
+    lease_seconds: float
+    max_attempts: int
+    retry: Any  # a Retry, or None for the default ladder
+    on_lease_lost: str
+    unique_key: str | None
+    on_duplicate: str
+    run_after: datetime | None
+    delay: timedelta | None  # None with no run_after: due at Now()
+    deadline: datetime | None
+    max_age: timedelta | None  # set exactly when deadline is None
+
+    def columns(self) -> dict[str, Any]:
+        """The columns every job of the call shares (retry as its own fresh JSON)."""
+        return {"task_path": self.task_path, "queue_name": self.queue_name, "priority": self.priority,
+                "lease_seconds": self.lease_seconds, "max_attempts": self.max_attempts,
+                "retry": self.retry_json(), "on_lease_lost": self.on_lease_lost,
+                "unique_key": self.unique_key}
+
+    def retry_json(self) -> dict[str, Any] | None:
+        return None if self.retry is None else self.retry.to_json()
+
+    def new_job(self, model: Any, args: list[Any], kwargs: dict[str, Any]) -> Job:
+        """An unsaved job for the ORM path, its intervals as Now() + interval."""
+        timing: dict[str, Any] = {"deadline": self.deadline if self.max_age is None else _after_now(self.max_age)}
+        if self.run_after is not None:
+            timing["available_at"] = self.run_after
+        elif self.delay is not None:
+            timing["available_at"] = _after_now(self.delay)
+        return model(args=args, kwargs=kwargs, **self.columns(), **timing)
+
+    def pg_params(self) -> dict[str, Any]:
+        """Parameters of _PG_ENQUEUE but the per-row args and kwargs."""
+        params = self.columns()
+        params["retry"] = _pg_json(params["retry"])
+        params.update(run_after=self.run_after, delay=self.delay or timedelta(0),
+                      deadline=self.deadline, max_age=self.max_age)
+        return params
+
+
+def _after_now(interval: timedelta) -> Any:
+    return Now() + Value(interval)
+
+
+def _checked_calls(calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
+                   batch_size: int | None = None) -> list[tuple[list, dict]]:
+    """Every call's (args, kwargs) as JSON-safe copies; InvalidJobArgument names the call.
+    A ``batch_size`` that bulk_create would refuse is refused first."""
+    from .exceptions import InvalidJobArgument
+
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    checked = []
+    for i, (args, kwargs) in enumerate(calls):
+        try:
+            checked.append((ensure_json(list(args), "args"), ensure_json(dict(kwargs or {}), "kwargs")))
+        except InvalidJobArgument as e:
+            raise InvalidJobArgument(f"calls[{i}].{e.path}", e.reason) from e
+    return checked
+
+
+def insert_job(model: Any, db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job:
+    """Insert one job of checked ``fields`` and JSON-safe arguments (see JobQuerySet.enqueue);
+    a held unique key is refused (DuplicateJob) or merged per ``fields.on_duplicate``."""
+    insert = _pg_insert_one if _pg(db) else _insert_one
+    if fields.unique_key is None:
+        return insert(model, db, fields, args, kwargs)
+    from .exceptions import DuplicateJob
+
+    for _ in range(3):
+        job = insert(model, db, fields, args, kwargs)
+        if job is not None:
+            return job
+        # The key is held; unless its holder finished in the meantime, that is the answer.
+        holder = model._default_manager.using(db).filter(
+            unique_key=fields.unique_key, state__in=[JobState.PENDING, JobState.CLAIMED]).first()
+        if holder is not None:
+            if fields.on_duplicate == "merge":
+                return holder
+            raise DuplicateJob(fields.unique_key, holder.pk)
+    raise IntegrityError(f"unique_key {fields.unique_key!r} kept conflicting; try again")
+
+
+def insert_jobs(model: Any, db: str, fields: JobFields,
+                calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
+                batch_size: int | None) -> list[Job]:
+    """Insert one job per call, all or none, ``batch_size`` rows per INSERT (see
+    JobQuerySet.enqueue_many); every call is checked before the first INSERT."""
+    checked = _checked_calls(calls, batch_size)
+    if not _pg(db):
+        return _insert_many(model, db, fields, checked, batch_size)
+    return _saved_jobs(model, db, fields, checked, _pg_insert_many(model, db, fields, checked, batch_size))
+
+
+def insert_job_rows(model: Any, db: str, fields: JobFields,
+                    calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
+                    batch_size: int | None) -> list[tuple[Any, datetime, list, dict]]:
+    """insert_jobs(), answering (id, enqueued_at, args, kwargs) for each job: what a
+    TaskResult needs. On PostgreSQL no model instance is built, which is most of the time
+    a bulk enqueue of thousands of jobs would otherwise take."""
+    checked = _checked_calls(calls, batch_size)
+    if not _pg(db):
+        return [(j.pk, j.enqueued_at, j.args, j.kwargs) for j in _insert_many(model, db, fields, checked, batch_size)]
+    rows = _pg_insert_many(model, db, fields, checked, batch_size)
+    return [(row[0], row[1], args, kwargs) for (args, kwargs), row in zip(checked, rows, strict=True)]
+
+
+def _insert_many(model: Any, db: str, fields: JobFields, calls: list[tuple[list, dict]],
+                 batch_size: int | None) -> list[Job]:
+    """The ORM path (SQLite, MariaDB): bulk_create, itself all or nothing."""
+    return model._default_manager.using(db).bulk_create(
+        [fields.new_job(model, args, kwargs) for args, kwargs in calls], batch_size=batch_size)
+
+
+def _insert_one(model: Any, db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job | None:
+    """The ORM path (SQLite, MariaDB): save(); None when the unique key is held."""
+    job = fields.new_job(model, args, kwargs)
+    if fields.unique_key is None:
+        job.save(using=db, force_insert=True)
+        return job
+    try:
+        # A savepoint, so a refused insert leaves the caller's transaction usable.
+        with transaction.atomic(using=db):
+            job.save(using=db, force_insert=True)
+    except IntegrityError:
+        return None
+    return job
 
 
 # Fields whose new values the claim sets on the database clock; dropped from the returned
@@ -155,114 +371,22 @@ class JobQuerySet(models.QuerySet):
 
     # -- enqueue -----------------------------------------------------------------------
 
-    def enqueue(
-        self,
-        task_path: str,
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        *,
-        queue_name: str = "default",
-        priority: int = 0,
-        run_after: datetime | None = None,
-        delay: float | None = None,
-        lease_seconds: float | None = None,
-        max_attempts: int | None = None,
-        retry: Any = None,
-        on_lease_lost: str = LeaseLostPolicy.RETRY,
-        deadline: datetime | None = None,
-        max_age: float | None = None,
-        unique_key: str | None = None,
-        on_duplicate: str = "refuse",
-    ) -> Job:
+    def enqueue(self, task_path: str, args: Sequence[Any] = (),
+                kwargs: dict[str, Any] | None = None, **options: Any) -> Job:
         """Insert a pending job in the caller's transaction and return it.
 
-        Raise InvalidJobArgument (naming the argument) or InvalidLeaseOption before anything
-        is written. ``delay`` and ``max_age`` count from the database clock; ``run_after`` and
-        ``deadline`` are the caller's own absolute times. With ``unique_key``, a second
-        pending or claimed job with the same key is refused (DuplicateJob) or, with
-        ``on_duplicate="merge"``, the existing job is returned instead.
+        ``options`` are those of EnqueueOptions: queue_name, priority, run_after, delay,
+        lease_seconds, max_attempts, retry, on_lease_lost, deadline, max_age, unique_key,
+        on_duplicate. Raise InvalidJobArgument (naming the argument) or InvalidLeaseOption
+        before anything is written. ``delay`` and ``max_age`` count from the database clock;
+        ``run_after`` and ``deadline`` are the caller's own absolute times. With
+        ``unique_key``, a second pending or claimed job with the same key is refused
+        (DuplicateJob) or, with ``on_duplicate="merge"``, the existing job is returned instead.
         """
-        db = self._db or router.db_for_write(self.model)
-        job = self._build(
-            task_path, args, kwargs, queue_name=queue_name, priority=priority,
-            run_after=run_after, delay=delay, lease_seconds=lease_seconds,
-            max_attempts=max_attempts, retry=retry, on_lease_lost=on_lease_lost,
-            deadline=deadline, max_age=max_age, unique_key=unique_key, on_duplicate=on_duplicate)
-        if unique_key is None:
-            job.save(using=db, force_insert=True)
-        else:
-            existing = self._insert_unique(db, job)
-            if existing is not None:
-                if on_duplicate == "merge":
-                    return existing
-                from .exceptions import DuplicateJob
-
-                raise DuplicateJob(unique_key, existing.pk)
-        # On PostgreSQL a trigger (migration 0007) wakes listening workers when this commits.
-        return job
-
-    def _build(
-        self,
-        task_path: str,
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        *,
-        queue_name: str = "default",
-        priority: int = 0,
-        run_after: datetime | None = None,
-        delay: float | None = None,
-        lease_seconds: float | None = None,
-        max_attempts: int | None = None,
-        retry: Any = None,
-        on_lease_lost: str = LeaseLostPolicy.RETRY,
-        deadline: datetime | None = None,
-        max_age: float | None = None,
-        unique_key: str | None = None,
-        on_duplicate: str = "refuse",
-    ) -> Job:
-        """Validate an enqueue and return the unsaved job (see enqueue())."""
-        from .exceptions import InvalidLeaseOption
-        from .retry import Retry
-
         args = ensure_json(list(args), "args")
         kwargs = ensure_json(dict(kwargs or {}), "kwargs")
-        if not isinstance(task_path, str) or not task_path:
-            raise InvalidLeaseOption("task_path", f"must be a dotted path, got {task_path!r}")
-        if not isinstance(queue_name, str) or not 0 < len(queue_name) <= 100:
-            raise InvalidLeaseOption("queue_name", f"must be 1-100 characters, got {queue_name!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
-            raise InvalidLeaseOption("priority", f"must be a whole number from -100 to 100, got {priority!r}")
-        if run_after is not None and delay is not None:
-            raise InvalidLeaseOption("run_after", "give run_after or delay, not both")
-        if deadline is not None and max_age is not None:
-            raise InvalidLeaseOption("deadline", "give deadline or max_age, not both")
-        if on_lease_lost not in LeaseLostPolicy.values:
-            raise InvalidLeaseOption("on_lease_lost", f"must be one of {LeaseLostPolicy.values}, got {on_lease_lost!r}")
-        if on_duplicate not in ("refuse", "merge"):
-            raise InvalidLeaseOption("on_duplicate", f"must be 'refuse' or 'merge', got {on_duplicate!r}")
-        if unique_key is not None and (not isinstance(unique_key, str) or not 0 < len(unique_key) <= 200):
-            raise InvalidLeaseOption("unique_key", f"must be 1-200 characters, got {unique_key!r}")
-        options = conf.get_options(None)
-        lease = conf.validate_lease(
-            options.lease_seconds if lease_seconds is None else lease_seconds, "lease_seconds")
-        attempts = conf.validate_max_attempts(
-            options.max_attempts if max_attempts is None else max_attempts, "max_attempts")
-        fields: dict[str, Any] = {
-            "retry": None if retry is None else Retry.from_json(retry).to_json(),
-            "on_lease_lost": on_lease_lost,
-            "unique_key": unique_key,
-        }
-        if run_after is not None:
-            fields["available_at"] = _aware("run_after", run_after)
-        elif delay is not None:
-            fields["available_at"] = _lease_end(_seconds("delay", delay))
-        if deadline is not None:
-            fields["deadline"] = _aware("deadline", deadline)
-        else:
-            age = options.max_age_days * 86400 if max_age is None else _seconds("max_age", max_age)
-            fields["deadline"] = _lease_end(age)
-        return self.model(task_path=task_path, args=args, kwargs=kwargs, queue_name=queue_name,
-                          priority=priority, lease_seconds=lease, max_attempts=attempts, **fields)
+        fields = EnqueueOptions(**options).check(task_path)
+        return insert_job(self.model, self._db or router.db_for_write(self.model), fields, args, kwargs)
 
     def enqueue_many(
         self,
@@ -274,40 +398,18 @@ class JobQuerySet(models.QuerySet):
     ) -> list[Job]:
         """Insert one pending job per ``(args, kwargs)`` call in as few INSERTs as possible
         (``batch_size`` rows each), in the caller's transaction; the options are those of
-        ``enqueue()`` except ``unique_key``. Every call is checked before anything is written:
-        an argument that does not round-trip through JSON raises InvalidJobArgument naming
-        the call (``calls[3].args[0]``) and nothing is inserted.
+        ``enqueue()`` except ``unique_key``, checked once for every call. Every call is
+        checked before anything is written: an argument that does not round-trip through
+        JSON raises InvalidJobArgument naming the call (``calls[3].args[0]``) and nothing is
+        inserted.
         """
-        from .exceptions import InvalidJobArgument, InvalidLeaseOption
+        from .exceptions import InvalidLeaseOption
 
         if "unique_key" in options:
             raise InvalidLeaseOption("unique_key", "enqueue_many() takes no unique_key; use enqueue()")
+        fields = EnqueueOptions(**options).check(task_path)
         db = self._db or router.db_for_write(self.model)
-        jobs = []
-        for i, (args, kwargs) in enumerate(calls):
-            try:
-                jobs.append(self._build(task_path, args, kwargs, **options))
-            except InvalidJobArgument as e:
-                raise InvalidJobArgument(f"calls[{i}].{e.path}", e.reason) from e
-        return self.model._default_manager.using(db).bulk_create(jobs, batch_size=batch_size)
-
-    def _insert_unique(self, db: str, job: Job) -> Job | None:
-        """Insert ``job`` unless an active job holds its key; return that job if one does."""
-        manager = self.model._default_manager.using(db)
-        for _ in range(3):
-            try:
-                # A savepoint, so a refused insert leaves the caller's transaction usable.
-                with transaction.atomic(using=db):
-                    job.save(using=db, force_insert=True)
-                return None
-            except IntegrityError:
-                job.pk = None
-                job._state.adding = True
-                holder = manager.filter(
-                    unique_key=job.unique_key, state__in=[JobState.PENDING, JobState.CLAIMED]).first()
-                if holder is not None:
-                    return holder
-        raise IntegrityError(f"unique_key {job.unique_key!r} kept conflicting; try again")
+        return insert_jobs(self.model, db, fields, calls, batch_size)
 
     # -- the claim and its owner's writes ----------------------------------------------
 
@@ -336,6 +438,7 @@ class JobQuerySet(models.QuerySet):
         """
         if limit < 1:
             return []
+        lease = _checked_lease(lease)
         db = self._db or router.db_for_write(self.model)
         queues = list(queues)
         claimed: list[Job] = []
@@ -371,7 +474,13 @@ class JobQuerySet(models.QuerySet):
         if not wanted:
             return []
         tokens = {j.pk: uuid.uuid4() for j in wanted}
-        claimed_count = manager.filter(pk__in=tokens).claimable().update(
+        # Each row must still be as it was read (fence and state): without SKIP LOCKED the
+        # read took no lock, and a row taken over and expired again meanwhile would be won
+        # with the previous owner's fence and attempt, so two owners would share a fence.
+        as_read = Q()
+        for j in wanted:
+            as_read |= Q(pk=j.pk, fence=j.fence, state=j.state)
+        claimed_count = manager.filter(as_read).claimable().update(
             # MySQL assigns left to right and later expressions see earlier assignments:
             # read the old state before it is overwritten.
             leases_lost=_count_if_expired(),
@@ -443,6 +552,7 @@ class JobQuerySet(models.QuerySet):
         claims = list(claims)
         if not claims:
             return set()
+        lease = _checked_lease(lease)
         db = self._db or router.db_for_write(self.model)
         if _pg(db):
             return _pg_ids(self.model, db, _PG_RENEW, {
@@ -547,6 +657,7 @@ class JobQuerySet(models.QuerySet):
     def checkpoint(self, claim: ClaimRef, cursor: Any, lease: float | None = None) -> bool:
         """Commit ``cursor`` and renew the lease in one conditional UPDATE."""
         cursor = ensure_json(cursor, "cursor")
+        lease = _checked_lease(lease)
         return self._owned(claim).update(
             cursor=cursor,
             lease_expires_at=_lease_end_by_job([claim], lease),
@@ -608,6 +719,21 @@ class JobQuerySet(models.QuerySet):
                 return deleted
             _, per_model = manager.filter(pk__in=ids).delete()
             deleted += per_model.get(self.model._meta.label, 0)
+
+    def dead_letter_past_deadline(self, *, batch_size: int = 1000) -> int:
+        """Dead-letter pending jobs whose deadline passed (database clock) although no claim
+        came to settle them: parked jobs, jobs of a queue no worker serves, jobs scheduled
+        past their own deadline. Return how many ended."""
+        manager = self.model._default_manager.using(self.db)
+        late = self.filter(state=JobState.PENDING, deadline__lt=Now())
+        ended = 0
+        while True:
+            ids = list(late.order_by("pk").values_list("pk", flat=True)[:batch_size])
+            if not ids:
+                return ended
+            # Conditional again: a job claimed since the read keeps running.
+            ended += manager.filter(pk__in=ids, state=JobState.PENDING, deadline__lt=Now()).update(
+                state=JobState.DEAD, dead_reason=DeadReason.DEADLINE, finished_at=Now())
 
     # -- admin views -------------------------------------------------------------------
     # Read-only views and conditional verbs for the admin. "Stalled" here is the design's
@@ -878,6 +1004,140 @@ def _pg_json(value: Any) -> str | None:
     import json
 
     return None if value is None else json.dumps(value)
+
+
+# -- PostgreSQL: enqueue in one constant statement ------------------------------------------
+# The ORM's INSERT is compiled anew for every row (and for every batch of a bulk_create, a
+# statement with one placeholder per row and column); this one is a constant string whatever
+# the row count: the options every job of a call shares are scalars, the args and kwargs are
+# one array each. The due time and the deadline are the caller's absolute time or the
+# database clock plus an interval, as Now() + interval is on the ORM path. The statement
+# trigger of migration 0007 sends the NOTIFY, as for any INSERT.
+
+_PG_ENQUEUE = """
+INSERT INTO {job} (task_path, queue_name, priority, lease_seconds, max_attempts, retry,
+                   on_lease_lost, unique_key, available_at, deadline,
+                   state, fence, attempts, leases_lost, claimed_by, dead_reason, args, kwargs)
+{rows}
+{on_conflict}RETURNING id, enqueued_at, available_at, deadline, active_key
+"""
+# What every job of one call gets: the call's options, the due time and deadline from the
+# caller's own time or the database clock plus an interval, the model's defaults.
+_PG_SHARED = """%(task_path)s::varchar, %(queue_name)s::varchar, %(priority)s::smallint,
+    %(lease_seconds)s::float8, %(max_attempts)s::integer, %(retry)s::jsonb,
+    %(on_lease_lost)s::varchar, %(unique_key)s::varchar,
+    COALESCE(%(run_after)s::timestamptz, statement_timestamp() + %(delay)s::interval),
+    COALESCE(%(deadline)s::timestamptz, statement_timestamp() + %(max_age)s::interval),
+    'pending', 0, 0, 0, '', ''"""
+# One job: plain VALUES, which the server plans in half the time of a SELECT.
+_PG_ONE_ROW = f"VALUES ({_PG_SHARED}, %(args)s::jsonb, %(kwargs)s::jsonb)"
+# Many: unnest() yields the rows in array order.
+_PG_ROWS = f"""SELECT {_PG_SHARED}, v.args, v.kwargs
+FROM unnest(%(args)s::jsonb[], %(kwargs)s::jsonb[]) AS v(args, kwargs)"""
+# ... answered in one row: the ids, drawn from the sequence in the order of insertion, and
+# the times, which are the same for every row of one statement (statement_timestamp() and
+# the call's own options), so that the client parses one row, not three times per job.
+_PG_MANY = """WITH inserted AS ({insert})
+SELECT array_agg(id ORDER BY id), min(enqueued_at), min(available_at), min(deadline) FROM inserted"""
+# A held unique key inserts nothing and returns no row: no error, so no savepoint either.
+_PG_KEY_HELD = "ON CONFLICT (active_key) DO NOTHING\n"
+# The columns of Job the INSERT returns, in the order of its RETURNING.
+_RETURNED = ("id", "enqueued_at", "available_at", "deadline", "active_key")
+
+_pg_enqueue_cache: dict[tuple[str, str, bool], str] = {}
+
+
+def _pg_enqueue_sql(model: Any, db: str, rows: str, unique: bool) -> str:
+    key = (model._meta.db_table, rows, unique)
+    if key not in _pg_enqueue_cache:
+        table = connections[db].ops.quote_name(model._meta.db_table)
+        insert = _PG_ENQUEUE.format(job=table, rows=rows, on_conflict=_PG_KEY_HELD if unique else "")
+        _pg_enqueue_cache[key] = insert if rows == _PG_ONE_ROW else _PG_MANY.format(insert=insert)
+    return _pg_enqueue_cache[key]
+
+
+def _json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value) if value else ("[]" if isinstance(value, list) else "{}")
+
+
+def _pg_insert_one(model: Any, db: str, fields: JobFields, args: list[Any],
+                   kwargs: dict[str, Any]) -> Job | None:
+    """One INSERT ... RETURNING; None when an active job holds the unique key."""
+    params = fields.pg_params()
+    params["args"], params["kwargs"] = _json_text(args), _json_text(kwargs)
+    sql = _pg_enqueue_sql(model, db, _PG_ONE_ROW, fields.unique_key is not None)
+    with connections[db].cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return None if row is None else _saved_jobs(model, db, fields, [(args, kwargs)], [row])[0]
+
+
+def _pg_insert_many(model: Any, db: str, fields: JobFields, calls: list[tuple[list, dict]],
+                    batch_size: int | None) -> list[tuple]:
+    """One INSERT ... SELECT FROM unnest(args[], kwargs[]) per ``batch_size`` calls, in one
+    transaction (as bulk_create): all the jobs or none. Answer the RETURNING columns of
+    each job, in the order of the calls."""
+    if not calls:
+        return []
+    sql = _pg_enqueue_sql(model, db, _PG_ROWS, False)
+    params = fields.pg_params()
+    rows: list[tuple] = []
+    with transaction.atomic(using=db, savepoint=False), connections[db].cursor() as cursor:
+        for batch in _batches(calls, batch_size):
+            params["args"] = [_json_text(args) for args, _ in batch]
+            params["kwargs"] = [_json_text(kwargs) for _, kwargs in batch]
+            cursor.execute(sql, params)
+            ids, enqueued_at, available_at, deadline = cursor.fetchone()
+            rows.extend((pk, enqueued_at, available_at, deadline, None) for pk in ids)
+    return rows
+
+
+def _batches(calls: list[tuple[list, dict]], batch_size: int | None) -> Iterable[list[tuple[list, dict]]]:
+    """``calls`` in slices of ``batch_size`` (None: one slice), as bulk_create takes it."""
+    size = batch_size or len(calls)
+    return (calls[start:start + size] for start in range(0, len(calls), size))
+
+
+def _saved_jobs(model: Any, db: str, fields: JobFields, calls: list[tuple[list, dict]],
+                rows: list[tuple]) -> list[Job]:
+    """The jobs as saved, without a second query: what the call wrote, the model's defaults
+    for the columns it left alone, and what the database computed (RETURNING)."""
+    layout = _job_layout(model)
+    template = [*layout.defaults]
+    for name, value in fields.columns().items():
+        template[layout.slot[name]] = value
+    jobs = []
+    for (args, kwargs), row in zip(calls, rows, strict=True):
+        values = template.copy()
+        for slot, value in zip(layout.per_row, (args, kwargs, fields.retry_json(), *row), strict=True):
+            values[slot] = value
+        jobs.append(model.from_db(db, layout.names, values))
+    return jobs
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A model's concrete columns in order, their defaults, the position of each, and where
+    each job's own values go (args, kwargs, its fresh retry JSON, the RETURNING columns)."""
+
+    names: list[str]
+    defaults: list[Any]  # callable defaults (args, kwargs) are always replaced
+    slot: dict[str, int]
+    per_row: tuple[int, ...]
+
+
+_layouts: dict[Any, _Layout] = {}
+
+
+def _job_layout(model: Any) -> _Layout:
+    if model not in _layouts:
+        fields = model._meta.concrete_fields
+        slot = {f.attname: i for i, f in enumerate(fields)}
+        _layouts[model] = _Layout([f.attname for f in fields], [f.get_default() for f in fields], slot,
+                                  tuple(slot[n] for n in ("args", "kwargs", "retry", *_RETURNED)))
+    return _layouts[model]
 
 
 # Enqueue wake-ups on PostgreSQL (sent by the trigger of migration 0007): the payload is the

@@ -229,3 +229,44 @@ def test_enqueue_many_writes_every_job_in_bulk_or_none():
         add.enqueue_many([((1, 2), {}), ((object(), 2), {})])
     assert Job.objects.count() == 250
     assert len(Job.objects.claim("w", limit=300)) == 250
+
+
+def test_enqueue_many_results_read_like_get_result_and_each_is_signalled():
+    """The results of a bulk enqueue are the stored rows, in the order of the calls, and
+    task_enqueued is sent once for each."""
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append(task_result.id)
+
+    task_enqueued.connect(receiver)
+    try:
+        results = send_receipt.enqueue_many([((i,), {}) for i in range(5)])
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert seen == [r.id for r in results]
+    for i, result in enumerate(results):
+        again = send_receipt.get_result(result.id)
+        assert (result.args, result.status, result.task.queue_name, result.task.priority) == (
+            [i], TaskResultStatus.READY, "emails", 10)
+        assert (again.args, again.enqueued_at, again.status) == (result.args, result.enqueued_at, result.status)
+
+
+def test_a_task_enqueued_again_after_the_settings_change_gets_the_new_options(settings):
+    """The backend checks a task's options once, but a change of TASKS makes a new backend
+    that checks them again."""
+    add.enqueue(1, 1)
+    settings.TASKS = {"default": {**settings.TASKS["default"], "OPTIONS": {"LEASE_SECONDS": 77, "MAX_AGE_DAYS": 2}}}
+    job = Job.objects.get(pk=int(add.enqueue(1, 1).id))
+    assert (job.lease_seconds, job.deadline - job.enqueued_at) == (77, timedelta(days=2))
+
+
+def test_tasks_made_per_call_are_each_checked():
+    """A task copied per call (its own run_after) is checked on each enqueue: a naive
+    run_after is refused even after an aware one of the same task went through."""
+    when = timezone.now() + timedelta(minutes=5)
+    ok = add.using(run_after=when).enqueue(1, 2)
+    assert Job.objects.get(pk=int(ok.id)).available_at == when
+    with pytest.raises(InvalidTask):
+        add.using(run_after=when.replace(tzinfo=None)).enqueue(1, 2)
+    assert Job.objects.count() == 1

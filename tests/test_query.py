@@ -7,11 +7,14 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
+from django.utils import timezone
 
+from django_leases import query
 from django_leases.exceptions import InvalidJobArgument, InvalidLeaseOption
+from django_leases.jsonsafe import ensure_json
 from django_leases.models import Job, JobFailure
 from django_leases.states import FailureKind, JobState
 
@@ -54,6 +57,10 @@ def test_enqueue_writes_a_pending_job_due_now_on_the_database_clock():
         ([], {"when": object()}, "kwargs['when']"),
         ([{"a": [1, float("nan")]}], {}, "args[0]['a'][1]"),
         ([{1: "x"}], {}, "args[0][1]"),
+        # PostgreSQL's jsonb has no NUL; nothing stores a lone surrogate.
+        (["a\x00b"], {}, "args[0]"),
+        ([], {"k\x00": 1}, "kwargs['k\\x00']"),
+        (["\ud800"], {}, "args[0]"),
     ],
 )
 def test_enqueue_refuses_what_json_would_change_and_names_it(args, kwargs, named):
@@ -80,6 +87,11 @@ def test_enqueue_keeps_tuples_as_lists_like_django_tasks():
         ("priority", {"priority": 101}),
         ("queue_name", {"queue_name": ""}),
         ("delay", {"delay": -1}),
+        ("lease_seconds", {"lease_seconds": float("nan")}),
+        ("delay", {"delay": float("nan")}),
+        ("retry.delays[0]", {"retry": [float("nan")]}),
+        ("retry.delays[1]", {"retry": [10, 1e9]}),
+        ("retry.factor", {"retry": {"factor": float("nan")}}),
     ],
 )
 def test_enqueue_refuses_bad_options_naming_the_field(field, kw):
@@ -95,6 +107,192 @@ def test_enqueue_with_delay_is_not_claimable_until_the_database_clock_says_so():
     job.refresh_from_db()
     assert timedelta(seconds=59) < job.available_at - job.enqueued_at < timedelta(seconds=61)
     assert Job.objects.claim("w") == []
+
+
+# -- enqueue: PostgreSQL's constant INSERT writes what the ORM writes ---------------------
+
+on_postgres = pytest.mark.skipif(connection.vendor != "postgresql",
+                                 reason="the constant INSERT is PostgreSQL's; elsewhere the ORM path runs")
+AHEAD = timezone.now() + timedelta(hours=1)
+OPTIONS = [
+    {},
+    {"queue_name": "emails", "priority": 7, "lease_seconds": 45, "max_attempts": 3,
+     "retry": [5, 50], "on_lease_lost": "park"},
+    {"delay": 60, "retry": {"base": 2, "factor": 3, "cap": 60, "jitter": 0}},
+    {"delay": timedelta(seconds=1.25), "max_age": 3600, "on_lease_lost": "dead"},
+    {"run_after": AHEAD, "deadline": AHEAD + timedelta(days=2), "priority": -100},
+    {"unique_key": "invoice-7"},
+]
+ARGS = [1, "quote ' \" back \\ é ☃", {"nested": [1.5, None, True, 2**62]}, ()]
+KWARGS = {"t": (3, 4), "n": None, "": {}}
+
+
+def stored(pk, options):
+    """Every column of job ``pk``; a time counted from the database clock as its distance
+    from the INSERT's own clock (enqueued_at), so that two inserts can be compared."""
+    row = Job.objects.filter(pk=pk).values().get()
+    del row["id"]
+    enqueued = row.pop("enqueued_at")
+    if "run_after" not in options:
+        row["available_at"] -= enqueued
+    if "deadline" not in options:
+        row["deadline"] -= enqueued
+    return row
+
+
+def in_memory(job):
+    return {f.attname: getattr(job, f.attname) for f in Job._meta.concrete_fields}
+
+
+def as_stored(job):
+    return Job.objects.filter(pk=job.pk).values().get()
+
+
+def insert_both_ways(insert_fast, insert_orm, options):
+    """Insert with each path; return the stored rows. The first job is cancelled between the
+    two, so that a unique key is free again for the second."""
+    fast = insert_fast()
+    fast_row, fast_job = stored(fast.pk, options), fast
+    assert in_memory(fast) == as_stored(fast)
+    Job.objects.filter(pk=fast.pk).cancel()
+    orm = insert_orm()
+    assert in_memory(orm) == as_stored(orm)
+    return fast_row, stored(orm.pk, options), fast_job
+
+
+@on_postgres
+@pytest.mark.parametrize("options", OPTIONS)
+def test_the_postgresql_insert_writes_the_row_the_orm_writes(options):
+    """Every column but id and enqueued_at is the same, and the times counted from the
+    database clock (delay, max_age, MAX_AGE_DAYS) are the same distance from the INSERT's
+    own clock; the returned job holds the row as stored."""
+    fields = query.EnqueueOptions(**options).check(TASK)
+    args, kwargs = ensure_json(ARGS, "args"), ensure_json(KWARGS, "kwargs")
+    fast, orm, job = insert_both_ways(
+        lambda: query._pg_insert_one(Job, "default", fields, args, kwargs),
+        lambda: query._insert_one(Job, "default", fields, args, kwargs), options)
+    assert fast == orm
+    assert job.state == JobState.PENDING and job.args[1] == ARGS[1] and job.kwargs["t"] == [3, 4]
+
+
+@on_postgres
+@pytest.mark.parametrize("options", [o for o in OPTIONS if "unique_key" not in o])
+def test_the_postgresql_bulk_insert_writes_the_rows_bulk_create_writes(options):
+    fields = query.EnqueueOptions(**options).check(TASK)
+    calls = query._checked_calls([([i, *ARGS], {**KWARGS, "i": i}) for i in range(5)])
+
+    def rows_of(jobs):
+        return [stored(j.pk, options) for j in jobs]
+
+    fast = query.insert_jobs(Job, "default", fields, calls, batch_size=2)
+    orm = query._insert_many(Job, "default", fields, calls, batch_size=2)
+    assert rows_of(fast) == rows_of(orm)
+    assert [j.args[0] for j in fast] == list(range(5))  # in the order of the calls
+    assert [in_memory(j) for j in fast] == [as_stored(j) for j in fast]
+
+
+def test_the_rows_a_bulk_enqueue_answers_are_the_stored_ones():
+    """What the Django Tasks backend reads back from a bulk enqueue (id, enqueued_at, args,
+    kwargs), in the order of the calls, without model instances."""
+    fields = query.EnqueueOptions(delay=5).check(TASK)
+    rows = query.insert_job_rows(Job, "default", fields, [([i], {"k": (i,)}) for i in range(5)], batch_size=2)
+    assert [(pk, enqueued_at) for pk, enqueued_at, _, _ in rows] == list(
+        Job.objects.order_by("pk").values_list("pk", "enqueued_at"))
+    assert [(args, kwargs) for _, _, args, kwargs in rows] == [([i], {"k": [i]}) for i in range(5)]
+
+
+def test_enqueue_returns_the_job_as_stored_on_every_database():
+    for options in OPTIONS:
+        job = enqueue(args=ARGS, kwargs=KWARGS, **options)
+        assert in_memory(job) == as_stored(job)
+        assert not job._state.adding and job._state.db == "default"
+        Job.objects.filter(pk=job.pk).cancel()
+
+
+@pytest.mark.parametrize("options", OPTIONS[:5])
+def test_enqueue_many_writes_what_enqueue_writes_on_every_database(options):
+    one = enqueue(args=ARGS, kwargs=KWARGS, **options)
+    [many] = Job.objects.enqueue_many(TASK, [(ARGS, KWARGS)], **options)
+    assert stored(one.pk, options) == stored(many.pk, options)
+    assert (many.args, many.kwargs) == (one.args, one.kwargs)
+
+
+def test_the_database_clock_sets_the_due_time_and_the_deadline_of_a_bulk_enqueue():
+    """Invariant 1: the deadline is MAX_AGE_DAYS from the database clock, and a delay counts
+    from it too, however many rows one INSERT writes."""
+    jobs = Job.objects.enqueue_many(TASK, [([i], {}) for i in range(3)], delay=30)
+    for job in Job.objects.filter(pk__in=[j.pk for j in jobs]):
+        assert job.deadline - job.enqueued_at == timedelta(days=14)
+        assert job.available_at - job.enqueued_at == timedelta(seconds=30)
+    assert Job.objects.claim("w") == []
+
+
+def test_a_refused_call_of_a_later_batch_writes_nothing():
+    """Invariant 3: every call is checked before the first INSERT, so the batches before the
+    bad call are not written either."""
+    calls = [([i, i], {}) for i in range(5)]
+    calls[3] = ([3, {1, 2}], {})
+    with pytest.raises(InvalidJobArgument) as info:
+        Job.objects.enqueue_many(TASK, calls, batch_size=2)
+    assert info.value.path == "calls[3].args[1]"
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize(("kw", "named"), [({"priority": 101}, "priority"), ({"delay": -1}, "delay"),
+                                           ({"max_age": "long"}, "max_age"), ({"unique_key": "k"}, "unique_key")])
+def test_enqueue_many_refuses_bad_options_naming_the_field(kw, named):
+    with pytest.raises(InvalidLeaseOption) as info:
+        Job.objects.enqueue_many(TASK, [([1], {})], **kw)
+    assert info.value.option == named
+    assert Job.objects.count() == 0
+
+
+def test_enqueue_many_refuses_a_batch_size_that_is_not_positive():
+    with pytest.raises(ValueError, match="batch_size"):
+        Job.objects.enqueue_many(TASK, [([1], {})], batch_size=0)
+    assert Job.objects.count() == 0
+    assert len(Job.objects.enqueue_many(TASK, [([i], {}) for i in range(3)], batch_size=None)) == 3
+
+
+def test_an_unknown_enqueue_option_is_a_type_error():
+    with pytest.raises(TypeError, match="colour"):
+        Job.objects.enqueue(TASK, [1], colour="red")
+    assert Job.objects.count() == 0
+
+
+@on_postgres
+def test_a_held_unique_key_leaves_the_callers_transaction_usable_without_a_savepoint():
+    """On PostgreSQL the INSERT skips a held key (ON CONFLICT DO NOTHING): no error, so the
+    caller's transaction goes on, and the second enqueue sends no SAVEPOINT."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_leases.exceptions import DuplicateJob
+
+    first = enqueue(unique_key="k")
+    with transaction.atomic(), CaptureQueriesContext(connection) as sent:
+        with pytest.raises(DuplicateJob):
+            enqueue(unique_key="k")
+        assert enqueue(unique_key="k", on_duplicate="merge").pk == first.pk
+        assert Job.objects.count() == 1
+    assert [q["sql"].split()[0] for q in sent] == ["INSERT", "SELECT", "INSERT", "SELECT", "SELECT"]
+
+
+@on_postgres
+@pytest.mark.django_db(transaction=True)
+def test_both_postgresql_inserts_still_wake_listeners():
+    """The statement trigger (migration 0007) sends one NOTIFY per queue and INSERT, whether
+    one job or a bulk enqueue wrote it, when the inserting transaction commits."""
+    listener = Job.objects.listen()
+    try:
+        with transaction.atomic():
+            # Two INSERTs of one queue in one transaction: PostgreSQL folds their NOTIFYs.
+            Job.objects.enqueue_many(TASK, [([i], {}) for i in range(3)], queue_name="reports", batch_size=2)
+            assert list(listener.notifies(timeout=0.2)) == []  # nothing before the commit
+        enqueue(queue_name="emails")
+        payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
+    finally:
+        listener.close()
+    assert payloads == ["reports", "emails"]
 
 
 # -- claim --------------------------------------------------------------------------------
@@ -359,3 +557,22 @@ def test_an_owner_write_that_changes_nothing_still_counts_as_owned():
     assert Job.objects.filter(pk=job.pk, claim_token=job.claim_token).update(priority=F("priority")) == 1
     assert Job.objects.checkpoint(job, {"at": 1}) is True
     assert Job.objects.checkpoint(job, {"at": 1}) is True
+
+
+
+@pytest.mark.parametrize("lease", [0, -5, float("nan"), float("inf"), 12 * 3600 + 1])
+def test_a_lease_override_out_of_range_is_refused_by_every_owner_verb(lease):
+    """Invariant 2: a claim given a lease of zero or less would be open to takeover at once;
+    claim, renew and checkpoint refuse it naming ``lease``, and change nothing."""
+    job = enqueue()
+    with pytest.raises(InvalidLeaseOption, match="^lease: "):
+        Job.objects.claim("w", lease=lease)
+    assert Job.objects.get(pk=job.pk).state == JobState.PENDING
+    [claim] = Job.objects.claim("w", lease=30)
+    before = Job.objects.get(pk=job.pk).lease_expires_at
+    with pytest.raises(InvalidLeaseOption, match="^lease: "):
+        Job.objects.renew([claim], lease=lease)
+    with pytest.raises(InvalidLeaseOption, match="^lease: "):
+        Job.objects.checkpoint(claim, 7, lease=lease)
+    after = Job.objects.get(pk=job.pk)
+    assert (after.lease_expires_at, after.cursor) == (before, None)

@@ -265,6 +265,21 @@ def test_a_worker_started_with_backend_alias_runs_that_backends_jobs(workers):
     stop(other)
 
 
+@pytest.mark.django_db(transaction=True, databases=["default", "queue"])
+def test_a_bulk_enqueue_on_the_backends_own_database_is_run_by_its_worker(workers):
+    """enqueue_many writes to the backend's DATABASE, all or nothing in a transaction there,
+    and a worker of that backend runs every job (3)."""
+    with pytest.raises(RuntimeError), transaction.atomic(using="queue"):
+        bulk_add.enqueue_many([((i, i), {}) for i in range(3)])
+        raise RuntimeError("roll back queue")
+    assert not Job.objects.using("queue").exists()
+    results = bulk_add.enqueue_many([((i, i), {}) for i in range(12)])
+    assert not Job.objects.using("default").exists()
+    w = workers.start("queue-bulk", *FAST, "--backend", "queue")
+    assert [finished(r).return_value for r in results] == [2 * i for i in range(12)]
+    stop(w)
+
+
 # -- 9. the enqueue-on-commit pattern the docs recommend ---------------------------------
 
 

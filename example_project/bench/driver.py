@@ -136,6 +136,61 @@ def cmd_enqueue_profile(a) -> dict:
             "top_cumulative": [(name, round(100 * ct / total, 1)) for ct, name in rows[:25]]}
 
 
+def cmd_enqueue_breakdown(a) -> dict:
+    """Where a one-per-transaction enqueue's time goes: the same INSERT taken from the raw
+    loop to task.enqueue() one layer at a time, interleaved, median microseconds per job."""
+    import statistics
+
+    import psycopg
+    from common import dsn
+    from django.db import connection
+    from limit import INSERT as LIMIT_INSERT
+    from psycopg.types.json import Jsonb
+
+    from django_leases import query
+    from django_leases.models import Job
+
+    task = _tasks().noop
+    fields = task.get_backend()._job_fields(task)
+    params = {**fields.pg_params(), "args": "[]", "kwargs": "{}"}
+    ours = query._pg_enqueue_sql(Job, "default", query._PG_ONE_ROW, False)
+    limit = psycopg.connect(dsn("bench_limit"), autocommit=True)
+    own = psycopg.connect(dsn(os.environ["BENCH_DB"]), autocommit=True)
+    prepared, client = own.cursor(), psycopg.ClientCursor(own)
+
+    def django_cursor() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(ours, params)
+            cursor.fetchone()
+
+    steps = {
+        "raw INSERT into limit_job, prepared (the limit)": lambda: limit.execute(LIMIT_INSERT, (task.module_path, Jsonb([]))),
+        "raw INSERT of the same columns into django_leases_job, prepared": lambda: prepared.execute(LEASES_PLAIN_INSERT, (task.module_path,)),
+        "the library's INSERT ... RETURNING, raw, prepared": lambda: (prepared.execute(ours, params), prepared.fetchone()),
+        "the same, bound client-side and not prepared (Django's default)": lambda: (client.execute(ours, params), client.fetchone()),
+        "the same through Django's cursor": django_cursor,
+        "task.enqueue()": task.enqueue,
+    }
+    spent: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(a.rounds):
+        for name, step in steps.items():
+            for _ in range(10):
+                step()
+            started = time.perf_counter()
+            for _ in range(a.count):
+                step()
+            spent[name].append(1e6 * (time.perf_counter() - started) / a.count)
+    return {"us_per_job": {name: round(statistics.median(v), 1) for name, v in spent.items()},
+            "count": a.count, "rounds": a.rounds}
+
+
+LEASES_PLAIN_INSERT = """
+INSERT INTO django_leases_job (queue_name, task_path, args, kwargs, priority, state,
+    lease_seconds, fence, attempts, max_attempts, leases_lost, claimed_by, on_lease_lost, dead_reason)
+VALUES ('default', %s, '[]'::jsonb, '{}'::jsonb, 0, 'pending', 30, 0, 0, 5, 0, '', 'retry', '')
+"""
+
+
 def cmd_feed(a) -> dict:
     """Enqueue one latency job at a time, each stamped with the moment before enqueue()."""
     enqueue_one("noop")
@@ -178,9 +233,9 @@ def cmd_hold(a) -> dict:
             time.sleep(0.05)
         if stop:
             break
-        statements = []
+        statements: list[str] = []
 
-        def count(execute, sql, params, many, context):
+        def count(execute, sql, params, many, context, statements=statements):
             statements.append(sql)
             return execute(sql, params, many, context)
 
@@ -203,6 +258,9 @@ def main() -> None:
     p.add_argument("--bulk", type=int, default=10000)
     p = sub.add_parser("enqueue-profile")
     p.add_argument("--count", type=int, default=1000)
+    p = sub.add_parser("enqueue-breakdown")
+    p.add_argument("--count", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=9)
     p = sub.add_parser("feed")
     p.add_argument("--count", type=int, default=100)
     p.add_argument("--gap", type=float, default=0.05)

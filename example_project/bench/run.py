@@ -12,6 +12,7 @@ here with pip on first use, never inside the repository). See docs/benchmarks.md
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -197,9 +198,11 @@ def start_workers(system: System, count: int, **env: str) -> list[subprocess.Pop
     procs = []
     for i in range(count):
         log_path = Path(tempfile.gettempdir()) / f"bench-{system.key}-w{i}.log"
-        procs.append(subprocess.Popen(
-            system.worker_cmd(), env=system.env(**env), cwd=HERE, start_new_session=True,
-            stdout=open(log_path, "w"), stderr=subprocess.STDOUT))
+        # The child keeps its own copy of the descriptor; the harness closes its one.
+        with open(log_path, "w") as log_file:
+            procs.append(subprocess.Popen(
+                system.worker_cmd(), env=system.env(**env), cwd=HERE, start_new_session=True,
+                stdout=log_file, stderr=subprocess.STDOUT))
     return procs
 
 
@@ -207,19 +210,15 @@ def stop(procs: list[subprocess.Popen], *, hard: bool = False, wait: float = 8.0
     """Stop the worker processes this harness started (their own process groups only)."""
     for p in procs:
         if p.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL if hard else signal.SIGTERM)
-            except ProcessLookupError:
-                pass
     deadline = time.monotonic() + wait
     for p in procs:
         try:
             p.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             p.wait()
 
 
@@ -540,7 +539,7 @@ def main() -> None:
         log(f"== round {rnd + 1}/{a.rounds} ({time.time() - started:.0f}s)")
         if "drain" in workloads:
             for w in worker_counts:
-                for s in systems + ([v for v in variants] if w == 2 else []):
+                for s in systems + (variants if w == 2 else []):
                     log(f"  drain {s.key} x{w}")
                     attempt(results["drain"], f"{s.key}|{w}", drain, s, w, a.jobs, a.cap)
         if "enqueue" in workloads:
@@ -606,11 +605,8 @@ def library_fingerprint() -> str:
 
 def meta(a: argparse.Namespace, systems: list[System], seconds: float) -> dict:
     cpu = "?"
-    try:
-        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                   if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as cpuinfo:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name"))
     pg = "?"
     for _ in range(10):
         try:
