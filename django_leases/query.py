@@ -303,9 +303,27 @@ def insert_job_rows(model: Any, db: str, fields: JobFields,
 
 def _insert_many(model: Any, db: str, fields: JobFields, calls: list[tuple[list, dict]],
                  batch_size: int | None) -> list[Job]:
-    """The ORM path (SQLite, MariaDB): bulk_create, itself all or nothing."""
-    return model._default_manager.using(db).bulk_create(
-        [fields.new_job(model, args, kwargs) for args, kwargs in calls], batch_size=batch_size)
+    """The ORM path (SQLite, MariaDB, MySQL): bulk_create, itself all or nothing."""
+    manager = model._default_manager.using(db)
+    jobs = [fields.new_job(model, args, kwargs) for args, kwargs in calls]
+    if connections[db].features.can_return_rows_from_bulk_insert:
+        return manager.bulk_create(jobs, batch_size=batch_size)
+    # MySQL has no RETURNING: bulk_create would leave every id unset. One INSERT per job
+    # (its id comes back as the last insert id), in one transaction, then one read of the
+    # times the database gave them.
+    with transaction.atomic(using=db):
+        for job in jobs:
+            job.save(using=db, force_insert=True)
+    times = {pk: row for pk, *row in manager.filter(pk__in=[j.pk for j in jobs]).values_list(
+        "pk", *_INSERT_CLOCK_FIELDS)}
+    for job in jobs:
+        for name, value in zip(_INSERT_CLOCK_FIELDS, times[job.pk], strict=True):
+            setattr(job, name, value)
+    return jobs
+
+
+# What an INSERT leaves to the database clock (db_default Now(), Now() + an interval).
+_INSERT_CLOCK_FIELDS = ("enqueued_at", "available_at", "deadline")
 
 
 def _insert_one(model: Any, db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job | None:

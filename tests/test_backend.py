@@ -270,3 +270,31 @@ def test_tasks_made_per_call_are_each_checked():
     with pytest.raises(InvalidTask):
         add.using(run_after=when.replace(tzinfo=None)).enqueue(1, 2)
     assert Job.objects.count() == 1
+
+
+def test_enqueue_many_without_insert_returning_still_answers_real_ids():
+    """MySQL has no INSERT ... RETURNING, so bulk_create sets no ids there: enqueue_many then
+    inserts one row at a time in one transaction and reads the database's times back, and
+    every TaskResult names its own job (3). Run here with the feature turned off, on the
+    databases whose enqueue goes through the ORM."""
+    from django.db import connection
+
+    from django_leases.models import Job
+    from tests.testapp.tasks import add
+
+    if connection.vendor == "postgresql":
+        pytest.skip("PostgreSQL enqueues with its own constant INSERT, not the ORM")
+    from unittest import mock
+
+    # Django's own feature flags (a property on MySQL's features class): MySQL's answers.
+    features = type(connection.features)
+    with mock.patch.object(features, "can_return_rows_from_bulk_insert", False), \
+            mock.patch.object(features, "can_return_columns_from_insert", False):
+        results = add.enqueue_many([((1, 2), {}), ((3, 4), {}), ((5, 6), {})])
+        one = add.enqueue(7, 8)
+    assert one.enqueued_at == Job.objects.get(pk=int(one.id)).enqueued_at
+    ids = [int(r.id) for r in results]
+    assert len(set(ids)) == 3
+    jobs = {j.pk: j for j in Job.objects.filter(pk__in=ids)}
+    assert [jobs[i].args for i in ids] == [[1, 2], [3, 4], [5, 6]]
+    assert [r.enqueued_at for r in results] == [jobs[i].enqueued_at for i in ids]
