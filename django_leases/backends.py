@@ -80,9 +80,16 @@ class LeaseBackend(BaseTaskBackend):
             if policy not in LeaseLostPolicy.values:
                 raise InvalidLeaseOption(
                     "on_lease_lost", f"must be one of {LeaseLostPolicy.values}, got {policy!r}")
-            for cls in getattr(task, "non_retryable", ()):
+            non_retryable = getattr(task, "non_retryable", ())
+            if not isinstance(non_retryable, tuple | list):
+                raise InvalidLeaseOption("non_retryable", f"must be a tuple of exception classes, "
+                                                          f"got {non_retryable!r}")
+            for cls in non_retryable:
                 if not (isinstance(cls, type) and issubclass(cls, BaseException)):
                     raise InvalidLeaseOption("non_retryable", f"must hold exception classes, got {cls!r}")
+            key = getattr(task, "unique_key", None)
+            if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 200):
+                raise InvalidLeaseOption("unique_key", f"must be 1-200 characters, got {key!r}")
         except InvalidLeaseOption as e:
             raise InvalidTask(f"{task.module_path}: {e}") from e
         registry.declare(self.alias, task)

@@ -135,7 +135,13 @@ def test_per_task_lease_options_reach_the_job():
 @needs_task_kwargs
 @pytest.mark.parametrize(("options", "named"), [({"lease": 0.1}, "lease"),
                                                 ({"lease": 50_000}, "lease"),
-                                                ({"max_attempts": 0}, "max_attempts")])
+                                                ({"lease": float("nan")}, "lease"),
+                                                ({"max_attempts": 0}, "max_attempts"),
+                                                ({"retry": [1e9]}, r"retry\.delays\[0\]"),
+                                                ({"non_retryable": ValueError}, "non_retryable"),
+                                                ({"non_retryable": ("x",)}, "non_retryable"),
+                                                ({"unique_key": 5}, "unique_key"),
+                                                ({"unique_key": ""}, "unique_key")])
 def test_bad_per_task_options_fail_at_decoration_time_naming_the_option(options, named):
     from django.tasks import task
 
