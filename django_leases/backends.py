@@ -90,6 +90,11 @@ class LeaseBackend(BaseTaskBackend):
             key = getattr(task, "unique_key", None)
             if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 200):
                 raise InvalidLeaseOption("unique_key", f"must be 1-200 characters, got {key!r}")
+            # on_duplicate, deadline and max_age, when set: the checks an enqueue() call gets.
+            ending = {name: getattr(task, name) for name in ("on_duplicate", "deadline", "max_age")
+                      if getattr(task, name, None) not in (None, "refuse")}
+            if ending:
+                EnqueueOptions(**ending).check(task.module_path)
         except InvalidLeaseOption as e:
             raise InvalidTask(f"{task.module_path}: {e}") from e
         registry.declare(self.alias, task)
@@ -157,7 +162,13 @@ class LeaseBackend(BaseTaskBackend):
             lease_seconds=lease, max_attempts=max_attempts,
             retry=getattr(task, "retry", None) or options.retry_for_queue(task.queue_name),
             on_lease_lost=getattr(task, "on_lease_lost", LeaseLostPolicy.RETRY),
-            max_age=options.max_age_days * 86400, unique_key=getattr(task, "unique_key", None),
+            # The backend's MAX_AGE_DAYS only where the task sets neither.
+            deadline=getattr(task, "deadline", None),
+            max_age=(options.max_age_days * 86400
+                     if getattr(task, "max_age", None) is None and getattr(task, "deadline", None) is None
+                     else getattr(task, "max_age", None)),
+            unique_key=getattr(task, "unique_key", None),
+            on_duplicate=getattr(task, "on_duplicate", "refuse"),
         )
 
     def get_result(self, result_id: Any) -> TaskResult:

@@ -8,6 +8,7 @@ Django 6.0's decorator passes no extra arguments, so there the options come from
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.tasks import Task, TaskContext
@@ -28,8 +29,15 @@ class LeaseTask(Task):
     on_lease_lost: str = "retry"
     # Exception classes that dead-letter the job at once instead of retrying it.
     non_retryable: tuple[type[BaseException], ...] = ()
-    # At most one pending or claimed job per key; a second enqueue raises DuplicateJob.
+    # At most one pending or claimed job per key; a second enqueue raises DuplicateJob
+    # ("refuse"), or answers the job that holds the key ("merge").
     unique_key: str | None = None
+    on_duplicate: str = "refuse"
+    # When a job that has not run by then is dead-lettered instead: an absolute deadline
+    # (the caller's aware datetime), or max_age seconds after enqueue on the database clock
+    # (None for both: the backend's MAX_AGE_DAYS).
+    deadline: datetime | None = None
+    max_age: float | None = None
 
     def enqueue_many(self, calls: Any) -> list[Any]:
         """Enqueue one job per ``(args, kwargs)`` pair in bulk INSERTs, in the caller's
@@ -38,8 +46,10 @@ class LeaseTask(Task):
 
     def using_lease(self, **changes: Any) -> LeaseTask:
         """A copy with other lease options (lease, max_attempts, retry, on_lease_lost,
-        non_retryable, unique_key); validated at once, like ``using()``."""
-        allowed = {"lease", "max_attempts", "retry", "on_lease_lost", "non_retryable", "unique_key"}
+        non_retryable, unique_key, on_duplicate, deadline, max_age); validated at once,
+        like ``using()``."""
+        allowed = {"lease", "max_attempts", "retry", "on_lease_lost", "non_retryable",
+                   "unique_key", "on_duplicate", "deadline", "max_age"}
         unknown = set(changes) - allowed
         if unknown:
             raise TypeError(f"using_lease() got unknown options {sorted(unknown)}; use {sorted(allowed)}")

@@ -304,3 +304,25 @@ def test_enqueue_many_without_insert_returning_still_answers_real_ids():
     jobs = {j.pk: j for j in Job.objects.filter(pk__in=ids)}
     assert [jobs[i].args for i in ids] == [[1, 2], [3, 4], [5, 6]]
     assert [r.enqueued_at for r in results] == [jobs[i].enqueued_at for i in ids]
+
+
+def test_using_lease_gives_django_tasks_jobs_a_deadline_a_max_age_and_merging():
+    """A job enqueued through Django Tasks can carry its own deadline or max age (counted on
+    the database clock, invariant 1) and merge into the job holding its unique key."""
+    from datetime import timedelta
+
+    from django.tasks.exceptions import InvalidTask
+    from django.utils import timezone
+
+    when = timezone.now() + timedelta(hours=2)
+    job = Job.objects.get(pk=int(add.using_lease(deadline=when).enqueue(1, 1).id))
+    assert job.deadline == when
+    job = Job.objects.get(pk=int(add.using_lease(max_age=60).enqueue(1, 1).id))
+    assert job.deadline - job.enqueued_at == timedelta(seconds=60)
+    first = add.using_lease(unique_key="nightly", on_duplicate="merge").enqueue(2, 2)
+    again = add.using_lease(unique_key="nightly", on_duplicate="merge").enqueue(3, 3)
+    assert again.id == first.id and Job.objects.filter(unique_key="nightly").count() == 1
+    for bad, named in (({"on_duplicate": "ignore"}, "on_duplicate"), ({"max_age": -1}, "max_age"),
+                       ({"deadline": when.replace(tzinfo=None)}, "deadline")):
+        with pytest.raises(InvalidTask, match=named):
+            add.using_lease(**bad)
