@@ -35,8 +35,8 @@ leases_venv() {
   python=$(leases_find_python) || return 1
   want="$python ${LEASES_DJANGO:+$LEASES_DJANGO }$(cksum < "$leases_root/pyproject.toml")"
   stamp="$venv/.leases-stamp"
-  have=$(sed -n 1p "$stamp" 2>/dev/null)
-  installed=$(sed -n 2p "$stamp" 2>/dev/null)
+  have=$(sed -n 1p "$stamp" 2>/dev/null || true)
+  installed=$(sed -n 2p "$stamp" 2>/dev/null || true)
   if [ ! -x "$venv/bin/python" ] || [ "$have" != "$want" ]; then
     echo "Setting up $venv with $("$python" -V) ..." >&2
     rm -rf "$venv"
