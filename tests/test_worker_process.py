@@ -14,7 +14,7 @@ import time
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, transaction
 
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
@@ -299,11 +299,23 @@ def test_a_stale_owners_checkpoint_is_rejected_and_stops_the_handler(workers, is
     wait_for(lambda: (job_of(result).cursor or 0) >= 3, 30, "a few checkpoints")
     pk = job_of(result).pk
 
+    class NotYet(Exception):
+        pass
+
     def take_over():
-        # The owner renews with every checkpoint (each 50 ms), and on MariaDB its UPDATE may
-        # hold a lock the claim's SKIP LOCKED passes over: expire and claim until one wins.
-        Job.objects.filter(pk=pk).expire_now()
-        return Job.objects.claim("ckpt-thief", limit=1, lease=30)
+        # Expiry and claim in one transaction, so no other claimer (the worker's own poll)
+        # ever sees the lease ended; on MariaDB the claim's SKIP LOCKED may pass over the
+        # row while the owner's checkpoint holds its token-index entry: then roll the
+        # expiry back and try again.
+        try:
+            with transaction.atomic():
+                Job.objects.filter(pk=pk).expire_now()
+                claimed = Job.objects.claim("ckpt-thief", limit=1, lease=30)
+                if not claimed:
+                    raise NotYet
+                return claimed
+        except NotYet:
+            return None
 
     [thief] = wait_for(take_over, 10, "the takeover")
     taken = job_of(result)
