@@ -1,3 +1,3 @@
 """A Django job queue in the project's own database, built on leases and heartbeats."""
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.1.0"

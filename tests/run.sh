@@ -11,6 +11,8 @@ leases_venv
 cd "$leases_root"
 
 pg_url=${LEASES_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
+# tests/test_package.py runs its user project on this server too, from the SQLite pass.
+export LEASES_PG_URL=$pg_url
 mysql_url=${LEASES_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}
 # A DATABASE_URL alone means: that database only.
 [ -n "${DATABASE_URL:-}" ] && [ -z "${LEASES_DATABASES:-}" ] && LEASES_DATABASES=$DATABASE_URL
