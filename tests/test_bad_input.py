@@ -75,9 +75,9 @@ def test_a_worker_refuses_a_database_missing_a_migration():
     """One django_leases migration unapplied: run_lease_worker stops with a CommandError
     naming the migration and the command that fixes it, and claims nothing (3)."""
     job = Job.objects.enqueue(ADD, [1, 2])
-    call_command("migrate", "django_leases", "0007", verbosity=0)
+    call_command("migrate", "django_leases", "0001", verbosity=0)
     try:
-        with pytest.raises(CommandError, match=r"lacks django_leases migrations 0008_\w+; "
+        with pytest.raises(CommandError, match=r"lacks django_leases migrations 0002_\w+; "
                                                r"run: manage\.py migrate django_leases"):
             call_command("run_lease_worker", "--burst")
     finally:
