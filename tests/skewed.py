@@ -1,4 +1,4 @@
-"""One manager verb run from a process whose clock may be skewed (under faketime).
+"""One manager verb run from a process whose clock may be skewed (libfaketime preloaded).
 
     python -m tests.skewed ACTION JOB_ID_OR_ARG
 

@@ -1,9 +1,12 @@
 """Workers whose clocks are an hour off claim, renew and expire exactly like the others.
 
-Runs real processes under Debian's faketime: single manager calls an hour off
-(tests/skewed.py), and whole run_lease_worker processes ten minutes off with libfaketime
-preloaded. On SQLite the database clock is the process's own clock, so skew there is not
-something the queue can correct (docs/concepts.md).
+Runs real processes with libfaketime preloaded: single manager calls an hour off
+(tests/skewed.py), and whole run_lease_worker processes ten minutes off. The library comes
+from the ``libfaketime`` package of the test extras, which builds it at install time (a C
+compiler and make); LEASES_CHAOS_FAKETIME_LIB points at another build, such as Debian's
+(/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1). On SQLite the database clock is
+the process's own clock, so skew there is not something the queue can correct
+(docs/concepts.md).
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import time
 from datetime import datetime, timedelta
@@ -28,17 +30,42 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SKEWS = {"ahead": "+1h", "behind": "-1h"}
 
 
+def faketime_library() -> str:
+    """The libfaketime shared library to preload: LEASES_CHAOS_FAKETIME_LIB, else the one
+    the ``libfaketime`` package (test extras) built when it was installed."""
+    path = os.environ.get("LEASES_CHAOS_FAKETIME_LIB")
+    if not path:
+        try:
+            import libfaketime
+        except ImportError:
+            pytest.fail("the libfaketime package is missing: pip install -e '.[test]' "
+                        "(it builds the library: needs a C compiler and make)")
+        path = os.path.join(os.path.dirname(libfaketime.__file__),
+                            "vendor", "libfaketime", "src", "libfaketime.so.1")
+    if not os.path.exists(path):
+        pytest.fail(f"libfaketime not found at {path}: reinstall the libfaketime package, or "
+                    "set LEASES_CHAOS_FAKETIME_LIB to a build of it")
+    return path
+
+
+def skewed_env(offset: str) -> dict[str, str]:
+    """What ``faketime -f OFFSET`` sets, without its wrapper process in between (so signals
+    reach the process itself). Monotonic time stays real: the worker times its beats and
+    waits with it, and a faked one makes every timed wait hang or spin."""
+    return {"LD_PRELOAD": faketime_library(), "FAKETIME": offset,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
 @pytest.fixture(autouse=True)
 def _needs_server_clock():
     if connection.vendor == "sqlite":
         pytest.skip("SQLite's clock is the calling process's clock: nothing to correct")
-    if shutil.which("faketime") is None:
-        pytest.fail("faketime is not installed (apt-get install faketime); .ci/run installs it")
 
 
 def run_skewed(skew, action, arg):
     child = procs.python("-m", "tests.skewed", action, str(arg),
-                         prefix=("faketime", "-f", SKEWS[skew]), stdout=-1, stderr=-1, text=True)
+                         env=procs.child_env(**skewed_env(SKEWS[skew])),
+                         stdout=-1, stderr=-1, text=True)
     out, err = child.communicate(timeout=60)
     assert child.returncode == 0, err
     report = json.loads(out)
@@ -101,10 +128,7 @@ def test_a_skewed_enqueue_with_delay_is_due_by_the_server_clock(skew):
 # -- a whole run_lease_worker under libfaketime ---------------------------------------------
 
 # As the chaos suite does (tests/chaos/harness.py): libfaketime preloaded into the worker
-# itself, no wrapper process, its monotonic clock left alone (the worker times its beats and
-# waits with it; a faked one makes every timed wait hang or spin).
-FAKETIME_LIB = os.environ.get("LEASES_CHAOS_FAKETIME_LIB",
-                              "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
+# itself, no wrapper process, its monotonic clock left alone.
 WORKER_SKEWS = {"ahead": ("+10m", 600), "behind": ("-10m", -600)}
 
 
@@ -127,12 +151,9 @@ def test_a_worker_whose_clock_is_ten_minutes_off_claims_renews_and_acks_on_the_d
     from tests.testapp.tasks import hold
     from tests.worker_helpers import BEAT, FAST, LEASE, job_of, wait_for
 
-    if not os.path.exists(FAKETIME_LIB):
-        pytest.fail(f"libfaketime not found at {FAKETIME_LIB} (apt-get install faketime)")
     offset_spec, offset = WORKER_SKEWS[skew]
-    monkeypatch.setenv("LD_PRELOAD", FAKETIME_LIB)
-    monkeypatch.setenv("FAKETIME", offset_spec)
-    monkeypatch.setenv("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+    for name, value in skewed_env(offset_spec).items():
+        monkeypatch.setenv(name, value)
     started = time.time()
     worker = workers.start(f"skewed-{skew}", *FAST)
     monkeypatch.undo()  # nothing else this test starts is skewed
