@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -75,7 +76,12 @@ def dist(tmp_path_factory) -> Path:
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, source / name)
     out = tmp_path_factory.mktemp("dist")
-    run(sys.executable, "-m", "build", "--outdir", out, source)
+    done = run(sys.executable, "-m", "build", "--outdir", out, source)
+    # setuptools says what it finds ambiguous in the layout or the manifest as warnings
+    # (byte-compiling is only off in this environment).
+    noise = [line for line in (done.stdout + done.stderr).splitlines()
+             if re.search(r"\w+Warning\b|^\s*warning: (?!.*byte-compiling is disabled)", line)]
+    assert noise == [], "\n".join(noise)
     return out
 
 
