@@ -124,6 +124,16 @@ def test_the_sdist_holds_every_file_of_the_app_and_builds_the_wheel(dist):
     assert not [n for n in names if n.startswith(top + "tests/")]
 
 
+def test_the_changelog_has_an_entry_for_this_version(dist):
+    """CHANGELOG.md: "Unreleased" on top, then an entry for the version being built (unless
+    it is a development version, whose changes are the Unreleased ones)."""
+    version = only(dist, "django_leases-*.whl").name.split("-")[1]
+    headings = re.findall(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text(), re.MULTILINE)
+    assert headings[0] == "Unreleased", headings
+    if re.fullmatch(r"\d+\.\d+\.\d+", version):
+        assert any(h.startswith(f"{version} (") for h in headings), (version, headings)
+
+
 def test_twine_check_passes(dist):
     """The metadata and the long description (the README) render on the package index."""
     done = run(sys.executable, "-m", "twine", "check", "--strict", *sorted(dist.iterdir()))
