@@ -29,8 +29,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("LEASES_PG_URL", "postgres://postgres@127.0.0.1:5432/test")
+# The user project's database on that server: its own, created and dropped here.
 PG_NAME = (os.environ.get("LEASES_TEST_DB_NAME") or "test_leases") + "_package"
-# The user project's database: the package test's own, created and dropped here.
 
 pytestmark = [
     pytest.mark.slow,
