@@ -154,3 +154,22 @@ def test_the_order_view_redirects_to_a_result_page_that_polls_the_job(shop_db):
     assert seen["True"] == [302, "READY", False]
     assert seen["job"] == ["shop.tasks.send_receipt", [2], "pending"]
     assert (seen["missing_result"], seen["missing_job"]) == (404, 404)
+
+
+def _function_source(text: str, name: str) -> str:
+    """The decorator line, the def and its body: up to the first line back at column 0."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"def {name}("))
+    end = next((i for i in range(start + 1, len(lines))
+                if lines[i] and not lines[i][0].isspace()), len(lines))
+    return "\n".join(lines[start - 1:end]).rstrip()
+
+
+def test_the_quick_starts_checkpoint_example_is_the_code_the_demo_runs():
+    """docs/quickstart.md's nightly_backfill is word for word the shop's, which the tour
+    above kills mid-job and checks resumes after the committed cursor."""
+    docs = (SHOP.parent / "docs" / "quickstart.md").read_text()
+    shop = (SHOP / "shop" / "tasks.py").read_text()
+    shown = _function_source(docs, "nightly_backfill")
+    assert shown.startswith("@task\ndef nightly_backfill(") and "job.checkpoint(" in shown
+    assert shown == _function_source(shop, "nightly_backfill")

@@ -76,7 +76,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 TASKS = {
     "default": {
         "BACKEND": "django_leases.backends.LeaseBackend",
-        "QUEUES": ["default", "emails", "images", "nightly", "partners", "reports"],
+        "QUEUES": ["default", "emails", "images", "partners", "reports"],
         "OPTIONS": {
             "LEASE_SECONDS": 30,
             # Renew every 2 s, so the admin calls a claim stalled after 4 s without a

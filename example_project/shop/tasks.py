@@ -41,11 +41,12 @@ def resize_image(name: str, width: int, seconds: float = 0.5) -> dict:
     return {"name": name, "width": width}
 
 
-@task(queue_name="nightly")
+# docs/quickstart.md shows this function word for word (tests/test_demo.py checks it).
+@task
 def nightly_backfill(batch_size: int = 100, pause: float = 0.0) -> dict:
     """Fill in the tax of orders that lack it, a batch at a time. The cursor (the last order
     id done) commits with its batch, so a job claimed again after a crash starts after the
-    last committed batch instead of from the first order. docs/quickstart.md shows this code."""
+    last committed batch instead of from the first order."""
     job = current_job()
     resumed_after = done_up_to = job.cursor or 0  # None until a first checkpoint
     while ids := list(Order.objects.filter(pk__gt=done_up_to, tax_cents__isnull=True)
