@@ -69,7 +69,9 @@ class Command(BaseCommand):
                             help="Only part 1: one job walked through claim, renewal, expiry, "
                                  "takeover and a refused stale ack, in this process.")
         parser.add_argument("--skip-steps", action="store_true", help="Only part 2: the workers.")
-        parser.add_argument("--workers", type=int, default=2, help="Worker processes (default 2).")
+        parser.add_argument("--workers", type=int, default=2,
+                            help="Worker processes for the shop's queues (default 2); one more "
+                                 "serves the reports queue.")
         parser.add_argument("--lease", type=float, default=3.0,
                             help="Lease the workers claim with, seconds (default 3; a killed "
                                  "worker's job is free again at most this long after its last renewal).")
@@ -267,7 +269,7 @@ class Command(BaseCommand):
 
         job = self.wait_for("the backfill to commit two batches", backfill_midway, deadline,
                             tick=tick("backfill running"), every=0.05)
-        victim = job.claimed_by
+        victim, killed_cursor = job.claimed_by, job.cursor
         targets = list(fleet.procs) if kill_all else [victim]
         for name in targets:
             fleet.kill(name)
@@ -300,7 +302,7 @@ class Command(BaseCommand):
         stopped = fleet.stop_all(graceful=True)
         self.say("stop", "SIGTERM to the survivors: " + ", ".join(
             f"{name} exited {code}" for name, code in stopped.items()))
-        self.verify(jobs, orders, backfill, partner, victim, job.cursor)
+        self.verify(jobs, orders, backfill, partner, victim, killed_cursor)
         left.update(dead=partner, taken_over=backfill)
         self.wait_for("the reports' claims to show as expired and stalled",
                       lambda: self.stranded(left), deadline)
