@@ -325,12 +325,12 @@ class Command(BaseCommand):
         self.wait_for(f"{reporter} to checkpoint both reports", both_checkpointed, deadline,
                       every=0.05)
         fleet.kill(reporter)
-        cursors = dict(reports.values_list("pk", "cursor"))
+        done = {pk: cursor["orders"] for pk, cursor in reports.values_list("pk", "cursor")}
         self.say("kill -9", f"{reporter} (pid {fleet.pids[reporter]}) killed while it holds the "
-                            f"sales reports {expiring} (lease {fleet.lease:g} s, cursor "
-                            f"{cursors[expiring]}) and {stalling} (lease 1 h, cursor "
-                            f"{cursors[stalling]}); no other worker serves the {REPORTS!r} "
-                            "queue, so both stay claimed for the admin")
+                            f"sales reports {expiring} (lease {fleet.lease:g} s, {done[expiring]} "
+                            f"orders summed) and {stalling} (lease 1 h, {done[stalling]} "
+                            f"summed); no other worker serves the {REPORTS!r} queue, so both "
+                            "stay claimed for the admin")
         return {"expired": expiring, "stalled": stalling}
 
     @staticmethod
