@@ -6,6 +6,7 @@ Real run_lease_worker subprocesses; every wait in the tour is a poll with a dead
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,43 @@ def shop_db(tmp_path):
     return tmp_path
 
 
-def test_tour_shows_a_takeover_after_sigkill_and_exits_zero(shop_db):
-    """The killed worker's job is claimed by the survivor with a higher fence, resumes from
-    its checkpoint, and the tour ends with the summary table and the admin instructions."""
+ADMIN_SCRIPT = """
+import json
+from django.test import Client
+from django.test.utils import setup_test_environment
+from django_leases.models import Job
+
+setup_test_environment()
+client = Client()
+assert client.login(username="admin", password="leases-demo")
+url = "/admin/django_leases/job/"
+seen = {}
+for name, query in [("all", {}), ("claimed", {"lease": "claimed"}), ("expired", {"lease": "expired"}),
+                    ("stalled", {"lease": "stalled"}), ("dead", {"state__exact": "dead"})]:
+    page = client.get(url, query)
+    rows = page.context["cl"].result_list
+    seen[name] = {"status": page.status_code,
+                  "rows": [[j.pk, j.task_path.rsplit(".", 1)[-1], j.state, j.lease_status]
+                           for j in rows],
+                  "header": [page.context["leases_expired"][0], page.context["leases_stalled"][0]],
+                  "html": page.content.decode()}
+dead = seen["dead"]["rows"][0][0] if seen["dead"]["rows"] else 0
+page = client.get(f"{url}{dead}/change/")
+seen["dead_page"] = {"status": page.status_code, "html": page.content.decode()}
+seen["workers"] = client.get("/admin/django_leases/workerprocess/").status_code
+print(json.dumps(seen))
+"""
+
+
+def test_tour_shows_a_takeover_after_sigkill_and_leaves_a_job_in_each_admin_view(shop_db):
+    """The killed worker's job is claimed by the survivor with a higher fence and resumes
+    after the cursor its killed worker committed (the quick start's checkpoint example);
+    the tour ends with the summary table and the admin instructions. What it leaves behind
+    is what the admin shows, read through the admin itself (its filters, on the demo's
+    database, logged in as the demo user): one expired claim and one stalled claim, both of
+    the killed reporting worker, a dead job with its error history, and no healthy claim."""
+    import json
+
     run = manage(shop_db, "lease_tour")
     assert run.returncode == 0, run.stdout + run.stderr
     out = run.stdout
@@ -42,6 +77,37 @@ def test_tour_shows_a_takeover_after_sigkill_and_exits_zero(shop_db):
     assert "Takeover after SIGKILL: yes. Nothing lost." in out
     assert "nightly_backfill     1          1     0" in out
     assert "user admin, password leases-demo" in out
+    killed_at = re.search(r"killed while it holds job \d+ at cursor (\d+) with fence 1", out)
+    resumed = re.search(r"resuming after cursor (\d+)", out)
+    resumed_after = re.search(r"result \{.*'resumed_after': (\d+)", out)
+    done_up_to = re.search(r"result \{.*'done_up_to': (\d+)", out)
+    assert killed_at and resumed and resumed_after and done_up_to, out
+    assert killed_at[1] == resumed[1] == resumed_after[1] != "0"
+    assert int(done_up_to[1]) > int(resumed_after[1])
+    for view in ("?lease=expired", "?lease=stalled", "?lease=claimed", "/workerprocess/"):
+        assert view in out
+
+    shown = manage(shop_db, "shell", "-c", ADMIN_SCRIPT)
+    assert shown.returncode == 0, shown.stderr
+    seen = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert all(seen[v]["status"] == 200 for v in ("all", "claimed", "expired", "stalled", "dead"))
+    [expired] = seen["expired"]["rows"]
+    [stalled] = seen["stalled"]["rows"]
+    assert expired[1:] == ["sales_report", "claimed", "expired"]
+    assert stalled[1:] == ["sales_report", "claimed", "stalled"]
+    assert expired[0] != stalled[0]
+    # A valid lease, nobody renewing it: the "claimed" filter holds the stalled claim alone.
+    assert seen["claimed"]["rows"] == [stalled]
+    assert not [row for row in seen["all"]["rows"] if row[3] == "healthy"]
+    assert seen["all"]["header"] == [1, 1]
+    assert "stalled: no heartbeat for" in seen["stalled"]["html"]
+    assert re.search(r"expired \d+ s ago", seen["expired"]["html"])
+    [dead] = seen["dead"]["rows"]
+    assert dead[1:3] == ["sync_to_partner", "dead"]
+    page = seen["dead_page"]
+    assert page["status"] == 200 and seen["workers"] == 200
+    assert page["html"].count("builtins.ConnectionError") == 3  # one row per attempt
+    assert "partner API timed out syncing order" in page["html"]
 
 
 def test_tour_exits_nonzero_when_no_worker_is_left_to_take_over(shop_db):
@@ -89,3 +155,22 @@ def test_the_order_view_redirects_to_a_result_page_that_polls_the_job(shop_db):
     assert seen["True"] == [302, "READY", False]
     assert seen["job"] == ["shop.tasks.send_receipt", [2], "pending"]
     assert (seen["missing_result"], seen["missing_job"]) == (404, 404)
+
+
+def _function_source(text: str, name: str) -> str:
+    """The decorator line, the def and its body: up to the first line back at column 0."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"def {name}("))
+    end = next((i for i in range(start + 1, len(lines))
+                if lines[i] and not lines[i][0].isspace()), len(lines))
+    return "\n".join(lines[start - 1:end]).rstrip()
+
+
+def test_the_quick_starts_checkpoint_example_is_the_code_the_demo_runs():
+    """docs/quickstart.md's nightly_backfill is word for word the shop's, which the tour
+    above kills mid-job and checks resumes after the committed cursor."""
+    docs = (SHOP.parent / "docs" / "quickstart.md").read_text()
+    shop = (SHOP / "shop" / "tasks.py").read_text()
+    shown = _function_source(docs, "nightly_backfill")
+    assert shown.startswith("@task\ndef nightly_backfill(") and "job.checkpoint(" in shown
+    assert shown == _function_source(shop, "nightly_backfill")

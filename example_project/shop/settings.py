@@ -76,9 +76,13 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 TASKS = {
     "default": {
         "BACKEND": "django_leases.backends.LeaseBackend",
-        "QUEUES": ["default", "emails", "images", "nightly", "partners"],
+        "QUEUES": ["default", "emails", "images", "partners", "reports"],
         "OPTIONS": {
             "LEASE_SECONDS": 30,
+            # Renew every 2 s, so the admin calls a claim stalled after 4 s without a
+            # heartbeat (two periods): the claim the tour's killed worker leaves behind
+            # shows as stalled by the time the tour ends.
+            "HEARTBEAT_SECONDS": 2,
             "MAX_ATTEMPTS": 4,
             "QUEUE_OPTIONS": {
                 # The flaky partner API: three tries, 0.5 s then 1 s apart, then dead.

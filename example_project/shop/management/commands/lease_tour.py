@@ -5,8 +5,11 @@ refused stale acknowledgement, in this process. Part 2: ``run_lease_worker`` sub
 run jobs that the shop's views enqueue; the worker holding the nightly backfill is killed
 with SIGKILL, and the tour waits (polling the database, each wait with a deadline) until a
 surviving worker takes the job over after its lease and finishes it from the last committed
-cursor. Exits non-zero if the takeover or any expected outcome does not happen in time.
-Every time shown is read from the database clock.
+cursor. A third worker, serving only the reports queue, is killed too while it holds two
+sales reports; nobody else serves that queue, so the tour ends with one claim whose lease
+ran out (expired) and one whose hour-long lease nobody renews (stalled), beside the dead
+partner sync: what the admin's lease filters are for. Exits non-zero if the takeover or any
+expected outcome does not happen in time. Every time shown is read from the database clock.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,13 +34,18 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.test import Client
 
+from django_leases.admin import heartbeat_seconds, humanize_seconds
 from django_leases.models import Job, JobEffect, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
 from shop.models import Order
-from shop.tasks import send_receipt
+from shop.tasks import sales_report, send_receipt
 
 DEMO_USER, DEMO_PASSWORD = "admin", "leases-demo"
 FINISHED = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+# The queue of the jobs left claimed for the admin: only the reporting worker serves it.
+REPORTS = "reports"
+STALLED_LEASE = 3600.0
+ADMIN_JOBS = "http://127.0.0.1:8000/admin/django_leases/job/"
 
 
 def lease_left(job_id: int) -> float:
@@ -60,7 +69,9 @@ class Command(BaseCommand):
                             help="Only part 1: one job walked through claim, renewal, expiry, "
                                  "takeover and a refused stale ack, in this process.")
         parser.add_argument("--skip-steps", action="store_true", help="Only part 2: the workers.")
-        parser.add_argument("--workers", type=int, default=2, help="Worker processes (default 2).")
+        parser.add_argument("--workers", type=int, default=2,
+                            help="Worker processes for the shop's queues (default 2); one more "
+                                 "serves the reports queue.")
         parser.add_argument("--lease", type=float, default=3.0,
                             help="Lease the workers claim with, seconds (default 3; a killed "
                                  "worker's job is free again at most this long after its last renewal).")
@@ -123,13 +134,14 @@ class Command(BaseCommand):
         self._drawn, self._last_logged = 0, None
         leftovers = Job.objects.filter(state__in=[JobState.PENDING, JobState.CLAIMED]).cancel()
         if leftovers:
-            self.say("clean", f"cancelled {leftovers} unfinished jobs of an earlier run")
+            self.say("clean", f"cancelled {leftovers} unfinished jobs of an earlier run "
+                              "(the claims it left for the admin)")
         if not options["skip_steps"]:
             self.steps()
         if options["steps"]:
             return
-        self.workers_part(options)
-        self.admin_hint()
+        left = self.workers_part(options)
+        self.admin_hint(left)
 
     # -- part 1 ------------------------------------------------------------------------
 
@@ -173,15 +185,15 @@ class Command(BaseCommand):
 
     # -- part 2 ------------------------------------------------------------------------
 
-    def workers_part(self, options: dict[str, Any]) -> None:
+    def workers_part(self, options: dict[str, Any]) -> dict[str, int]:
         lease, count = options["lease"], max(options["workers"], 1)
         deadline = time.monotonic() + options["deadline"]
         self.heading(f"2. {count} worker processes (lease {lease:g} s, heartbeat "
-                     f"{lease / 3:.1f} s); one is killed mid-job")
+                     f"{lease / 3:.1f} s) and one for reports; one of each is killed mid-job")
         logs = Path(tempfile.mkdtemp(prefix="lease-tour-"))
         fleet = Fleet(Path(settings.BASE_DIR) / "manage.py", logs, lease=lease)
         try:
-            self._run(fleet, count, deadline, kill_all=options["kill_all"])
+            left = self._run(fleet, count, deadline, kill_all=options["kill_all"])
         except TourFailed as e:
             self.clear_progress()
             self.stderr.write(self.style.ERROR(f"The tour failed: {e}"))
@@ -191,14 +203,26 @@ class Command(BaseCommand):
         finally:
             fleet.stop_all()
         shutil.rmtree(logs, ignore_errors=True)
+        return left
 
-    def _run(self, fleet: Fleet, count: int, deadline: float, *, kill_all: bool) -> None:
+    def _run(self, fleet: Fleet, count: int, deadline: float, *, kill_all: bool) -> dict[str, int]:
+        # The shop's workers serve every queue but the reports queue; one worker serves that
+        # alone, with each job's own lease, so that once it is killed nobody takes its jobs.
+        shop_queues = [q for q in settings.TASKS["default"]["QUEUES"] if q != REPORTS]
+        flags = {}
         for i in range(count):
-            fleet.start(f"tour-{chr(ord('a') + i)}")
+            flags[f"tour-{chr(ord('a') + i)}"] = [
+                "--lease", f"{fleet.lease:g}", "--heartbeat", f"{fleet.lease / 3:.2f}",
+                *(f for q in shop_queues for f in ("--queue", q))]
+        reporter = f"tour-{chr(ord('a') + count)}"
+        flags[reporter] = ["--queue", REPORTS]
+        for name, args in flags.items():
+            fleet.start(name, args)
         self.wait_for("the workers to start", fleet.all_registered, deadline)
         for name, proc in fleet.procs.items():
-            self.say("start", f"manage.py run_lease_worker --worker-id {name} --lease "
-                              f"{fleet.lease:g}  (pid {proc.pid})")
+            shown = (f"--lease {fleet.lease:g} --queue {' --queue '.join(shop_queues)}"
+                     if name != reporter else f"--queue {REPORTS}")
+            self.say("start", f"manage.py run_lease_worker --worker-id {name} {shown}  (pid {proc.pid})")
 
         client = Client(HTTP_HOST="localhost")
 
@@ -224,6 +248,7 @@ class Command(BaseCommand):
         self.say("enqueue", f"the shop's views enqueued {len(jobs)} jobs with their orders: "
                             f"a nightly backfill (job {backfill}) over every order, 6 receipts, "
                             "a partner sync that keeps failing, 3 image resizes")
+        left = self.strand_reports(fleet, reporter, deadline)
 
         def finished() -> int:
             return Job.objects.filter(pk__in=jobs, state__in=FINISHED).count()
@@ -236,7 +261,7 @@ class Command(BaseCommand):
 
         def backfill_midway() -> Job | None:
             job = Job.objects.filter(pk=backfill, state=JobState.CLAIMED).first()
-            if job and (job.cursor or {}).get("after_id", 0) >= eighth and job.claimed_by in fleet.procs:
+            if job and (job.cursor or 0) >= eighth and job.claimed_by in fleet.procs:
                 return job
             if Job.objects.filter(pk=backfill, state__in=FINISHED).exists():
                 raise TourFailed("the backfill finished before a worker could be killed")
@@ -244,14 +269,14 @@ class Command(BaseCommand):
 
         job = self.wait_for("the backfill to commit two batches", backfill_midway, deadline,
                             tick=tick("backfill running"), every=0.05)
-        victim = job.claimed_by
+        victim, killed_cursor = job.claimed_by, job.cursor
         targets = list(fleet.procs) if kill_all else [victim]
         for name in targets:
             fleet.kill(name)
-        left = lease_left(backfill)
+        remaining = lease_left(backfill)
         self.say("kill -9", f"{victim} (pid {fleet.pids[victim]}) killed while it holds job "
                             f"{backfill} at cursor {job.cursor} with fence {job.fence}; nobody "
-                            f"renews that lease now, it ends in {max(left, 0):.1f} s (database clock)"
+                            f"renews that lease now, it ends in {max(remaining, 0):.1f} s (database clock)"
                  + ("; every other worker killed too (--kill-all)" if kill_all else ""))
         killed_at = time.monotonic()
 
@@ -277,11 +302,45 @@ class Command(BaseCommand):
         stopped = fleet.stop_all(graceful=True)
         self.say("stop", "SIGTERM to the survivors: " + ", ".join(
             f"{name} exited {code}" for name, code in stopped.items()))
-        self.verify(jobs, orders, backfill, partner, victim)
+        self.verify(jobs, orders, backfill, partner, victim, killed_cursor)
+        left.update(dead=partner, taken_over=backfill)
+        self.wait_for("the reports' claims to show as expired and stalled",
+                      lambda: self.stranded(left), deadline)
         self.summary(jobs, orders, backfill, victim, time.monotonic() - self.started)
+        return left
+
+    def strand_reports(self, fleet: Fleet, reporter: str, deadline: float) -> dict[str, int]:
+        """Enqueue two sales reports, one with the tour's short lease and one with an hour's;
+        kill the worker that claimed them once each has checkpointed. Nobody else serves the
+        reports queue: the short lease runs out (expired) and the long one goes on unrenewed
+        (stalled), and so they stay for the admin."""
+        expiring = int(sales_report.using_lease(lease=fleet.lease).enqueue(pause=0.5).id)
+        stalling = int(sales_report.using_lease(lease=STALLED_LEASE).enqueue(pause=0.5).id)
+        reports = Job.objects.filter(pk__in=[expiring, stalling])
+
+        def both_checkpointed() -> bool:
+            return reports.filter(state=JobState.CLAIMED, claimed_by=reporter,
+                                  cursor__isnull=False).count() == 2
+
+        self.wait_for(f"{reporter} to checkpoint both reports", both_checkpointed, deadline,
+                      every=0.05)
+        fleet.kill(reporter)
+        done = {pk: cursor["orders"] for pk, cursor in reports.values_list("pk", "cursor")}
+        self.say("kill -9", f"{reporter} (pid {fleet.pids[reporter]}) killed while it holds the "
+                            f"sales reports {expiring} (lease {fleet.lease:g} s, {done[expiring]} "
+                            f"orders summed) and {stalling} (lease 1 h, {done[stalling]} "
+                            f"summed); no other worker serves the {REPORTS!r} queue, so both "
+                            "stay claimed for the admin")
+        return {"expired": expiring, "stalled": stalling}
+
+    @staticmethod
+    def stranded(left: dict[str, int]) -> bool:
+        """True once the admin's lease filters (the same verbs) show the reports as left."""
+        return (Job.objects.expired().filter(pk=left["expired"]).exists()
+                and Job.objects.stalled_claims(heartbeat_seconds()).filter(pk=left["stalled"]).exists())
 
     def verify(self, jobs: list[int], orders: list[int], backfill: int, partner: int,
-               victim: str) -> None:
+               victim: str, killed_cursor: Any) -> None:
         """Exit non-zero unless the run shows what the tour claims."""
         problems = []
         job = Job.objects.get(pk=backfill)
@@ -291,6 +350,9 @@ class Command(BaseCommand):
                 and job.claimed_by != victim):
             problems.append(f"job {backfill} was not taken over from {victim} and finished "
                             f"(state {job.state}, fence {job.fence}, by {job.claimed_by})")
+        elif (job.result or {}).get("resumed_after") != killed_cursor:
+            problems.append(f"job {backfill} did not resume after the cursor {killed_cursor} "
+                            f"its killed worker committed (result {job.result})")
         dead = Job.objects.get(pk=partner)
         if dead.state != JobState.DEAD or dead.attempts != dead.max_attempts:
             problems.append(f"the partner sync should be dead after {dead.max_attempts} "
@@ -338,7 +400,7 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(
             f"  Takeover after SIGKILL: yes. Nothing lost. Tour took {elapsed:.1f} s."))
 
-    def admin_hint(self) -> None:
+    def admin_hint(self, left: dict[str, int]) -> None:
         user = User.objects.filter(username=DEMO_USER).first()
         if user is None:
             User.objects.create_superuser(DEMO_USER, "admin@example.com", DEMO_PASSWORD)
@@ -359,10 +421,55 @@ class Command(BaseCommand):
         self.stdout.write(f"  cd {settings.BASE_DIR} && {' '.join([*env, python])} manage.py runserver")
         self.stdout.write("  open  http://127.0.0.1:8000/admin/django_leases/job/    "
                           f"user {DEMO_USER}, password {DEMO_PASSWORD}")
-        self.stdout.write("  then  the 'Lease advisor' button, the worker processes page, "
-                          "and job pages' failed-attempt history")
-        self.stdout.write(f"  more: {' '.join([*env, python])} manage.py lease_report   (handler durations "
-                          "against each task's lease)")
+        self.left_for_the_admin(left, f"{' '.join([*env, python])} manage.py")
+        self.stdout.write("  and   the 'Lease advisor' button above the list; "
+                          f"{' '.join([*env, python])} manage.py lease_report (handler "
+                          "durations against each task's lease)")
+
+    def left_for_the_admin(self, left: dict[str, int], manage: str) -> None:
+        """Say what each job the tour left shows in the admin, and where to look."""
+        period = heartbeat_seconds()
+        jobs = {j.pk: j for j in Job.objects.with_lease_status(period).filter(pk__in=left.values())}
+        expired, stalled, dead = jobs[left["expired"]], jobs[left["stalled"]], jobs[left["dead"]]
+        backfill = jobs[left["taken_over"]]
+        errors = JobFailure.objects.filter(job=dead).count()
+        todo = Order.objects.filter(pk__gt=(expired.cursor or {}).get("after_id", 0)).count()
+        rows = [
+            ("expired", f"{ADMIN_JOBS}?lease=expired",
+             f"job {expired.pk}, a sales report claimed by {expired.claimed_by}, which was killed "
+             f"with SIGKILL. No worker serves the {REPORTS!r} queue now, so its "
+             f"{expired.lease_seconds:g} s lease ran out and nobody took the job over: \"expired "
+             f"{humanize_seconds((expired.db_now - expired.lease_expires_at).total_seconds())} "
+             "ago\". Any worker serving the queue may claim it."),
+            ("stalled", f"{ADMIN_JOBS}?lease=stalled",
+             f"job {stalled.pk}, the other report {stalled.claimed_by} held, with a 1 h lease: "
+             "valid for most of the hour, but no heartbeat since the kill, so after two "
+             f"heartbeat periods ({humanize_seconds(2 * period)}) it reads \"stalled: no "
+             "heartbeat for ...\". The action 'Expire selected stalled claims now' ends the "
+             "lease so that a worker can take the job over."),
+            ("dead", f"{ADMIN_JOBS}{dead.pk}/change/",
+             f"job {dead.pk}, the partner sync: {dead.attempts} attempts, each a "
+             f"ConnectionError, {errors} rows in its page's error history; then dead "
+             f"(state filter 'dead'). The action 'Requeue' would give it {dead.max_attempts} more."),
+            ("taken over", f"{ADMIN_JOBS}{backfill.pk}/change/",
+             f"job {backfill.pk}, the backfill: a 'lease expired' row for the killed worker in "
+             f"its error history, then succeeded with fence {backfill.fence}; its result says "
+             f"the cursor it resumed after."),
+            ("workers", ADMIN_JOBS.replace("/job/", "/workerprocess/"),
+             f"the killed workers look gone; {expired.claimed_by} still holds 2 claims, "
+             "1 of them expired."),
+            ("claimed", f"{ADMIN_JOBS}?lease=claimed",
+             f"the 'claimed (lease valid)' filter lists job {stalled.pk} alone, stalled. No claim "
+             "is healthy: that takes a live worker renewing it, and the tour leaves no process "
+             f"running. Start one ({manage} run_lease_worker) and it takes job {expired.pk} over "
+             "(fence 2), resumes after its cursor, and reads \"expires in ...\" for the "
+             f"~{todo * expired.kwargs['pause']:.0f} s it still needs."),
+        ]
+        self.stdout.write("  What the tour left there, and where to look:")
+        for label, url, text in rows:
+            self.stdout.write(f"  {label:<10}  {url}")
+            for line in textwrap.wrap(text, width=84):
+                self.stdout.write(f"  {'':<10}  {line}")
 
 
 def render_table(rows: list[list[str]]) -> str:
@@ -384,12 +491,11 @@ class Fleet:
         self.procs: dict[str, subprocess.Popen] = {}
         self.pids: dict[str, int] = {}
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, args: list[str]) -> None:
         log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 -- the child writes it
         self.procs[name] = subprocess.Popen(
             [sys.executable, str(self.manage_py), "run_lease_worker", "--worker-id", name,
-             "--lease", f"{self.lease:g}", "--heartbeat", f"{self.lease / 3:.2f}",
-             "--poll", "0.2", "--concurrency", "2", "--grace", "5", "-v", "1"],
+             *args, "--poll", "0.2", "--concurrency", "2", "--grace", "5", "-v", "1"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         self.pids[name] = self.procs[name].pid
