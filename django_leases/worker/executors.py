@@ -10,6 +10,7 @@ and fenced() writes go out on its own connection).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -81,6 +82,9 @@ class ThreadExecutor(_Slots):
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         job = claim.job
+        refused = connect_before_handler(job._state.db)
+        if refused is not None:
+            return refused
         return run_task(task, job.args, job.kwargs, claim.handle, self._context(claim, task))
 
 
@@ -213,6 +217,22 @@ def _kill(process: Any) -> None:
     """SIGKILL: the child ignores SIGTERM (child.py), and has had its grace already."""
     process.kill()
     process.join()
+
+
+def connect_before_handler(database: str) -> Outcome | None:
+    """Open this thread's connection to the job's database before the handler runs; an
+    "unconnected" outcome if the database refuses it (too many connections, unreachable).
+    The worker then releases the job, the attempt not counted: the handler never ran, and
+    the worker's own over-subscription is no failure of the job."""
+    from .heartbeat import DB_ERRORS, _first_line
+
+    try:
+        connections[database].ensure_connection()
+    except DB_ERRORS as e:
+        with contextlib.suppress(*DB_ERRORS):
+            connections[database].close()
+        return Outcome("unconnected", message=_first_line(e))
+    return None
 
 
 def _drop_broken_connections() -> None:
