@@ -40,7 +40,8 @@ class TaskSignalFields(logging.Filter):
         if record.name == TASKS_LOGGER and not hasattr(record, "event"):
             args = record.args if isinstance(record.args, tuple) else ()
             if len(args) >= 3 and str(record.msg).startswith("Task id="):
-                record.job_id, record.task = args[0], args[1]
+                record.job_id = int(args[0]) if str(args[0]).isdigit() else args[0]
+                record.task = args[1]
                 state = str(args[2]) if "state=" in str(record.msg) else "enqueued"
                 record.event = f"task_{state.lower()}"
         return True
