@@ -66,7 +66,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
     threading.Thread(target=watch, name="leases-lost-watcher", daemon=True).start()
     registry.discover()
     task = registry.lookup(payload["alias"], payload["task_path"])
-    refused = connect_before_handler(payload["database"])
+    refused = connect_before_handler(payload["database"]) if payload.get("connect_first") else None
     if refused is not None:
         outcome = refused
     elif task is None:

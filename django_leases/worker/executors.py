@@ -76,13 +76,15 @@ class _Slots:
 
 
 class ThreadExecutor(_Slots):
-    def __init__(self, size: int, done: Done, context: Callable[[Claim, Any], Any]) -> None:
+    def __init__(self, size: int, done: Done, context: Callable[[Claim, Any], Any], *,
+                 connect_first: bool = False) -> None:
         self._context = context
+        self._connect_first = connect_first
         super().__init__(size, done, "leases-handler")
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         job = claim.job
-        refused = connect_before_handler(job._state.db)
+        refused = connect_before_handler(job._state.db) if self._connect_first else None
         if refused is not None:
             return refused
         return run_task(task, job.args, job.kwargs, claim.handle, self._context(claim, task))
@@ -97,8 +99,9 @@ class ProcessExecutor(_Slots):
     """
 
     def __init__(self, size: int, done: Done, *, alias: str, worker_id: str,
-                 stopping: Callable[[], bool]) -> None:
+                 stopping: Callable[[], bool], connect_first: bool = False) -> None:
         self._mp = multiprocessing.get_context("spawn")
+        self._connect_first = connect_first
         self._alias = alias
         self._worker_id = worker_id
         self._stopping = stopping
@@ -116,7 +119,7 @@ class ProcessExecutor(_Slots):
             "kwargs": job.kwargs, "job_id": job.pk, "fence": job.fence,
             "attempt": job.attempts, "cursor": job.cursor, "lease": claim.lease,
             "worker_id": self._worker_id, "claim_token": job.claim_token,
-            "database": job._state.db,
+            "database": job._state.db, "connect_first": self._connect_first,
         }
         ours, theirs = self._mp.Pipe()
         process = self._mp.Process(target=child_main, args=(theirs, payload, claim.lost_flag, claim.stamp),

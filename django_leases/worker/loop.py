@@ -80,6 +80,7 @@ class Worker:
         grace: float = 20.0,
         worker_id: str | None = None,
         notify: bool = True,
+        connect_handlers: bool = True,
     ) -> None:
         self.alias = alias
         self.database = database
@@ -95,6 +96,9 @@ class Worker:
         self.grace = grace
         self.worker_id = worker_id or default_worker_id()
         self.notify = notify
+        # Open each handler's connection before it runs: one refused is a release, not a
+        # failure (off with --skip-connection-check: handlers that use no database).
+        self.connect_handlers = connect_handlers
         self.book = ClaimBook()
         self.waker = Waker()
         self.stop_request = StopRequest(self.waker)
@@ -536,8 +540,10 @@ class Worker:
         if self.isolation == "process":
             return ProcessExecutor(self.concurrency, self._finished, alias=self.alias,
                                    worker_id=self.worker_id,
-                                   stopping=lambda: self.stop_request.stopping)
-        return ThreadExecutor(self.concurrency, self._finished, self._task_context)
+                                   stopping=lambda: self.stop_request.stopping,
+                                   connect_first=self.connect_handlers)
+        return ThreadExecutor(self.concurrency, self._finished, self._task_context,
+                              connect_first=self.connect_handlers)
 
     def _task_context(self, claim: Claim, task: Any) -> Any:
         return task_context(task, claim.handle)

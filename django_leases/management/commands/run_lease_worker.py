@@ -72,8 +72,10 @@ class Command(BaseCommand):
                  "worker's loggers: text (default) or one JSON object per line.")
         parser.add_argument(
             "--skip-connection-check", action="store_true",
-            help="Start even if the database's connection limits leave fewer connections "
-                 "than the worker may hold (behind a pooler, whose own limit is what counts).")
+            help="Neither refuse to start when the database's connection limits leave fewer "
+                 "connections than the worker may hold (2 or 3 + --concurrency), nor open a "
+                 "handler's connection before it runs: for handlers that do not use the "
+                 "database, or behind a connection pooler, whose own limit is what counts.")
 
     @staticmethod
     def _defaults() -> conf.LeaseOptions:
@@ -108,7 +110,7 @@ class Command(BaseCommand):
         except InvalidLeaseOption as e:
             raise CommandError(f"--{e.option.replace('_', '-')}: {e.reason}") from e
         _require_ready_database(kwargs["database"])
-        if not options["skip_connection_check"]:
+        if kwargs["connect_handlers"]:
             _require_connections(kwargs)
         worker = Worker(**kwargs)
         status = worker.run()
@@ -153,7 +155,7 @@ class Command(BaseCommand):
 
         declared = settings.TASKS[alias].get("QUEUES")
         # None: every queue (a claim with no queue filter).
-        queues = None if options["all_queues"] else options["queues"] or (
+        queues = None if options.get("all_queues") else options["queues"] or (
             list(declared) if declared else None)
         if queues is not None and "*" in queues:
             raise InvalidLeaseOption("queue", "'*' is no wildcard here (an unquoted * is "
@@ -174,6 +176,7 @@ class Command(BaseCommand):
             "heartbeat": heartbeat, "poll": poll, "burst": options["burst"],
             "max_jobs": max_jobs, "grace": grace, "worker_id": worker_id,
             "notify": backend.notify,
+            "connect_handlers": not options.get("skip_connection_check", False),
         }
 
 
