@@ -1,6 +1,6 @@
 """run_lease_worker started against a database that is down, full, or too small for it.
 
-Real worker processes against PostgreSQL: through a TCP proxy that refuses connections
+Real worker processes against PostgreSQL (and MySQL/MariaDB): through a TCP proxy that refuses connections
 until healed (the database down at start), and as a role of their own with a CONNECTION
 LIMIT (a connection budget), so the shared server is never disturbed. Invariant (3):
 nothing is lost, and no attempt is spent on the worker's own trouble.
@@ -21,14 +21,16 @@ from tests.chaos.proxy import Proxy
 from tests.testapp.tasks import add
 from tests.worker_helpers import FAST, ON_POSTGRES, PG_ONLY, job_of, wait_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow,
-              pytest.mark.skipif(not ON_POSTGRES, reason=PG_ONLY)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pg_only = pytest.mark.skipif(not ON_POSTGRES, reason=PG_ONLY)
+over_tcp = pytest.mark.skipif(connection.vendor == "sqlite", reason="a database server over TCP")
 
 
 @pytest.fixture
 def down_database():
     """A proxy to the test server that refuses every connection until ``heal()``."""
-    proxy = Proxy(int(connection.settings_dict["PORT"] or 5432))
+    default_port = 5432 if connection.vendor == "postgresql" else 3306
+    proxy = Proxy(int(connection.settings_dict["PORT"] or default_port))
     proxy.cut()
     yield proxy
     proxy.close()
@@ -36,6 +38,7 @@ def down_database():
     proxy._loop.close()  # Proxy.close() stops its loop; closing it frees its sockets
 
 
+@over_tcp
 def test_a_worker_started_while_the_database_is_down_waits_then_runs_a_job(workers, down_database):
     """No traceback from the system checks: one warning per attempt, with back-off, and
     once the database answers the checks pass and the worker serves as usual (3)."""
@@ -56,6 +59,7 @@ def test_a_worker_started_while_the_database_is_down_waits_then_runs_a_job(worke
     assert w.wait_exit() == 0
 
 
+@over_tcp
 def test_sigterm_while_waiting_for_the_database_exits_0(workers, down_database):
     """A stop signal ends the wait at once: exit status 0, nothing claimed."""
     result = add.enqueue(1, 1)
@@ -95,6 +99,7 @@ def sessions_of(role: str) -> int:
         return c.fetchone()[0]
 
 
+@pg_only
 def test_a_concurrency_the_connection_limit_cannot_serve_is_refused_with_the_numbers(workers):
     """--concurrency 10 needs 13 connections (main, heartbeat, listener, 10 handlers); a role
     limited to 6 is refused at start, before any claim, with the numbers and the way out."""
@@ -118,6 +123,7 @@ def test_a_concurrency_the_connection_limit_cannot_serve_is_refused_with_the_num
         assert w2.wait_exit() == 0
 
 
+@pg_only
 def test_a_handler_that_cannot_connect_is_released_without_spending_an_attempt(workers):
     """The worker fits its role's limit at start (3 handlers + 3 = 6), then other sessions
     take the handlers' share: a handler that cannot open its connection is released, the
@@ -154,3 +160,27 @@ def test_a_handler_that_cannot_connect_is_released_without_spending_an_attempt(w
         w.signal(signal.SIGTERM)
         assert w.wait_exit() == 0
     assert Job.objects.filter(state=JobState.CLAIMED).count() == 0
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL/MariaDB's per-account limit")
+def test_a_concurrency_past_max_user_connections_is_refused_on_mysql(workers):
+    """MySQL/MariaDB: an account WITH MAX_USER_CONNECTIONS 5 cannot serve --concurrency 10
+    (12 connections: no LISTEN there); refused with the numbers."""
+    user = f"leases_budget_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as c:
+        for host in ("%", "localhost"):
+            c.execute(f"CREATE USER '{user}'@'{host}' WITH MAX_USER_CONNECTIONS 5")
+            c.execute(f"GRANT ALL ON `{connection.settings_dict['NAME']}`.* TO '{user}'@'{host}'")
+    try:
+        w = workers.start("budget-mysql", *FAST, "--concurrency", "10", ready=False,
+                          env_extra={"LEASES_WORKER_DB_USER": user})
+        assert w.wait_exit(timeout=30) == 1
+        log = w.log()
+        assert ("--concurrency 10 needs up to 12 connections to database 'default' (main 1, "
+                "heartbeat 1, listener 0, handlers 10)") in log, log
+        assert "max_user_connections of " in log and "allows 5 and other sessions hold 0: 5 free" in log, log
+        assert "Lower --concurrency to 3 or less" in log, log
+    finally:
+        with connection.cursor() as c:
+            for host in ("%", "localhost"):
+                c.execute(f"DROP USER IF EXISTS '{user}'@'{host}'")
