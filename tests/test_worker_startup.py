@@ -123,23 +123,47 @@ def test_a_concurrency_the_connection_limit_cannot_serve_is_refused_with_the_num
         assert w2.wait_exit() == 0
 
 
+def connect_as(role: str):
+    import psycopg
+
+    db = connection.settings_dict
+    return psycopg.connect(host=db["HOST"] or None, port=db["PORT"] or None, dbname=db["NAME"],
+                           user=role, autocommit=True)
+
+
+@pg_only
+def test_a_worker_started_while_its_connection_limit_is_full_waits_then_starts(workers):
+    """A database "full" for the worker's role refuses its first connection: it waits as
+    for a database that is down, then checks its budget and starts once sessions close."""
+    result = add.enqueue(6, 1)
+    with limited_role(5) as role:
+        others = [connect_as(role) for _ in range(5)]
+        try:
+            w = workers.start("full-a", *FAST, "--concurrency", "1", ready=False,
+                              env_extra={"LEASES_WORKER_DB_USER": role})
+            w.wait_log("attempt=2", timeout=20)
+            assert "too many connections for role" in w.log() and w.proc.poll() is None, w.log()
+        finally:
+            for other in others:
+                other.close()
+        w.wait_log("Worker started", timeout=30)
+        wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 10, "the job")
+        w.signal(signal.SIGTERM)
+        assert w.wait_exit() == 0
+
+
 @pg_only
 def test_a_handler_that_cannot_connect_is_released_without_spending_an_attempt(workers):
     """The worker fits its role's limit at start (3 handlers + 3 = 6), then other sessions
     take the handlers' share: a handler that cannot open its connection is released, the
     attempt not counted and no failure recorded, and runs once a connection is free (3)."""
-    import psycopg
-
     with limited_role(6) as role:
         w = workers.start("budget-full", *FAST, "--concurrency", "3",
                           env_extra={"LEASES_WORKER_DB_USER": role})
         w.wait_log("Listening for wake-ups")
         # Main, heartbeat and listener connections, then others fill the role's limit.
         wait_for(lambda: sessions_of(role) == 3, 10, "the worker's three connections")
-        db = connection.settings_dict
-        others = [psycopg.connect(host=db["HOST"] or None, port=db["PORT"] or None,
-                                  dbname=db["NAME"], user=role, autocommit=True)
-                  for _ in range(3)]
+        others = [connect_as(role) for _ in range(3)]
         try:
             result = add.enqueue(4, 5)
             w.wait_log("could not connect to the database", timeout=10)
