@@ -107,6 +107,23 @@ def _ending(job: Any) -> str | None:
     return None
 
 
+def _granted_lease(job: Any) -> float | None:
+    """The lease the claim's last claim or renewal granted: its end minus the heartbeat
+    that set it, both written by one statement on the database clock. None if unknown."""
+    if job.lease_expires_at is None or job.heartbeat_at is None:
+        return None
+    return round((job.lease_expires_at - job.heartbeat_at).total_seconds(), 1)
+
+
+def _expiry_message(granted: float | None, owner: str) -> str:
+    """The message of a lease_expired failure (the PostgreSQL claim writes the same)."""
+    owner = owner or "its worker"
+    if granted is None or granted < conf.MIN_LEASE_SECONDS:
+        # No claim is granted less: the lease was ended early (expire_now, the admin).
+        return f"lease was ended early, before {owner} acknowledged"
+    return f"lease of {granted:g} s ran out before {owner} acknowledged"
+
+
 def _token_case(tokens: dict[Any, uuid.UUID]) -> Case:
     return Case(
         *[When(pk=pk, then=Value(token, output_field=models.UUIDField()))
@@ -358,14 +375,12 @@ class JobQuerySet(models.QuerySet):
             | Q(state=JobState.CLAIMED, lease_expires_at__lt=Now())
         )
 
-    def claim_order(self, queues: Iterable[str]) -> JobQuerySet:
-        """Claimable jobs of ``queues`` in the order a claim takes them (partial indexes
-        on PostgreSQL the claim itself runs an ordered scan of leases_job_due_idx)."""
-        return (
-            self.filter(queue_name__in=list(queues))
-            .claimable()
-            .order_by("-priority", "available_at", "id")
-        )
+    def claim_order(self, queues: Iterable[str] | None) -> JobQuerySet:
+        """Claimable jobs of ``queues`` (None: of every queue) in the order a claim takes
+        them (partial indexes on PostgreSQL the claim itself runs an ordered scan of
+        leases_job_due_idx)."""
+        jobs = self if queues is None else self.filter(queue_name__in=list(queues))
+        return jobs.claimable().order_by("-priority", "available_at", "id")
 
     def expired(self) -> JobQuerySet:
         """Claimed, and the lease has passed: any worker may claim it again."""
@@ -435,13 +450,14 @@ class JobQuerySet(models.QuerySet):
     def claim(
         self,
         worker_id: str,
-        queues: Iterable[str] = ("default",),
+        queues: Iterable[str] | None = ("default",),
         limit: int = 1,
         lease: float | None = None,
         *,
         settle: bool = True,
     ) -> list[Job]:
-        """Claim up to ``limit`` due or expired jobs, by priority then due time.
+        """Claim up to ``limit`` due or expired jobs of ``queues`` (None: of every queue),
+        by priority then due time.
 
         Each claimed job gets a fresh claim token, fence + 1, attempts + 1 and a lease ending
         at Now() + lease (its own lease_seconds unless ``lease`` is given). Candidates that
@@ -453,12 +469,16 @@ class JobQuerySet(models.QuerySet):
         On PostgreSQL one statement claims; the candidates that end instead of running are
         settled by a second, portable pass when the first claimed fewer than ``limit``.
         ``settle=False`` skips that pass (a worker woken by NOTIFY settles on its next poll).
+
+        Each job carries the row as it was before the claim: ``was_state`` ("claimed" for a
+        takeover of an expired claim), ``was_claimed_by``, ``was_fence`` and ``was_lease``
+        (the seconds its last claim or renewal granted, from the row's own database times).
         """
         if limit < 1:
             return []
         lease = _checked_lease(lease)
         db = self._db or router.db_for_write(self.model)
-        queues = list(queues)
+        queues = None if queues is None else list(queues)
         claimed: list[Job] = []
         if _pg(db):
             claimed = _pg_claim(self.model, db, worker_id, queues, limit, lease)
@@ -467,7 +487,7 @@ class JobQuerySet(models.QuerySet):
             limit -= len(claimed)
         return claimed + self._claim_portable(db, worker_id, queues, limit, lease)
 
-    def _claim_portable(self, db: str, worker_id: str, queues: list[str], limit: int,
+    def _claim_portable(self, db: str, worker_id: str, queues: list[str] | None, limit: int,
                         lease: float | None) -> list[Job]:
         features = connections[db].features
         candidates_qs = self.model._default_manager.using(db).claim_order(queues).annotate(
@@ -522,6 +542,8 @@ class JobQuerySet(models.QuerySet):
         if taken_over:
             self._record_expired(db, taken_over)
         for job in wanted:
+            job.was_state, job.was_claimed_by, job.was_fence = job.state, job.claimed_by, job.fence
+            job.was_lease = _granted_lease(job) if job.state == JobState.CLAIMED else None
             job.state = JobState.CLAIMED
             job.claim_token = tokens[job.pk]
             job.fence += 1
@@ -537,7 +559,7 @@ class JobQuerySet(models.QuerySet):
         JobFailure.objects.using(db).bulk_create([
             JobFailure(job_id=j.pk, attempt=j.attempts, fence=j.fence, worker_id=j.claimed_by,
                        kind=FailureKind.LEASE_EXPIRED,
-                       message=f"lease of {j.lease_seconds:g} s ran out before {j.claimed_by or 'its worker'} acknowledged")
+                       message=_expiry_message(_granted_lease(j), j.claimed_by))
             for j in jobs
         ])
 
@@ -920,8 +942,7 @@ WITH due AS (
     -- An ordered scan of leases_job_due_idx: the first rows in claim order, not a sort
     -- of every pending job.
     SELECT id, priority, available_at FROM {job}
-    WHERE state = 'pending' AND available_at <= statement_timestamp()
-      AND queue_name = ANY(%(queues)s)
+    WHERE state = 'pending' AND available_at <= statement_timestamp(){queue_filter}
       AND (deadline IS NULL OR deadline >= statement_timestamp())
     ORDER BY priority DESC, available_at, id
     LIMIT %(limit)s
@@ -931,8 +952,7 @@ WITH due AS (
     -- instead of running again (past deadline, no attempts left, a task that must not run
     -- twice) are left to the portable path, which settles them.
     SELECT id, priority, available_at FROM {job}
-    WHERE state = 'claimed' AND lease_expires_at < statement_timestamp()
-      AND queue_name = ANY(%(queues)s)
+    WHERE state = 'claimed' AND lease_expires_at < statement_timestamp(){queue_filter}
       AND (deadline IS NULL OR deadline >= statement_timestamp())
       AND on_lease_lost = 'retry' AND attempts < max_attempts
     ORDER BY lease_expires_at
@@ -940,7 +960,10 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 ), picked AS (
     SELECT c.id, j.state AS was_state, j.claimed_by AS was_claimed_by, j.fence AS was_fence,
-           j.attempts AS was_attempts
+           j.attempts AS was_attempts,
+           -- The lease its last claim or renewal granted (both times from one statement).
+           round(extract(epoch FROM j.lease_expires_at - j.heartbeat_at), 1)::float8
+               AS was_lease
     FROM (SELECT * FROM due UNION ALL SELECT * FROM expired) AS c JOIN {job} AS j ON j.id = c.id
     ORDER BY c.priority DESC, c.available_at, c.id
     LIMIT %(limit)s
@@ -959,14 +982,19 @@ WITH due AS (
         started_at = COALESCE(j.started_at, statement_timestamp())
     FROM picked AS c
     WHERE j.id = c.id
-    RETURNING j.*, c.was_state, c.was_claimed_by, c.was_fence, c.was_attempts
+    RETURNING j.*, c.was_state, c.was_claimed_by, c.was_fence, c.was_attempts, c.was_lease
 ), lost AS (
     -- A takeover records the expired claim as a spent attempt, in the same statement.
     INSERT INTO {failure} (job_id, attempt, fence, worker_id, kind, exception_class_path,
                            message, traceback, recorded_at)
     SELECT id, was_attempts, was_fence, was_claimed_by, 'lease_expired', '',
-           format('lease of %%s s ran out before %%s acknowledged', lease_seconds,
-                  COALESCE(NULLIF(was_claimed_by, ''), 'its worker')),
+           -- As _expiry_message() words it.
+           CASE WHEN was_lease >= {min_lease}
+                THEN format('lease of %%s s ran out before %%s acknowledged',
+                            trim_scale(was_lease::numeric),
+                            COALESCE(NULLIF(was_claimed_by, ''), 'its worker'))
+                ELSE format('lease was ended early, before %%s acknowledged',
+                            COALESCE(NULLIF(was_claimed_by, ''), 'its worker')) END,
            '', statement_timestamp()
     FROM claimed WHERE was_state = 'claimed'
 )
@@ -997,11 +1025,15 @@ def _pg(db: str) -> bool:
     return connections[db].vendor == "postgresql"
 
 
-def _pg_sql(template: str, model: Any, db: str) -> str:
+def _pg_sql(template: str, model: Any, db: str, *, all_queues: bool = False) -> str:
+    """``template`` for ``model``'s tables; the claim's queue filter left out for a claim
+    of every queue (the due half is then the same ordered index scan, unfiltered)."""
     from .models import JobFailure
 
     quote = connections[db].ops.quote_name
-    return template.format(job=quote(model._meta.db_table), failure=quote(JobFailure._meta.db_table))
+    return template.format(job=quote(model._meta.db_table), failure=quote(JobFailure._meta.db_table),
+                           queue_filter="" if all_queues else "\n      AND queue_name = ANY(%(queues)s)",
+                           min_lease=f"{conf.MIN_LEASE_SECONDS:g}")
 
 
 def _pg_ids(model: Any, db: str, template: str, params: dict[str, Any]) -> set[Any]:
@@ -1010,10 +1042,10 @@ def _pg_ids(model: Any, db: str, template: str, params: dict[str, Any]) -> set[A
         return {row[0] for row in cursor.fetchall()}
 
 
-def _pg_claim(model: Any, db: str, worker_id: str, queues: list[str], limit: int,
+def _pg_claim(model: Any, db: str, worker_id: str, queues: list[str] | None, limit: int,
               lease: float | None) -> list[Any]:
     """Claim in one statement; the jobs carry their state before the claim on ``was_*``."""
-    sql = _pg_sql(_PG_CLAIM, model, db)
+    sql = _pg_sql(_PG_CLAIM, model, db, all_queues=queues is None)
     return list(model._default_manager.using(db).raw(
         sql, {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}))
 

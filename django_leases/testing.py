@@ -56,11 +56,12 @@ def run_burst(*, backend: str | None = None, queues: list[str] | None = None,
     alias = backend or aliases[0]
     options = conf.get_options(alias)
     Worker(alias=alias, database=options.database,
-           queues=queues or list(settings.TASKS[alias].get("QUEUES") or ["default"]),
+           # As run_lease_worker: the backend's QUEUES, or every queue when it lists none.
+           queues=queues or (list(settings.TASKS[alias].get("QUEUES") or []) or None),
            concurrency=1, lease=lease, heartbeat=min(options.heartbeat_seconds,
                                                      (lease or options.lease_seconds) / 3),
            poll=0.05, burst=True, max_jobs=max_jobs, grace=0, worker_id=worker_id,
-           notify=False).run()
+           notify=False, connect_handlers=False).run()
 
 
 def run_job(job: Any, *, using: str | None = None, **options: Any) -> Any:

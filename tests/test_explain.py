@@ -73,6 +73,12 @@ def test_the_claim_on_200000_rows_uses_indexes_and_no_full_scan_on_mysql():
     assert " ALL " not in f" {plan} ", plan
     assert "leases_job_due_mysql_idx" in plan or "leases_job_lease_mysql_idx" in plan, plan
     assert len(Job.objects.claim("w", ["default", "emails"], limit=10)) == 10
+    # A worker of every queue (--all-queues): no queue filter, the same indexes.
+    with transaction.atomic():
+        plan = Job.objects.claim_order(None).select_for_update(skip_locked=True)[:10].explain()
+    assert " ALL " not in f" {plan} ", plan
+    assert "leases_job_due_mysql_idx" in plan or "leases_job_lease_mysql_idx" in plan, plan
+    assert len(Job.objects.claim("w", None, limit=10)) == 10
 
 
 def pg_claim_statement(worker, queues, limit):
@@ -81,7 +87,7 @@ def pg_claim_statement(worker, queues, limit):
     default on psycopg 3, so this is the text the server receives)."""
     from django_leases.query import _PG_CLAIM, _pg_sql
 
-    sql = _pg_sql(_PG_CLAIM, Job, connection.alias)
+    sql = _pg_sql(_PG_CLAIM, Job, connection.alias, all_queues=queues is None)
     params = {"worker": worker, "queues": queues, "limit": limit, "lease": None}
     return connection.ops.compose_sql(sql, params)
 
@@ -125,6 +131,17 @@ def test_the_claim_on_200000_rows_uses_indexes_and_no_sequential_scan():
     assert len(claimed) == 10
     assert [q["sql"] for q in sent.captured_queries] == [statement], sent.captured_queries
 
+    # The claim of every queue (a worker started with --all-queues, or of a backend whose
+    # QUEUES is empty) drops the queue filter: the same two partial indexes, the due one
+    # still an ordered scan, and it too is the statement claim() sends.
+    every = pg_claim_statement("w", None, 10)
+    assert "queue_name" not in every.split("lost AS")[0], every
+    assert_claim_plan_uses_indexes(explain(every))
+    with CaptureQueriesContext(connection) as sent:
+        claimed = Job.objects.claim("w", None, limit=10)
+    assert len(claimed) == 10
+    assert [q["sql"] for q in sent.captured_queries] == [every], sent.captured_queries
+
     # The check can fail. Without the claim indexes the planner falls back on other
     # indexes that lead with state and sorts every pending job; without any index but the
     # unique ones, it scans the whole table. (DROP INDEX is transactional: rolled back.)
@@ -135,6 +152,8 @@ def test_the_claim_on_200000_rows_uses_indexes_and_no_sequential_scan():
             unindexed = explain(statement)
             with pytest.raises(AssertionError):
                 assert_claim_plan_uses_indexes(unindexed)
+            with pytest.raises(AssertionError):
+                assert_claim_plan_uses_indexes(explain(every))
             cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s "
                            "AND indexdef NOT LIKE 'CREATE UNIQUE%%'", [Job._meta.db_table])
             for (name,) in cursor.fetchall():

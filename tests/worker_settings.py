@@ -22,3 +22,14 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 TASKS["default"]["OPTIONS"]["NOTIFY"] = os.environ.get("LEASES_WORKER_NOTIFY", "1") == "1"
 LOGGING["formatters"] = {"stamped": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}}
 LOGGING["handlers"]["console"]["formatter"] = "stamped"
+# The worker tests of start-up and connection limits: another port (a proxy), another role.
+if os.environ.get("LEASES_WORKER_DB_PORT"):
+    DATABASES["default"]["PORT"] = os.environ["LEASES_WORKER_DB_PORT"]
+if os.environ.get("LEASES_WORKER_DB_USER"):
+    DATABASES["default"]["USER"] = os.environ["LEASES_WORKER_DB_USER"]
+# QUEUES as a comma-separated list ("" for QUEUES: [], any queue name allowed).
+if "LEASES_WORKER_QUEUES" in os.environ:
+    TASKS["default"]["QUEUES"] = [q for q in os.environ["LEASES_WORKER_QUEUES"].split(",") if q]
+# No LOGGING of the project's own: run_lease_worker then installs its handler and format.
+if os.environ.get("LEASES_WORKER_OWN_LOGGING") == "1":
+    LOGGING = {"version": 1, "disable_existing_loggers": False}  # noqa: F811

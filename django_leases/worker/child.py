@@ -19,7 +19,7 @@ import signal
 import threading
 from typing import Any
 
-from .executors import KILL_GRACE_SECONDS
+from .executors import KILL_GRACE_SECONDS, connect_before_handler
 
 
 def _ignore_stop_signal(signum: int, frame: Any) -> None:
@@ -66,7 +66,10 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
     threading.Thread(target=watch, name="leases-lost-watcher", daemon=True).start()
     registry.discover()
     task = registry.lookup(payload["alias"], payload["task_path"])
-    if task is None:
+    refused = connect_before_handler(payload["database"]) if payload.get("connect_first") else None
+    if refused is not None:
+        outcome = refused
+    elif task is None:
         outcome = Outcome("unrunnable", exception_class_path="django_leases.exceptions.UnknownTask",
                           message=f"{payload['task_path']!r} is not a declared task")
     else:

@@ -10,6 +10,7 @@ and fenced() writes go out on its own connection).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -75,12 +76,17 @@ class _Slots:
 
 
 class ThreadExecutor(_Slots):
-    def __init__(self, size: int, done: Done, context: Callable[[Claim, Any], Any]) -> None:
+    def __init__(self, size: int, done: Done, context: Callable[[Claim, Any], Any], *,
+                 connect_first: bool = False) -> None:
         self._context = context
+        self._connect_first = connect_first
         super().__init__(size, done, "leases-handler")
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         job = claim.job
+        refused = connect_before_handler(job._state.db) if self._connect_first else None
+        if refused is not None:
+            return refused
         return run_task(task, job.args, job.kwargs, claim.handle, self._context(claim, task))
 
 
@@ -93,8 +99,9 @@ class ProcessExecutor(_Slots):
     """
 
     def __init__(self, size: int, done: Done, *, alias: str, worker_id: str,
-                 stopping: Callable[[], bool]) -> None:
+                 stopping: Callable[[], bool], connect_first: bool = False) -> None:
         self._mp = multiprocessing.get_context("spawn")
+        self._connect_first = connect_first
         self._alias = alias
         self._worker_id = worker_id
         self._stopping = stopping
@@ -112,7 +119,7 @@ class ProcessExecutor(_Slots):
             "kwargs": job.kwargs, "job_id": job.pk, "fence": job.fence,
             "attempt": job.attempts, "cursor": job.cursor, "lease": claim.lease,
             "worker_id": self._worker_id, "claim_token": job.claim_token,
-            "database": job._state.db,
+            "database": job._state.db, "connect_first": self._connect_first,
         }
         ours, theirs = self._mp.Pipe()
         process = self._mp.Process(target=child_main, args=(theirs, payload, claim.lost_flag, claim.stamp),
@@ -213,6 +220,22 @@ def _kill(process: Any) -> None:
     """SIGKILL: the child ignores SIGTERM (child.py), and has had its grace already."""
     process.kill()
     process.join()
+
+
+def connect_before_handler(database: str) -> Outcome | None:
+    """Open this thread's connection to the job's database before the handler runs; an
+    "unconnected" outcome if the database refuses it (too many connections, unreachable).
+    The worker then releases the job, the attempt not counted: the handler never ran, and
+    the worker's own over-subscription is no failure of the job."""
+    from .heartbeat import DB_ERRORS, _first_line
+
+    try:
+        connections[database].ensure_connection()
+    except DB_ERRORS as e:
+        with contextlib.suppress(*DB_ERRORS):
+            connections[database].close()
+        return Outcome("unconnected", message=_first_line(e))
+    return None
 
 
 def _drop_broken_connections() -> None:

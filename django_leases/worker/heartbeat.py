@@ -18,6 +18,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, connections
 
 from .claims import ClaimBook
+from .logs import claim_fields
 from .vital import VitalThread
 from .waker import Waker
 
@@ -62,7 +63,9 @@ class Heartbeat(VitalThread):
                 except Exception as e:  # noqa: BLE001 -- renewals must outlive any one error
                     if isinstance(e, DB_ERRORS):
                         logger.warning("Renewal failed worker=%s error=%s; retrying",
-                                       self.worker_id, _first_line(e))
+                                       self.worker_id, _first_line(e),
+                                       extra={"event": "renewal_failed", "worker": self.worker_id,
+                                              "error": _first_line(e)})
                     else:
                         self.round_failed(e)
                     _reset(self.database)
@@ -114,10 +117,11 @@ class Heartbeat(VitalThread):
                 lost += 1
                 logger.warning("Lost claim job=%s fence=%s worker=%s: renewal matched no row; "
                                "telling its handler to stop", claim.pk, claim.job.fence,
-                               self.worker_id)
+                               self.worker_id, extra=claim_fields(claim.job, self.worker_id, "lost"))
         if claims:
             logger.debug("Renewed %d of %d claims in %d statement(s) worker=%s lost=%d",
-                         len(held), len(claims), statements, self.worker_id, lost)
+                         len(held), len(claims), statements, self.worker_id, lost,
+                         extra={"event": "renewed", "worker": self.worker_id})
 
 
 class Watchdog(VitalThread):
@@ -145,7 +149,8 @@ class Watchdog(VitalThread):
                 logger.warning("Lost claim job=%s fence=%s worker=%s: no renewal succeeded "
                                "for %.1f s (lease %g s); telling its handler to stop",
                                claim.pk, claim.job.fence, self.worker_id,
-                               now - claim.stamp.value, claim.lease)
+                               now - claim.stamp.value, claim.lease,
+                               extra=claim_fields(claim.job, self.worker_id, "lost"))
 
 
 def _first_line(error: Exception) -> str:

@@ -17,10 +17,12 @@ logger = logging.getLogger("django_leases.worker")
 
 
 class Listener(threading.Thread):
-    def __init__(self, *, database: str, queues: list[str], waker: Waker, worker_id: str) -> None:
+    def __init__(self, *, database: str, queues: list[str] | None, waker: Waker,
+                 worker_id: str) -> None:
         super().__init__(name="leases-listener", daemon=True)
         self.database = database
-        self.queues = set(queues)
+        # None: every queue, so any notification wakes the worker.
+        self.queues = None if queues is None else set(queues)
         self.waker = waker
         self.worker_id = worker_id
         self._stop_event = threading.Event()
@@ -38,15 +40,17 @@ class Listener(threading.Thread):
                 self._conn = Job.objects.using(self.database).listen()
                 if self._conn is None:
                     return
-                logger.debug("Listening for wake-ups worker=%s", self.worker_id)
+                logger.debug("Listening for wake-ups worker=%s", self.worker_id,
+                             extra={"event": "listening", "worker": self.worker_id})
                 backoff = 0.5
                 while not self._stop_event.is_set():
                     for note in self._conn.notifies(timeout=0.5):
-                        if note.payload in self.queues:
+                        if self.queues is None or note.payload in self.queues:
                             self.waker.wake()
             except Exception as e:  # noqa: BLE001 -- any failure here only costs latency
                 logger.warning("Wake-up connection failed worker=%s error=%s; polling until "
-                               "it is back", self.worker_id, e)
+                               "it is back", self.worker_id, e,
+                               extra={"event": "listen_failed", "worker": self.worker_id})
                 self._stop_event.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
             finally:

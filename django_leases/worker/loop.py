@@ -25,6 +25,7 @@ from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
 from .executors import KILL_GRACE_SECONDS, ProcessExecutor, ThreadExecutor
 from .heartbeat import DB_ERRORS, Heartbeat, Watchdog
 from .listener import Listener
+from .logs import claim_fields
 from .running import task_context
 from .shutdown import StopRequest
 from .vetting import unrunnable
@@ -36,6 +37,10 @@ logger = logging.getLogger("django_leases.worker")
 # How long thread-isolated handlers told to stop at release may take to return before
 # their jobs are released anyway (a thread cannot be killed; it ends with the process).
 RELEASE_NOTICE_SECONDS = 1.0
+
+
+def _seconds(value: Any) -> str:
+    return "?" if value is None else f"{float(value):g}"
 
 
 def default_worker_id() -> str:
@@ -64,7 +69,7 @@ class Worker:
         *,
         alias: str,
         database: str,
-        queues: list[str],
+        queues: list[str] | None,
         concurrency: int = 1,
         isolation: str = "thread",
         lease: float | None = None,
@@ -75,10 +80,12 @@ class Worker:
         grace: float = 20.0,
         worker_id: str | None = None,
         notify: bool = True,
+        connect_handlers: bool = True,
     ) -> None:
         self.alias = alias
         self.database = database
-        self.queues = list(queues)
+        # None: every queue (the claim filters on none).
+        self.queues = None if queues is None else list(queues)
         self.concurrency = concurrency
         self.isolation = isolation
         self.lease = lease
@@ -89,6 +96,9 @@ class Worker:
         self.grace = grace
         self.worker_id = worker_id or default_worker_id()
         self.notify = notify
+        # Open each handler's connection before it runs: one refused is a release, not a
+        # failure (off with --skip-connection-check: handlers that use no database).
+        self.connect_handlers = connect_handlers
         self.book = ClaimBook()
         self.waker = Waker()
         self.stop_request = StopRequest(self.waker)
@@ -99,6 +109,11 @@ class Worker:
         self._settled_at = float("-inf")
         self._vital: list[VitalThread] = []
         self._overdue_logged = False
+        # Handlers that could not open a database connection before they ran: released
+        # by the main loop, the attempt not counted, and claiming paused a moment.
+        self._unconnected: queue.SimpleQueue[tuple[Claim, Outcome]] = queue.SimpleQueue()
+        self._connect_backoff = Backoff(first=0.5, cap=10.0)
+        self._paused_until = float("-inf")
 
     # -- public ------------------------------------------------------------------------
 
@@ -121,10 +136,12 @@ class Worker:
             self.executor = self._executor()
             threads = self._start_threads()
             logger.info("Worker started worker=%s queues=%s concurrency=%d isolation=%s "
-                        "lease=%s heartbeat=%gs poll=%gs", self.worker_id, ",".join(self.queues),
+                        "lease=%s heartbeat=%gs poll=%gs", self.worker_id, self.queues_text,
                         self.concurrency, self.isolation,
                         "per job" if self.lease is None else f"{self.lease:g}s",
-                        self.heartbeat_seconds, self.poll)
+                        self.heartbeat_seconds, self.poll,
+                        extra={"event": "started", "worker": self.worker_id,
+                               "queue": self.queues_text})
             self._loop()
             status = self._shutdown()
         finally:
@@ -134,17 +151,24 @@ class Worker:
             self.waker.close()
         return status
 
+    @property
+    def queues_text(self) -> str:
+        """The queues served, as logged and recorded: "*" for every queue."""
+        return "*" if self.queues is None else ",".join(self.queues)
+
     # -- the loop ----------------------------------------------------------------------
 
     def _loop(self) -> None:
         while not self.stop_request.stopping and self._dead_thread() is None:
             self._settle()
+            self._release_unconnected()
             if self._claims_left() == 0 and not self.book:
-                logger.info("Worker ran its %d jobs worker=%s", self._claimed, self.worker_id)
+                logger.info("Worker ran its %d jobs worker=%s", self._claimed, self.worker_id,
+                            extra={"event": "max_jobs", "worker": self.worker_id})
                 return
             free = min(self.concurrency - len(self.book), self._claims_left())
             got = 0
-            if free > 0 and self._heartbeat_on_time():
+            if free > 0 and self._heartbeat_on_time() and time.monotonic() >= self._paused_until:
                 try:
                     got = self._claim(free)
                     self._backoff.reset()
@@ -152,7 +176,8 @@ class Worker:
                     self._db_trouble("claim", e)
                     continue
                 if self.burst and not got and not self.book and not self._unsent:
-                    logger.info("Nothing claimable; leaving (--burst) worker=%s", self.worker_id)
+                    logger.info("Nothing claimable; leaving (--burst) worker=%s", self.worker_id,
+                                extra={"event": "burst_done", "worker": self.worker_id})
                     return
                 if got == free and self._claims_left():
                     # There may be more due jobs; look again once a slot frees up.
@@ -172,9 +197,10 @@ class Worker:
         if late is not None and not self._overdue_logged:
             logger.warning("Heartbeat overdue worker=%s: no renewal went through for %.1f s "
                            "(lease %g s); claiming nothing until one does", self.worker_id,
-                           *late)
+                           *late, extra={"event": "heartbeat_overdue", "worker": self.worker_id})
         elif late is None and self._overdue_logged:
-            logger.info("Heartbeat back worker=%s: claiming again", self.worker_id)
+            logger.info("Heartbeat back worker=%s: claiming again", self.worker_id,
+                        extra={"event": "heartbeat_back", "worker": self.worker_id})
         self._overdue_logged = late is not None
         return late is None
 
@@ -198,8 +224,7 @@ class Worker:
             lost_flag, shared_stamp = self.executor.new_flags()
             claim = Claim(job, stamp=started, lease=self.lease or job.lease_seconds,
                           worker_id=self.worker_id, lost_flag=lost_flag, shared_stamp=shared_stamp)
-            logger.info("Claimed job=%s task=%s fence=%s attempt=%s/%s worker=%s", job.pk,
-                        job.task_path, job.fence, job.attempts, job.max_attempts, self.worker_id)
+            self._log_claim(job)
             task = registry.lookup(self.alias, job.task_path)
             if self.isolation == "thread":
                 claim.handle._task_result = results.get(job.pk)  # type: ignore[attr-defined]
@@ -208,7 +233,8 @@ class Worker:
                 # Untracked from here on, the old claim would be neither renewed nor watched.
                 logger.warning("Lost claim job=%s fence=%s worker=%s: its lease ran out and the "
                                "job was claimed again; telling its handler to stop", replaced.pk,
-                               replaced.job.fence, self.worker_id)
+                               replaced.job.fence, self.worker_id,
+                               extra=claim_fields(replaced.job, self.worker_id, "lost"))
             refusal = unrunnable(job, task, self.alias)
             if refusal is not None:
                 self._done.put((claim, Outcome(
@@ -216,6 +242,52 @@ class Worker:
                 continue
             self.executor.submit(claim, task)
         return len(jobs)
+
+    def _log_claim(self, job: Any) -> None:
+        """One line per claim; a takeover of an expired claim names the claim it ended
+        (the claim verb reports the row as it was: ``was_state``, ``was_claimed_by``,
+        ``was_fence``, ``was_lease``)."""
+        if getattr(job, "was_state", None) != "claimed":
+            logger.info("Claimed job=%s task=%s fence=%s attempt=%s/%s worker=%s", job.pk,
+                        job.task_path, job.fence, job.attempts, job.max_attempts,
+                        self.worker_id, extra=claim_fields(job, self.worker_id, "claimed",
+                                                           attempt=job.attempts))
+            return
+        previous = job.was_claimed_by or "an unnamed worker"
+        logger.warning("Took over job=%s task=%s fence=%s attempt=%s/%s worker=%s from "
+                       "worker %s (fence %s): its lease of %s s ran out", job.pk,
+                       job.task_path, job.fence, job.attempts, job.max_attempts,
+                       self.worker_id, previous, job.was_fence, _seconds(job.was_lease),
+                       extra=claim_fields(job, self.worker_id, "takeover",
+                                          attempt=job.attempts, previous_worker=previous,
+                                          previous_fence=job.was_fence, lease=job.was_lease))
+
+    def _release_unconnected(self) -> None:
+        """Release the jobs whose handlers could not open a database connection before
+        they ran (too many connections, the database gone): no attempt was spent, so none
+        is counted. Claiming pauses for a growing moment, or the worker would claim the
+        same job again at once."""
+        while True:
+            try:
+                claim, outcome = self._unconnected.get_nowait()
+            except queue.Empty:
+                return
+            pause = self._connect_backoff.next()
+            self._paused_until = time.monotonic() + pause
+            if not claim.begin_finish():
+                self.book.forget(claim)  # lost or being released meanwhile
+                continue
+            reason = f"; its handler could not connect to the database ({outcome.message})"
+            try:
+                self._release(claim, reason)
+            except DB_ERRORS as e:
+                claim.finish_failed()
+                self._unconnected.put((claim, outcome))
+                self._db_trouble("release", e)
+                return
+            logger.warning("Claiming paused for %.1fs worker=%s: a handler could not connect",
+                           pause, self.worker_id,
+                           extra={"event": "paused", "worker": self.worker_id})
 
     def _results_at_start(self, jobs: list[Any]) -> dict[Any, Any]:
         """The TaskResults that task_started and contexts carry, built for the whole claim
@@ -236,7 +308,11 @@ class Worker:
 
     def _finished(self, claim: Claim, outcome: Outcome) -> None:
         """Called on a slot thread when a handler returns: queue it for the main loop."""
-        self._done.put((claim, outcome))
+        if outcome.kind == "unconnected":
+            self._unconnected.put((claim, outcome))
+        else:
+            self._connect_backoff.reset()
+            self._done.put((claim, outcome))
         self.waker.wake()
 
     # -- settling: the owner's writes --------------------------------------------------
@@ -258,7 +334,8 @@ class Worker:
                 claim.outcome = outcome
                 self.book.forget(claim)
                 logger.info("Acked job=%s fence=%s worker=%s in the handler's fenced "
-                            "transaction", claim.pk, claim.job.fence, self.worker_id)
+                            "transaction", claim.pk, claim.job.fence, self.worker_id,
+                            extra=claim_fields(claim.job, self.worker_id, "acked"))
                 continue
             if claim.state not in (RUNNING, FINISHING) or outcome.kind == "lost":
                 self._discard(claim, outcome)
@@ -303,11 +380,13 @@ class Worker:
         self.book.forget(claim)
         if claim.state == RELEASING:
             logger.info("Handler of job=%s fence=%s worker=%s has stopped; its job is to be "
-                        "released", claim.pk, claim.job.fence, self.worker_id)
+                        "released", claim.pk, claim.job.fence, self.worker_id,
+                        extra=claim_fields(claim.job, self.worker_id, "handler_stopped"))
             return
         logger.warning("Discarded result of job=%s fence=%s worker=%s: the claim was lost "
                        "(%s)", claim.pk, claim.job.fence, self.worker_id,
-                       claim.lost_reason or "handler stopped on LeaseLost")
+                       claim.lost_reason or "handler stopped on LeaseLost",
+                       extra=claim_fields(claim.job, self.worker_id, "discarded"))
 
     def _ack(self, oks: list[tuple[Claim, Any]]) -> None:
         manager = self.Job.objects.using(self.database)
@@ -320,11 +399,12 @@ class Worker:
             self.book.forget(claim)
             if claim.pk in acked:
                 logger.info("Acked job=%s fence=%s worker=%s", claim.pk, claim.job.fence,
-                            self.worker_id)
+                            self.worker_id, extra=claim_fields(claim.job, self.worker_id, "acked"))
             else:
                 logger.warning("Ack rejected job=%s fence=%s worker=%s: the claim was lost "
                                "before the ack; result discarded", claim.pk, claim.job.fence,
-                               self.worker_id)
+                               self.worker_id,
+                               extra=claim_fields(claim.job, self.worker_id, "ack_rejected"))
 
     def _fail(self, claim: Claim, outcome: Outcome) -> None:
         unrunnable = outcome.kind in ("unrunnable", "bad_result")
@@ -339,10 +419,13 @@ class Worker:
         if ok:
             logger.info("Failed job=%s fence=%s worker=%s error=%s: %s", claim.pk,
                         claim.job.fence, self.worker_id,
-                        outcome.exception_class_path or outcome.kind, outcome.message)
+                        outcome.exception_class_path or outcome.kind, outcome.message,
+                        extra=claim_fields(claim.job, self.worker_id, "failed",
+                                           error=outcome.exception_class_path or outcome.kind))
         else:
             logger.warning("Fail rejected job=%s fence=%s worker=%s: the claim was lost first",
-                           claim.pk, claim.job.fence, self.worker_id)
+                           claim.pk, claim.job.fence, self.worker_id,
+                           extra=claim_fields(claim.job, self.worker_id, "fail_rejected"))
 
     # -- stopping ----------------------------------------------------------------------
 
@@ -357,10 +440,12 @@ class Worker:
         elif self.stop_request.stopping:
             logger.info("Stopping on %s worker=%s: claiming nothing more; %d running, "
                         "waiting up to %gs", self.stop_request.signal_name, self.worker_id,
-                        len(self.book), self.grace)
+                        len(self.book), self.grace,
+                        extra={"event": "stopping", "worker": self.worker_id})
         deadline = time.monotonic() + (0 if dead else self.grace)
         while self.book and not self.stop_request.hurry and time.monotonic() < deadline:
             self._settle()
+            self._release_unconnected()
             if (dead := self._dead_thread()) is not None:
                 # No renewals any more (or no watch on them): release now.
                 self._log_death(dead)
@@ -373,7 +458,8 @@ class Worker:
         self._call_until_done("mark stopped", lambda: self.WorkerProcess.objects.using(
             self.database).stopped(self.worker_id))
         self._release_all(unfinished)
-        logger.info("Worker stopped worker=%s", self.worker_id)
+        logger.info("Worker stopped worker=%s", self.worker_id,
+                    extra={"event": "stopped", "worker": self.worker_id})
         return 0 if dead is None else 1
 
     def _log_death(self, thread: VitalThread) -> None:
@@ -381,7 +467,8 @@ class Worker:
                        else "lost leases are no longer noticed")
         logger.error("The %s thread died worker=%s: %s; claiming nothing more, releasing %d "
                      "claim(s) and exiting with status 1", thread.role, self.worker_id,
-                     consequence, len(self.book))
+                     consequence, len(self.book),
+                     extra={"event": "thread_died", "worker": self.worker_id})
 
     def _tell_to_stop(self) -> list[Claim]:
         """Tell the unfinished handlers their claims are going, as a lost claim does
@@ -409,7 +496,8 @@ class Worker:
                 self.book.forget(claim)
                 logger.error("Could not release job=%s fence=%s worker=%s: the database is "
                              "unreachable; the job is claimable again when its lease ends",
-                             claim.pk, claim.job.fence, self.worker_id)
+                             claim.pk, claim.job.fence, self.worker_id,
+                             extra=claim_fields(claim.job, self.worker_id, "release_failed"))
 
     def _release(self, claim: Claim, why: str = "") -> bool:
         """Give the job back to pending, the attempt not counted; raise on database trouble."""
@@ -417,10 +505,12 @@ class Worker:
         self.book.forget(claim)
         if released:
             logger.info("Released job=%s fence=%s worker=%s: back to pending, attempt not "
-                        "counted%s", claim.pk, claim.job.fence, self.worker_id, why)
+                        "counted%s", claim.pk, claim.job.fence, self.worker_id, why,
+                        extra=claim_fields(claim.job, self.worker_id, "released"))
         else:
             logger.warning("Release rejected job=%s fence=%s worker=%s: the claim was "
-                           "already lost", claim.pk, claim.job.fence, self.worker_id)
+                           "already lost", claim.pk, claim.job.fence, self.worker_id,
+                           extra=claim_fields(claim.job, self.worker_id, "release_rejected"))
         return released
 
     def _call_until_done(self, what: str, call: Any, tries: int = 5) -> Any:
@@ -439,7 +529,7 @@ class Worker:
             try:
                 self.WorkerProcess.objects.using(self.database).register(
                     self.worker_id, hostname=socket.gethostname(), pid=os.getpid(),
-                    queues=self.queues)
+                    queues=["*"] if self.queues is None else self.queues)
                 return True
             except DB_ERRORS as e:
                 self._db_trouble("register", e)
@@ -450,8 +540,10 @@ class Worker:
         if self.isolation == "process":
             return ProcessExecutor(self.concurrency, self._finished, alias=self.alias,
                                    worker_id=self.worker_id,
-                                   stopping=lambda: self.stop_request.stopping)
-        return ThreadExecutor(self.concurrency, self._finished, self._task_context)
+                                   stopping=lambda: self.stop_request.stopping,
+                                   connect_first=self.connect_handlers)
+        return ThreadExecutor(self.concurrency, self._finished, self._task_context,
+                              connect_first=self.connect_handlers)
 
     def _task_context(self, claim: Claim, task: Any) -> Any:
         return task_context(task, claim.handle)
@@ -476,7 +568,8 @@ class Worker:
         delay = self._backoff.next()
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         logger.warning("Database trouble during %s worker=%s error=%s; retrying in %.1fs",
-                       what, self.worker_id, first_line, delay)
+                       what, self.worker_id, first_line, delay,
+                       extra={"event": "db_trouble", "worker": self.worker_id, "error": first_line})
         with contextlib.suppress(DB_ERRORS):
             connections[self.database].close()
         if wait:

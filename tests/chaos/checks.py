@@ -46,7 +46,8 @@ CREATE TRIGGER chaos_audit AFTER UPDATE ON django_leases_job
 
 LINE = re.compile(r"^(\d+\.\d+) (\w+) (\S+) (.*)$")
 PATTERNS = {
-    "claimed": re.compile(r"^Claimed job=(\d+) task=\S+ fence=(\d+)"),
+    # A takeover of an expired claim is a claim too.
+    "claimed": re.compile(r"^(?:Claimed|Took over) job=(\d+) task=\S+ fence=(\d+)"),
     "failed": re.compile(r"^Failed job=(\d+) fence=(\d+)"),
     "acked": re.compile(r"^Acked job=(\d+) fence=(\d+)"),
     "ack_rejected": re.compile(r"^Ack rejected job=(\d+) fence=(\d+)"),

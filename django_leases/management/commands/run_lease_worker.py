@@ -22,10 +22,15 @@ class Command(BaseCommand):
             "--backend", default=None,
             help="Alias in settings.TASKS of the lease backend to serve (default: the first "
                  "lease backend). Its OPTIONS give the defaults below.")
-        parser.add_argument(
+        served = parser.add_mutually_exclusive_group()
+        served.add_argument(
             "--queue", action="append", dest="queues", metavar="NAME",
-            help="Queue to take jobs from; repeat for several (default: the backend's QUEUES, "
-                 "or 'default').")
+            help="Queue to take jobs from; repeat for several (default: every queue in the "
+                 "backend's QUEUES; every queue at all when QUEUES is empty or absent).")
+        served.add_argument(
+            "--all-queues", action="store_true",
+            help="Take jobs of every queue, whatever its name (the default when the "
+                 "backend's QUEUES is empty or absent).")
         parser.add_argument(
             "--concurrency", type=int, default=None, metavar="N",
             help=f"Handlers run at once (default: CONCURRENCY, {defaults.concurrency}).")
@@ -61,6 +66,16 @@ class Command(BaseCommand):
         parser.add_argument(
             "--worker-id", default=None,
             help="Name recorded as claimed_by and in the worker table (default: host-pid).")
+        parser.add_argument(
+            "--log-format", choices=["text", "json"], default="text",
+            help="Lines of the handler this command adds when LOGGING does not route the "
+                 "worker's loggers: text (default) or one JSON object per line.")
+        parser.add_argument(
+            "--skip-connection-check", action="store_true",
+            help="Neither refuse to start when the database's connection limits leave fewer "
+                 "connections than the worker may hold (2 or 3 + --concurrency), nor open a "
+                 "handler's connection before it runs: for handlers that do not use the "
+                 "database, or behind a connection pooler, whose own limit is what counts.")
 
     @staticmethod
     def _defaults() -> conf.LeaseOptions:
@@ -69,15 +84,34 @@ class Command(BaseCommand):
         except InvalidLeaseOption:
             return conf.LeaseOptions.from_dict({})
 
+    def execute(self, *args: Any, **options: Any) -> Any:
+        """Wait for the database before Django's system checks, some of which query it
+        (a GeneratedField's, MySQL's features): started while the database is down or
+        full, the worker waits as it does for any outage, then checks and starts."""
+        from ...worker.logs import configure
+        from ...worker.loop import default_worker_id
+        from ...worker.startup import wait_for_database
+
+        configure(options["verbosity"], options["log_format"])
+        try:
+            kwargs = self._worker_kwargs(options)
+        except InvalidLeaseOption:
+            kwargs = None  # handle() reports it, after the checks have had their say
+        if kwargs is not None and not wait_for_database(
+                kwargs["database"], kwargs["worker_id"] or default_worker_id()):
+            return None  # stopped by SIGTERM/SIGINT while waiting: a clean exit
+        return super().execute(*args, **options)
+
     def handle(self, *args: Any, **options: Any) -> None:
         from ...worker import Worker
 
-        _configure_logging(options["verbosity"])
         try:
             kwargs = self._worker_kwargs(options)
         except InvalidLeaseOption as e:
             raise CommandError(f"--{e.option.replace('_', '-')}: {e.reason}") from e
         _require_ready_database(kwargs["database"])
+        if kwargs["connect_handlers"]:
+            _require_connections(kwargs)
         worker = Worker(**kwargs)
         status = worker.run()
         if status:
@@ -117,13 +151,18 @@ class Command(BaseCommand):
         max_jobs = options["max_jobs"]
         if max_jobs is not None and max_jobs < 1:
             raise InvalidLeaseOption("max_jobs", f"must be at least 1, got {max_jobs}")
-        queues = options["queues"] or _backend_queues(alias)
-        if any(not q or len(q) > 100 for q in queues):
-            raise InvalidLeaseOption("queue", f"names must be 1-100 characters, got {queues!r}")
         from django.conf import settings
 
         declared = settings.TASKS[alias].get("QUEUES")
-        unknown = [q for q in queues if declared and q not in declared]
+        # None: every queue (a claim with no queue filter).
+        queues = None if options.get("all_queues") else options["queues"] or (
+            list(declared) if declared else None)
+        if queues is not None and "*" in queues:
+            raise InvalidLeaseOption("queue", "'*' is no wildcard here (an unquoted * is "
+                                              "expanded by the shell); use --all-queues")
+        if queues is not None and any(not q or len(q) > 100 for q in queues):
+            raise InvalidLeaseOption("queue", f"names must be 1-100 characters, got {queues!r}")
+        unknown = [q for q in queues or () if declared and q not in declared]
         if unknown:
             # No task of this backend can be enqueued there, so such a worker would idle forever.
             raise InvalidLeaseOption("queue", f"{unknown!r} not in TASKS[{alias!r}]['QUEUES'] "
@@ -137,6 +176,7 @@ class Command(BaseCommand):
             "heartbeat": heartbeat, "poll": poll, "burst": options["burst"],
             "max_jobs": max_jobs, "grace": grace, "worker_id": worker_id,
             "notify": backend.notify,
+            "connect_handlers": not options.get("skip_connection_check", False),
         }
 
 
@@ -168,17 +208,31 @@ def _require_ready_database(database: str) -> None:
         raise CommandError(problem)
 
 
-def _backend_queues(alias: str) -> list[str]:
-    from django.conf import settings
+def _require_connections(kwargs: dict[str, Any]) -> None:
+    """Refuse a worker that may hold more connections than the database lets its role
+    open now: its handlers would fail with "too many connections" and its renewals too."""
+    from django.db import DatabaseError, connections
 
-    return list(settings.TASKS[alias].get("QUEUES") or ["default"])
+    from ...capacity import connection_limits
 
-
-def _configure_logging(verbosity: int) -> None:
-    """-v 0: warnings, -v 1: one line per claim, ack, loss and release, -v 2: renewals too."""
-    logger = logging.getLogger("django_leases.worker")
-    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
-    if not logger.hasHandlers():
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-        logger.addHandler(handler)
+    database, concurrency = kwargs["database"], kwargs["concurrency"]
+    listener = int(kwargs["notify"] and connections[database].vendor == "postgresql")
+    needed = 2 + listener + concurrency
+    try:
+        limits = connection_limits(database)
+    except DatabaseError as e:
+        logging.getLogger("django_leases.worker").warning(
+            "Could not read the connection limits of database %r: %s", database, e)
+        return
+    if not limits or limits[0].free >= needed:
+        return
+    tightest = limits[0]
+    fits = tightest.free - 2 - listener
+    raise CommandError(
+        f"--concurrency {concurrency} needs up to {needed} connections to database "
+        f"{database!r} (main 1, heartbeat 1, listener {listener}, handlers {concurrency}), "
+        f"but {tightest.what} allows {tightest.size} and other sessions hold "
+        f"{tightest.in_use_by_others}: {tightest.free} free. "
+        + (f"Lower --concurrency to {fits} or less, raise the limit"
+           if fits >= 1 else "Raise the limit, wait for the other sessions to close")
+        + ", or pass --skip-connection-check (behind a connection pooler).")

@@ -1,0 +1,115 @@
+"""The worker's log lines: one format for its own lines and Django's ``Task id=...`` lines.
+
+Every worker record carries its facts as attributes (``extra=``): ``event`` (claimed,
+takeover, acked, failed, released, lost, ...), ``job_id``, ``task``, ``queue``, ``worker``,
+``fence`` and, for a takeover, ``previous_worker`` and ``previous_fence``. The text format
+shows the message, which repeats them; the JSON format writes them as fields, for log
+shippers. ``run_lease_worker`` installs a handler only on the loggers the project's
+``LOGGING`` leaves alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+WORKER_LOGGER = "django_leases.worker"
+TASKS_LOGGER = "django.tasks"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+# Structured fields a record may carry, in the order the JSON format writes them.
+FIELDS = ("event", "job_id", "task", "queue", "worker", "fence", "attempt",
+          "previous_worker", "previous_fence", "lease", "error")
+
+
+def claim_fields(job: Any, worker: str, event: str, **more: Any) -> dict[str, Any]:
+    """The ``extra=`` of a record about one job."""
+    return {"event": event, "job_id": job.pk, "task": getattr(job, "task_path", None),
+            "queue": getattr(job, "queue_name", None), "worker": worker,
+            "fence": getattr(job, "fence", None), **more}
+
+
+class TaskSignalFields(logging.Filter):
+    """Give Django's ``Task id=%s path=%s state=%s`` records (django/tasks/signals.py) the
+    worker's fields, so both kinds of line carry the same ones. Leaves any other record
+    alone."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == TASKS_LOGGER and not hasattr(record, "event"):
+            args = record.args if isinstance(record.args, tuple) else ()
+            if len(args) >= 3 and str(record.msg).startswith("Task id="):
+                record.job_id = int(args[0]) if str(args[0]).isdigit() else args[0]
+                record.task = args[1]
+                state = str(args[2]) if "state=" in str(record.msg) else "enqueued"
+                record.event = f"task_{state.lower()}"
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, then the
+    record's structured fields; a traceback as ``exc_info``. Usable from LOGGING too:
+    ``{"()": "django_leases.worker.logs.JsonFormatter"}``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                line[name] = value
+        if record.exc_info:
+            line["exc_info"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str, ensure_ascii=False)
+
+
+def configured_by_project(name: str) -> bool:
+    """Whether settings.LOGGING routes logger ``name`` (itself, a parent, or the root):
+    its lines then go where the project said, in its format."""
+    from django.conf import settings
+
+    config = getattr(settings, "LOGGING", None) or {}
+    if config.get("root") or "" in config.get("loggers", {}):
+        return True
+    return any(name == key or name.startswith(f"{key}.") for key in config.get("loggers", {}))
+
+
+def configure(verbosity: int, log_format: str = "text") -> list[str]:
+    """Give the worker's logger and Django's task logger one handler on stderr, in
+    ``log_format`` ("text" or "json"), unless the project's LOGGING routes them; set their
+    levels from ``verbosity`` either way (-v 0: warnings, 1: one line per event, 2: renewals
+    too). Return the names of the loggers given the handler."""
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.addFilter(TaskSignalFields())
+    handler._leases_worker = True  # type: ignore[attr-defined]
+    logging.getLogger(WORKER_LOGGER).setLevel(level)
+    taken = []
+    for name in (WORKER_LOGGER, TASKS_LOGGER):
+        logger = logging.getLogger(name)
+        if _routed_elsewhere(name, logger):
+            continue
+        # Django's task lines are INFO, ERROR for a failure (DEBUG for "enqueued").
+        logger.setLevel(level)
+        logger.addHandler(handler)
+        # Not also through Django's default "django" handlers (console when DEBUG).
+        logger.propagate = False
+        taken.append(name)
+    return taken
+
+
+def _routed_elsewhere(name: str, logger: logging.Logger) -> bool:
+    """The project's LOGGING routes it, a handler of the root logger would get it (basicConfig,
+    a test runner's capture), or it has this module's handler already. Django's default
+    handlers of the "django" logger do not count: they print only when DEBUG is on."""
+    if configured_by_project(name) or logging.getLogger().handlers:
+        return True
+    if any(getattr(h, "_leases_worker", False) for h in logger.handlers):
+        return True
+    return name == WORKER_LOGGER and logger.hasHandlers()

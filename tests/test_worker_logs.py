@@ -1,0 +1,144 @@
+"""The worker's log lines: one format for its own and Django's, takeovers named as such,
+JSON for log shippers, and a project's LOGGING respected.
+
+Real worker processes (tests/worker_settings.py; LEASES_WORKER_OWN_LOGGING=1 drops the
+project's LOGGING so that the command installs its handler). Tests read the structured
+fields of the JSON lines, not the wording.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+
+import pytest
+from django.test import override_settings
+
+from django_leases.models import JobFailure
+from django_leases.states import FailureKind, JobState
+from django_leases.worker import logs
+from tests.testapp.tasks import add, boom, record
+from tests.worker_helpers import FAST, LEASE, job_of, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OWN_LOGGING = {"LEASES_WORKER_OWN_LOGGING": "1"}
+STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) (\S+) ")
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_djangos_task_lines_and_the_workers_share_one_stamped_format(workers):
+    """Without a LOGGING of the project's, Django's "Task id=... state=..." lines and the
+    worker's come out of one handler, each with its time, level and logger."""
+    ok, bad = add.enqueue(1, 2), boom.enqueue()
+    w = workers.start("fmt-a", "--burst", "--poll", "0.2", verbosity=1, ready=False,
+                      env_extra=OWN_LOGGING)
+    assert w.wait_exit(timeout=30) == 0, w.log()
+    lines = [line for line in w.log().splitlines() if line.strip() and not line.startswith(" ")]
+    loggers = set()
+    for line in lines:
+        if line.startswith(("Traceback", "ValueError", "RuntimeError")) or not line[0].isdigit():
+            continue  # the traceback under Django's ERROR line for the failed task
+        m = STAMPED.match(line)
+        assert m, line
+        loggers.add(m.group(2))
+    assert loggers == {"django.tasks", "django_leases.worker"}, loggers
+    assert f"django.tasks Task id={ok.id} path=tests.testapp.tasks.add state=SUCCESSFUL" in w.log()
+    assert f"django.tasks Task id={bad.id}" in w.log()
+
+
+@pytest.mark.slow
+def test_json_lines_carry_the_events_and_their_fields(workers):
+    """--log-format json: one object per line with time, level, logger and message, and
+    the structured fields (event, job_id, task, queue, worker, fence), Django's lines
+    included."""
+    result = add.enqueue(3, 4)
+    w = workers.start("json-a", "--burst", "--poll", "0.2", "--log-format", "json",
+                      ready=False, env_extra=OWN_LOGGING)
+    assert w.wait_exit(timeout=30) == 0, w.log()
+    records = json_lines(w.log())
+    for line in records:
+        assert {"time", "level", "logger", "message"} <= line.keys(), line
+    by_event = {r.get("event"): r for r in records}
+    claimed = by_event["claimed"]
+    assert claimed["job_id"] == int(result.id) and claimed["fence"] == 1
+    assert (claimed["task"], claimed["queue"], claimed["worker"]) == (
+        "tests.testapp.tasks.add", "default", "json-a")
+    assert by_event["acked"]["job_id"] == int(result.id)
+    assert by_event["started"]["worker"] == "json-a"
+    started = by_event["task_running"]
+    assert (started["logger"], str(started["job_id"])) == ("django.tasks", result.id)
+    assert by_event["task_successful"]["task"] == "tests.testapp.tasks.add"
+
+
+@pytest.mark.slow
+def test_a_takeover_names_the_previous_owner_and_fence_and_the_lease_it_was_granted(workers):
+    """A worker started with --lease 2 is killed; the next claim is logged as a takeover
+    of worker a's claim at fence 1, and the lease_expired failure says the 2 s lease ran
+    out, not the job's own 30 s (3)."""
+    result = record.enqueue("takeover-log", first_seconds=60, later_seconds=0)
+    a = workers.start("log-a", *FAST)
+    a.wait_log(f"Claimed job={result.id} ")
+    a.signal(signal.SIGKILL)
+    a.wait_exit()
+    b = workers.start("log-b", *FAST, "--log-format", "json", env_extra=OWN_LOGGING,
+                      ready=False)
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, LEASE + 15, "the takeover")
+    takeover = next(r for r in json_lines(b.log()) if r.get("event") == "takeover")
+    assert (takeover["job_id"], takeover["fence"], takeover["worker"]) == (int(result.id), 2, "log-b")
+    assert (takeover["previous_worker"], takeover["previous_fence"]) == ("log-a", 1)
+    assert takeover["lease"] == LEASE
+    assert takeover["message"].startswith(f"Took over job={result.id} ")
+    assert "from worker log-a (fence 1): its lease of 2 s ran out" in takeover["message"]
+    [failure] = JobFailure.objects.filter(job_id=int(result.id))
+    assert (failure.kind, failure.fence, failure.worker_id) == (FailureKind.LEASE_EXPIRED, 1, "log-a")
+    assert failure.message == "lease of 2 s ran out before log-a acknowledged"
+    b.signal(signal.SIGTERM)
+    assert b.wait_exit() == 0
+
+
+def test_the_command_leaves_loggers_the_project_routes_alone():
+    """A LOGGING that routes django.tasks (or "django", or the root) keeps its handlers
+    and format; one that routes neither gets the worker's handler on both."""
+    names = (logs.WORKER_LOGGER, logs.TASKS_LOGGER)
+    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).propagate,
+                 logging.getLogger(n).level) for n in names}
+    root_handlers = logging.getLogger().handlers[:]
+    try:
+        logging.getLogger().handlers = []  # pytest's own capture would count as routing
+        for n in names:
+            logging.getLogger(n).handlers = []
+        routed = {"version": 1, "loggers": {"django": {"handlers": []},
+                                           "django_leases": {"handlers": []}}}
+        with override_settings(LOGGING=routed):
+            assert logs.configure(1) == []
+        with override_settings(LOGGING={"version": 1, "loggers": {"django_leases": {}}}):
+            assert logs.configure(1) == [logs.TASKS_LOGGER]
+            assert logging.getLogger(logs.TASKS_LOGGER).propagate is False
+            # Once is enough: a second call adds no second handler.
+            assert logs.configure(1) == []
+            assert len(logging.getLogger(logs.TASKS_LOGGER).handlers) == 1
+    finally:
+        logging.getLogger().handlers = root_handlers
+        for n, (handlers, propagate, level) in saved.items():
+            logging.getLogger(n).handlers = handlers
+            logging.getLogger(n).propagate = propagate
+            logging.getLogger(n).setLevel(level)
+
+
+def test_the_json_formatter_writes_one_object_with_the_fields():
+    record = logging.LogRecord("django_leases.worker", logging.INFO, __file__, 1,
+                               "Acked job=%s", (7,), None)
+    record.event, record.job_id, record.worker = "acked", 7, "w\u00e9"
+    line = logs.JsonFormatter().format(record)
+    assert "\n" not in line
+    parsed = json.loads(line)
+    assert parsed["message"] == "Acked job=7"
+    assert (parsed["event"], parsed["job_id"], parsed["worker"]) == ("acked", 7, "w\u00e9")
+    assert parsed["time"].endswith("+00:00") and parsed["level"] == "INFO"

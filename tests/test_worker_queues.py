@@ -1,0 +1,92 @@
+"""Which queues a worker serves: the backend's QUEUES, the ones named, or every queue.
+
+Django's docs: ``QUEUES: []`` (or none) allows any queue name, so a worker of such a
+backend serves every queue by default, and ``--all-queues`` asks for it explicitly.
+Real worker processes on every database; the claim verb's "every queue" form directly.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_leases.models import Job, WorkerProcess
+from django_leases.states import JobState
+from tests.worker_helpers import ON_POSTGRES, PG_ONLY, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ADD = "tests.testapp.tasks.add"
+
+
+def enqueue_in(*queues: str) -> list[Job]:
+    return [Job.objects.enqueue(ADD, [i, 1], queue_name=q) for i, q in enumerate(queues)]
+
+
+def states(jobs: list[Job]) -> list[str]:
+    return [Job.objects.get(pk=j.pk).state for j in jobs]
+
+
+def test_the_claim_of_every_queue_takes_jobs_of_any_queue_in_claim_order():
+    """claim(queues=None) filters on no queue and keeps the claim order (priority, then
+    due time, then id); a list still filters."""
+    a, b, c = enqueue_in("default", "zzz-unlisted", "emails")
+    Job.objects.filter(pk=c.pk).update(priority=5)
+    assert [j.pk for j in Job.objects.claim_order(None)] == [c.pk, a.pk, b.pk]
+    assert [j.pk for j in Job.objects.claim("w", ["default"], limit=5)] == [a.pk]
+    claimed = Job.objects.claim("w", None, limit=5)
+    assert [j.pk for j in claimed] == [c.pk, b.pk]
+    assert all(j.was_state == JobState.PENDING for j in claimed)
+
+
+@pytest.mark.slow
+def test_a_worker_of_a_backend_without_queues_serves_every_queue(workers):
+    """QUEUES: [] and no --queue: every queue, recorded as "*" in the worker row (3)."""
+    jobs = enqueue_in("default", "zzz-unlisted", "reports", "another one")
+    w = workers.start("anyq-a", "--poll", "0.2", "--burst",
+                      env_extra={"LEASES_WORKER_QUEUES": ""})
+    assert w.wait_exit(timeout=30) == 0, w.log()
+    assert states(jobs) == [JobState.SUCCEEDED] * 4, w.log()
+    assert "queues=* " in w.log()
+    assert WorkerProcess.objects.get(worker_id="anyq-a").queues == ["*"]
+
+
+@pytest.mark.slow
+def test_declared_queues_stay_the_default_and_all_queues_serves_the_rest(workers):
+    """With QUEUES listed, a worker serves those by default; --all-queues takes any."""
+    listed, unlisted = enqueue_in("reports", "zzz-unlisted")
+    w = workers.start("listed-a", "--poll", "0.2", "--burst")
+    assert w.wait_exit(timeout=30) == 0, w.log()
+    assert states([listed, unlisted]) == [JobState.SUCCEEDED, JobState.PENDING]
+    assert WorkerProcess.objects.get(worker_id="listed-a").queues == ["default", "emails", "reports"]
+    w = workers.start("all-a", "--all-queues", "--poll", "0.2", "--burst")
+    assert w.wait_exit(timeout=30) == 0, w.log()
+    assert states([unlisted]) == [JobState.SUCCEEDED]
+
+
+def test_all_queues_and_queue_together_or_a_star_are_refused():
+    """--all-queues with --queue is a usage error; --queue '*' is no wildcard (the shell
+    would expand an unquoted one), and the message says what to use."""
+    with pytest.raises(CommandError, match="not allowed with argument"):
+        call_command("run_lease_worker", "--all-queues", "--queue", "default", "--burst")
+    with pytest.raises(CommandError, match=r"--queue: .*use --all-queues"):
+        call_command("run_lease_worker", "--queue", "*", "--burst")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ON_POSTGRES, reason=PG_ONLY)
+def test_notify_wakes_a_worker_of_every_queue_for_any_queue(workers):
+    """LISTEN/NOTIFY: a job enqueued in a queue no list names wakes an all-queues worker
+    long before its 30 s poll."""
+    w = workers.start("anyq-notify", "--all-queues", "--lease", "3", "--poll", "30")
+    w.wait_log("Listening for wake-ups")
+    time.sleep(0.3)  # past the first poll: only a notification can wake it now
+    enqueued = time.monotonic()
+    [job] = enqueue_in("zzz-unlisted")
+    wait_for(lambda: states([job]) == [JobState.SUCCEEDED], 10, "the job")
+    assert time.monotonic() - enqueued < 5, "woken by the poll, not by NOTIFY"
+    w.signal(signal.SIGTERM)
+    assert w.wait_exit() == 0

@@ -1,0 +1,210 @@
+"""run_lease_worker started against a database that is down, full, or too small for it.
+
+Real worker processes against PostgreSQL (and MySQL/MariaDB): through a TCP proxy that refuses connections
+until healed (the database down at start), and as a role of their own with a CONNECTION
+LIMIT (a connection budget), so the shared server is never disturbed. Invariant (3):
+nothing is lost, and no attempt is spent on the worker's own trouble.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import uuid
+
+import pytest
+from django.db import connection
+
+from django_leases.models import Job, JobFailure
+from django_leases.states import JobState
+from tests.chaos.proxy import Proxy
+from tests.testapp.tasks import add
+from tests.worker_helpers import FAST, ON_POSTGRES, PG_ONLY, job_of, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pg_only = pytest.mark.skipif(not ON_POSTGRES, reason=PG_ONLY)
+over_tcp = pytest.mark.skipif(connection.vendor == "sqlite", reason="a database server over TCP")
+
+
+@pytest.fixture
+def down_database():
+    """A proxy to the test server that refuses every connection until ``heal()``."""
+    default_port = 5432 if connection.vendor == "postgresql" else 3306
+    proxy = Proxy(int(connection.settings_dict["PORT"] or default_port))
+    proxy.cut()
+    yield proxy
+    proxy.close()
+    proxy._thread.join(5)
+    proxy._loop.close()  # Proxy.close() stops its loop; closing it frees its sockets
+
+
+@over_tcp
+def test_a_worker_started_while_the_database_is_down_waits_then_runs_a_job(workers, down_database):
+    """No traceback from the system checks: one warning per attempt, with back-off, and
+    once the database answers the checks pass and the worker serves as usual (3)."""
+    env = {"LEASES_WORKER_DB_PORT": str(down_database.port)}
+    w = workers.start("down-a", *FAST, ready=False, env_extra=env)
+    w.wait_log("attempt=3", timeout=20)
+    assert w.proc.poll() is None, w.log()
+    assert "Traceback" not in w.log() and "Worker started" not in w.log()
+    waits = [line for line in w.log().splitlines() if "not answering at start" in line]
+    assert len(waits) >= 3 and "retrying in" in waits[0], w.log()
+    result = add.enqueue(2, 3)
+    down_database.heal()
+    w.wait_log("Worker started", timeout=20)
+    assert "answered after" in w.log()
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 10, "the job")
+    assert (job_of(result).result, job_of(result).attempts) == (5, 1)
+    w.signal(signal.SIGTERM)
+    assert w.wait_exit() == 0
+
+
+@over_tcp
+def test_sigterm_while_waiting_for_the_database_exits_0(workers, down_database):
+    """A stop signal ends the wait at once: exit status 0, nothing claimed."""
+    result = add.enqueue(1, 1)
+    env = {"LEASES_WORKER_DB_PORT": str(down_database.port)}
+    w = workers.start("down-term", *FAST, ready=False, env_extra=env)
+    w.wait_log("not answering at start", timeout=20)
+    w.signal(signal.SIGTERM)
+    assert w.wait_exit(timeout=5) == 0
+    assert "Stopping on SIGTERM" in w.log() and "Traceback" not in w.log(), w.log()
+    assert (job_of(result).state, job_of(result).attempts) == (JobState.PENDING, 0)
+
+
+@contextlib.contextmanager
+def limited_role(limit: int):
+    """A login role of its own with CONNECTION LIMIT ``limit`` and the rights the worker
+    needs on the test database; dropped afterwards (its sessions ended first)."""
+    role = f"leases_budget_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as c:
+        c.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT {limit}')
+        c.execute(f'GRANT CONNECT, TEMPORARY ON DATABASE "{connection.settings_dict["NAME"]}" TO "{role}"')
+        c.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
+        c.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{role}"')
+        c.execute(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO "{role}"')
+    try:
+        yield role
+    finally:
+        with connection.cursor() as c:
+            c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
+            c.execute(f'DROP OWNED BY "{role}"')
+            wait_for(lambda: not sessions_of(role), 10, "the role's sessions to end")
+            c.execute(f'DROP ROLE "{role}"')
+
+
+def sessions_of(role: str) -> int:
+    with connection.cursor() as c:
+        c.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s", [role])
+        return c.fetchone()[0]
+
+
+@pg_only
+def test_a_concurrency_the_connection_limit_cannot_serve_is_refused_with_the_numbers(workers):
+    """--concurrency 10 needs 13 connections (main, heartbeat, listener, 10 handlers); a role
+    limited to 6 is refused at start, before any claim, with the numbers and the way out."""
+    result = add.enqueue(1, 2)
+    with limited_role(6) as role:
+        w = workers.start("budget-refused", *FAST, "--concurrency", "10", ready=False,
+                          env_extra={"LEASES_WORKER_DB_USER": role})
+        assert w.wait_exit(timeout=30) == 1
+        log = w.log()
+        assert ("--concurrency 10 needs up to 13 connections to database 'default' (main 1, "
+                "heartbeat 1, listener 1, handlers 10)") in log, log
+        assert f"role '{role}' CONNECTION LIMIT allows 6 and other sessions hold 0: 6 free" in log, log
+        assert "Lower --concurrency to 3 or less" in log and "--skip-connection-check" in log, log
+        assert "Worker started" not in log
+        # --skip-connection-check starts it anyway (behind a pooler the server's limit is
+        # not the worker's).
+        w2 = workers.start("budget-skipped", *FAST, "--concurrency", "10", "--skip-connection-check",
+                           env_extra={"LEASES_WORKER_DB_USER": role})
+        wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 10, "the job")
+        w2.signal(signal.SIGTERM)
+        assert w2.wait_exit() == 0
+
+
+def connect_as(role: str):
+    import psycopg
+
+    db = connection.settings_dict
+    return psycopg.connect(host=db["HOST"] or None, port=db["PORT"] or None, dbname=db["NAME"],
+                           user=role, autocommit=True)
+
+
+@pg_only
+def test_a_worker_started_while_its_connection_limit_is_full_waits_then_starts(workers):
+    """A database "full" for the worker's role refuses its first connection: it waits as
+    for a database that is down, then checks its budget and starts once sessions close."""
+    result = add.enqueue(6, 1)
+    with limited_role(5) as role:
+        others = [connect_as(role) for _ in range(5)]
+        try:
+            w = workers.start("full-a", *FAST, "--concurrency", "1", ready=False,
+                              env_extra={"LEASES_WORKER_DB_USER": role})
+            w.wait_log("attempt=2", timeout=20)
+            assert "too many connections for role" in w.log() and w.proc.poll() is None, w.log()
+        finally:
+            for other in others:
+                other.close()
+        w.wait_log("Worker started", timeout=30)
+        wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 10, "the job")
+        w.signal(signal.SIGTERM)
+        assert w.wait_exit() == 0
+
+
+@pg_only
+def test_a_handler_that_cannot_connect_is_released_without_spending_an_attempt(workers):
+    """The worker fits its role's limit at start (3 handlers + 3 = 6), then other sessions
+    take the handlers' share: a handler that cannot open its connection is released, the
+    attempt not counted and no failure recorded, and runs once a connection is free (3)."""
+    with limited_role(6) as role:
+        w = workers.start("budget-full", *FAST, "--concurrency", "3",
+                          env_extra={"LEASES_WORKER_DB_USER": role})
+        w.wait_log("Listening for wake-ups")
+        # Main, heartbeat and listener connections, then others fill the role's limit.
+        wait_for(lambda: sessions_of(role) == 3, 10, "the worker's three connections")
+        others = [connect_as(role) for _ in range(3)]
+        try:
+            result = add.enqueue(4, 5)
+            w.wait_log("could not connect to the database", timeout=10)
+            w.wait_log("Claiming paused", timeout=5)
+            job = job_of(result)
+            assert job.state in (JobState.PENDING, JobState.CLAIMED), job.state
+            assert not JobFailure.objects.filter(job=job).exists()
+            assert "too many connections for role" in w.log(), w.log()
+        finally:
+            for other in others:
+                other.close()
+        wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 20, "the job")
+        job = job_of(result)
+        # Every release gave its attempt back: the one that ran is the only one counted.
+        assert (job.result, job.attempts) == (9, 1), (job.result, job.attempts, job.fence)
+        assert job.fence > 1
+        assert not JobFailure.objects.filter(job=job).exists()
+        w.signal(signal.SIGTERM)
+        assert w.wait_exit() == 0
+    assert Job.objects.filter(state=JobState.CLAIMED).count() == 0
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL/MariaDB's per-account limit")
+def test_a_concurrency_past_max_user_connections_is_refused_on_mysql(workers):
+    """MySQL/MariaDB: an account WITH MAX_USER_CONNECTIONS 5 cannot serve --concurrency 10
+    (12 connections: no LISTEN there); refused with the numbers."""
+    user = f"leases_budget_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as c:
+        for host in ("%", "localhost"):
+            c.execute(f"CREATE USER '{user}'@'{host}' WITH MAX_USER_CONNECTIONS 5")
+            c.execute(f"GRANT ALL ON `{connection.settings_dict['NAME']}`.* TO '{user}'@'{host}'")
+    try:
+        w = workers.start("budget-mysql", *FAST, "--concurrency", "10", ready=False,
+                          env_extra={"LEASES_WORKER_DB_USER": user})
+        assert w.wait_exit(timeout=30) == 1
+        log = w.log()
+        assert ("--concurrency 10 needs up to 12 connections to database 'default' (main 1, "
+                "heartbeat 1, listener 0, handlers 10)") in log, log
+        assert "max_user_connections of " in log and "allows 5 and other sessions hold 0: 5 free" in log, log
+        assert "Lower --concurrency to 3 or less" in log, log
+    finally:
+        with connection.cursor() as c:
+            for host in ("%", "localhost"):
+                c.execute(f"DROP USER IF EXISTS '{user}'@'{host}'")
