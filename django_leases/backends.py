@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from django.tasks import TaskResult, TaskResultStatus
@@ -13,11 +14,16 @@ from django.tasks.signals import task_enqueued
 from . import registry
 from .conf import LeaseOptions, validate_lease, validate_max_attempts
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
-from .jsonsafe import ensure_json
-from .query import EnqueueOptions, JobFields, insert_job, insert_job_rows
+from .query import (
+    EnqueueOptions,
+    JobFields,
+    checked_arguments,
+    insert_job,
+    insert_job_rows,
+)
 from .retry import Retry
 from .states import FailureKind, JobState, LeaseLostPolicy
-from .task import LeaseTask
+from .task import LeaseTask, UndeclaredTask
 
 _STATUS = {
     # Due, waiting for its run_after or retry delay, or parked (available_at NULL) until a
@@ -40,6 +46,13 @@ def _exception_path(failure: Any) -> str:
     if failure.kind == FailureKind.LEASE_EXPIRED:
         return "django_leases.exceptions.LeaseLost"
     return "builtins.Exception"
+
+
+def _as_enqueued(task: Any, job: Any) -> Any:
+    """``task`` with the queue, priority and run_after its job was enqueued with."""
+    if (task.queue_name, task.priority, task.run_after) == (job.queue_name, job.priority, job.run_after):
+        return task
+    return replace(task, queue_name=job.queue_name, priority=job.priority, run_after=job.run_after)
 
 
 class LeaseBackend(BaseTaskBackend):
@@ -111,8 +124,7 @@ class LeaseBackend(BaseTaskBackend):
 
         try:
             fields = self._job_fields(task)
-            job = insert_job(Job, self.database, fields, ensure_json(list(args), "args"),
-                             ensure_json(dict(kwargs), "kwargs"))
+            job = insert_job(Job, self.database, fields, *checked_arguments(args, kwargs))
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
         result = self._enqueued_result(task, job.pk, job.enqueued_at, job.args, job.kwargs)
@@ -145,6 +157,7 @@ class LeaseBackend(BaseTaskBackend):
         except (KeyError, TypeError):
             pass
         self.validate_task(task)
+        self._check_discovered(task)
         fields = self._job_options(task).check(task.module_path)
         try:
             if len(self._checked_tasks) >= 1024:  # tasks made per call, e.g. using(run_after=...)
@@ -153,6 +166,16 @@ class LeaseBackend(BaseTaskBackend):
         except TypeError:
             pass
         return fields
+
+    def _check_discovered(self, task: Any) -> None:
+        """Refuse a task declared in a module no worker imports: its jobs could only be
+        dead-lettered as UnknownTask."""
+        if not registry.is_discovered(task):
+            module = task.func.__module__
+            raise InvalidTask(
+                f"Cannot enqueue {task.module_path}: workers never import {module!r}, so they "
+                f"would not know this task. Declare it in an installed app's tasks module, or "
+                f"add {module!r} to TASKS[{self.alias!r}]['OPTIONS']['TASK_MODULES'].")
 
     def _job_options(self, task: Any) -> EnqueueOptions:
         lease, max_attempts = self.job_options(task)
@@ -183,7 +206,8 @@ class LeaseBackend(BaseTaskBackend):
 
     def get_results(self, ids: Any) -> dict[Any, TaskResult]:
         """TaskResults of the jobs ``ids`` (two statements however many), by job id; ids
-        with no job are left out. Raise InvalidTask for a job naming an undeclared task."""
+        with no job are left out. A job naming a task this project does not declare reads
+        with an UndeclaredTask stand-in."""
         from .models import Job
 
         return {job.pk: self._to_result(job, self._task_of(job))
@@ -205,14 +229,16 @@ class LeaseBackend(BaseTaskBackend):
                 for j in jobs}
 
     def _task_of(self, job: Any) -> Any:
+        """The task ``job`` names, found where a worker finds it (each app's tasks module
+        and TASK_MODULES, never the row's own path); an UndeclaredTask stand-in when the
+        project declares no such task, so the result can still be read."""
         task = registry.lookup(self.alias, job.task_path)
         if task is None:
             registry.discover()
             task = registry.lookup(self.alias, job.task_path)
         if task is None:
-            raise InvalidTask(
-                f"Job {job.pk} names {job.task_path!r}, which is not a task declared for "
-                f"backend {self.alias!r}.")
+            return UndeclaredTask(path=job.task_path, backend=self.alias, queue_name=job.queue_name,
+                                  priority=job.priority, run_after=job.run_after)
         return task
 
     def _enqueued_result(self, task: Any, pk: Any, enqueued_at: Any, args: list[Any],
@@ -230,8 +256,7 @@ class LeaseBackend(BaseTaskBackend):
         if job.attempts > len(failures) and job.claimed_by:
             worker_ids.append(job.claimed_by)
         result = TaskResult(
-            task=task if (task.queue_name, task.priority) == (job.queue_name, job.priority)
-            else task.using(queue_name=job.queue_name, priority=job.priority),
+            task=_as_enqueued(task, job),
             id=str(job.pk),
             status=_STATUS[JobState(job.state)],
             enqueued_at=job.enqueued_at,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +21,14 @@ from .exceptions import InvalidLeaseOption
 DEFAULT_LEASE_SECONDS = 30.0
 MAX_LEASE_SECONDS = 12 * 60 * 60
 MIN_LEASE_SECONDS = 1.0
+
+# The times an enqueue may name (run_after, deadline), in UTC: MySQL's and MariaDB's DATETIME
+# range, which PostgreSQL and SQLite also hold.
+EARLIEST_TIME = datetime(1000, 1, 1, tzinfo=UTC)
+LATEST_TIME = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+# The longest delay or max_age: Now() plus it stays far inside LATEST_TIME on every database.
+MAX_INTERVAL_DAYS = 36500
+MAX_INTERVAL_SECONDS = MAX_INTERVAL_DAYS * 86400
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,9 @@ OPTIONS: dict[str, Option] = {
         Option("NOTIFY", True, "django_leases.E011",
                "Wake idle workers with LISTEN/NOTIFY on PostgreSQL; off for PgBouncer "
                "transaction pooling."),
+        Option("TASK_MODULES", [], "django_leases.E016",
+               "Modules holding @task functions besides each installed app's tasks module, "
+               "e.g. ['shop.jobs']; workers and readers import them."),
     )
 }
 UNKNOWN_OPTION_ID = "django_leases.E003"
@@ -113,6 +125,7 @@ class LeaseOptions:
     grace_seconds: float
     notify: bool
     queue_options: dict[str, dict[str, Any]]
+    task_modules: tuple[str, ...] = ()
 
     def for_queue(self, queue_name: str) -> tuple[float, int]:
         """The (lease seconds, max attempts) a job of ``queue_name`` gets by default."""
@@ -148,6 +161,7 @@ class LeaseOptions:
             grace_seconds=float(merged["GRACE_SECONDS"]),
             notify=merged["NOTIFY"],
             queue_options=dict(merged["QUEUE_OPTIONS"]),
+            task_modules=tuple(merged["TASK_MODULES"]),
         )
 
 
@@ -191,6 +205,7 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
     problems.extend(_queue_option_problems(merged["QUEUE_OPTIONS"]))
     if not isinstance(merged["NOTIFY"], bool):
         problems.append(InvalidLeaseOption("NOTIFY", f"must be True or False, got {merged['NOTIFY']!r}"))
+    problems.extend(_task_module_problems(merged["TASK_MODULES"]))
     if merged["DATABASE"] not in settings.DATABASES:
         problems.append(InvalidLeaseOption(
             "DATABASE", f"{merged['DATABASE']!r} is not in settings.DATABASES"))
@@ -206,6 +221,28 @@ def _validate_retry(value: Any, name: str = "RETRY") -> Any:
         return Retry.from_json(value)
     except InvalidLeaseOption as e:
         raise InvalidLeaseOption(name, f"{e.option}: {e.reason}") from e
+
+
+def _task_module_problems(modules: Any) -> list[InvalidLeaseOption]:
+    """TASK_MODULES must be a list of dotted module paths that can be found."""
+    from importlib.util import find_spec
+
+    if not isinstance(modules, list | tuple):
+        return [InvalidLeaseOption("TASK_MODULES", f"must be a list of module paths, got {modules!r}")]
+    problems = []
+    for i, module in enumerate(modules):
+        if not isinstance(module, str) or not module:
+            problems.append(InvalidLeaseOption(
+                "TASK_MODULES", f"[{i}] must be a dotted module path such as 'shop.jobs', got {module!r}"))
+            continue
+        try:
+            found = find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            problems.append(InvalidLeaseOption(
+                "TASK_MODULES", f"[{i}] {module!r} is not a module that can be imported"))
+    return problems
 
 
 PER_QUEUE = ("LEASE_SECONDS", "MAX_ATTEMPTS", "RETRY")
@@ -241,6 +278,26 @@ def check_id_for(problem: InvalidLeaseOption) -> str:
         return OPTIONS["QUEUE_OPTIONS"].check_id
     option = OPTIONS.get(problem.option)
     return option.check_id if option else UNKNOWN_OPTION_ID
+
+
+def queues_served_on(database: str) -> set[str] | None:
+    """The queue names the lease backends keeping jobs on ``database`` accept, as Django
+    reads ``QUEUES`` (absent: only "default"), or None when any name goes: one of them has
+    ``QUEUES: []`` (Django: any queue is allowed), or no lease backend uses that database."""
+    tasks = getattr(settings, "TASKS", {})
+    names: set[str] = set()
+    found = False
+    for alias in lease_backend_aliases():
+        params = tasks[alias]
+        options = params.get("OPTIONS") or {}
+        if (options.get("DATABASE", DEFAULT_DB_ALIAS) if isinstance(options, dict) else None) != database:
+            continue
+        found = True
+        queues = params.get("QUEUES", ["default"])
+        if not queues:
+            return None
+        names.update(queues)
+    return names if found else None
 
 
 def lease_backend_aliases() -> list[str]:

@@ -28,6 +28,9 @@ class Job(models.Model):
         _("state"), max_length=10, choices=JobState.choices, default=JobState.PENDING
     )
 
+    # The caller's own run_after (Django Tasks' Task.run_after), kept as given: available_at
+    # starts there but moves with retries and releases. NULL: due at enqueue (or a delay).
+    run_after = models.DateTimeField(_("run after"), null=True, blank=True)
     # NULL: parked, waiting for a person to release (retry now) or cancel it.
     available_at = models.DateTimeField(_("available at"), db_default=Now(), null=True, blank=True)
     lease_seconds = models.FloatField(_("lease (s)"), default=DEFAULT_LEASE_SECONDS)

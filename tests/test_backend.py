@@ -103,11 +103,19 @@ def test_unknown_result_id_raises_does_not_exist():
 
 
 def test_a_row_naming_an_undeclared_function_is_never_imported():
-    """The registry, not the row, decides what code runs."""
-    job = Job.objects.enqueue("tests.testapp.tasks.not_a_task", [])
+    """The registry, not the row, decides what code runs: the result still reads, with a
+    stand-in task that names the path and can neither be enqueued nor called."""
+    job = Job.objects.enqueue("tests.testapp.tasks.not_a_task", [7], queue_name="emails", priority=3)
     assert registry.lookup("default", "tests.testapp.tasks.not_a_task") is None
+    result = task_backends["default"].get_result(str(job.pk))
+    assert (result.status, result.args, result.task.module_path) == (
+        TaskResultStatus.READY, [7], "tests.testapp.tasks.not_a_task")
+    assert (result.task.queue_name, result.task.priority, result.task.backend) == ("emails", 3, "default")
     with pytest.raises(InvalidTask, match="not a task declared"):
-        task_backends["default"].get_result(str(job.pk))
+        result.task.enqueue(7)
+    with pytest.raises(InvalidTask, match="not a task declared"):
+        result.task.call(7)
+    assert registry.lookup("default", "tests.testapp.tasks.not_a_task") is None
     assert "tests.testapp.tasks.add" in registry.declared("default")
 
 

@@ -77,7 +77,7 @@ def test_a_worker_refuses_a_database_missing_a_migration():
     job = Job.objects.enqueue(ADD, [1, 2])
     call_command("migrate", "django_leases", "0007", verbosity=0)
     try:
-        with pytest.raises(CommandError, match=r"lacks django_leases migrations 0008_\w+; "
+        with pytest.raises(CommandError, match=r"lacks django_leases migrations 0008_\w+(, \w+)*; "
                                                r"run: manage\.py migrate django_leases"):
             call_command("run_lease_worker", "--burst")
     finally:
