@@ -48,6 +48,21 @@ def _exception_path(failure: Any) -> str:
     return "builtins.Exception"
 
 
+def _job_model(alias: str) -> Any:
+    """The Job model; ImproperlyConfigured saying what to add when the app is not installed
+    (importing the model would fail with a RuntimeError about its app_label)."""
+    from django.apps import apps
+    from django.core.exceptions import ImproperlyConfigured
+
+    if not apps.is_installed("django_leases"):
+        raise ImproperlyConfigured(
+            f"TASKS[{alias!r}] uses django_leases.backends.LeaseBackend: add 'django_leases' to "
+            "INSTALLED_APPS, then run `python manage.py migrate` (check id django_leases.E017).")
+    from .models import Job
+
+    return Job
+
+
 def _as_enqueued(task: Any, job: Any) -> Any:
     """``task`` with the queue, priority and run_after its job was enqueued with."""
     if (task.queue_name, task.priority, task.run_after) == (job.queue_name, job.priority, job.run_after):
@@ -120,8 +135,7 @@ class LeaseBackend(BaseTaskBackend):
                 getattr(task, "max_attempts", None) or attempts)
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
-        from .models import Job
-
+        Job = _job_model(self.alias)
         try:
             fields = self._job_fields(task)
             job = insert_job(Job, self.database, fields, *checked_arguments(args, kwargs))
@@ -133,7 +147,7 @@ class LeaseBackend(BaseTaskBackend):
 
     def enqueue_many(self, task: Any, calls: Any) -> list[TaskResult]:
         """Enqueue one job per ``(args, kwargs)`` pair in bulk INSERTs (all or nothing)."""
-        from .models import Job
+        Job = _job_model(self.alias)
 
         if getattr(task, "unique_key", None) is not None:
             self.validate_task(task)
@@ -208,7 +222,7 @@ class LeaseBackend(BaseTaskBackend):
         """TaskResults of the jobs ``ids`` (two statements however many), by job id; ids
         with no job are left out. A job naming a task this project does not declare reads
         with an UndeclaredTask stand-in."""
-        from .models import Job
+        Job = _job_model(self.alias)
 
         return {job.pk: self._to_result(job, self._task_of(job))
                 for job in Job.objects.using(self.database).with_failures(ids)}
@@ -275,6 +289,9 @@ class LeaseBackend(BaseTaskBackend):
         return result
 
     def check(self, **kwargs: Any) -> list[Any]:
-        from .checks import check_backend
+        from .checks import check_backend, check_task_modules
 
-        return check_backend(self.alias, self.options)
+        messages = check_backend(self.alias, self.options)
+        if not messages or all(m.id == "django_leases.W001" for m in messages):
+            messages.extend(check_task_modules(self.alias))
+        return messages

@@ -11,8 +11,7 @@ from .conf import check_id_for, validate_options
 
 
 def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
-    """Problems with TASKS[alias]: the app, its OPTIONS, the database they point at, and
-    tasks declared where no worker looks."""
+    """Problems with TASKS[alias]: the app, its OPTIONS and the database they point at."""
     from django.apps import apps
 
     if not apps.is_installed("django_leases"):
@@ -37,8 +36,6 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
         return messages
     database = options.get("DATABASE", "default") if isinstance(options, dict) else "default"
     messages.extend(check_database(alias, database))
-    if not any(m.id == "django_leases.E016" for m in messages):
-        messages.extend(check_task_modules(alias))
     return messages
 
 

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS
 
 from .exceptions import InvalidLeaseOption
+from .jsonsafe import shown
 
 # SQS's visibility timeout bounds: 30 s by default, 12 h at most.
 DEFAULT_LEASE_SECONDS = 30.0
@@ -81,10 +82,11 @@ def _number(name: str, value: Any, *, low: float, high: float | None = None,
     if isinstance(value, bool) or not isinstance(value, int | float) or (
         integer and not isinstance(value, int)
     ):
-        raise InvalidLeaseOption(name, f"must be {kind}, got {value!r}")
-    if not math.isfinite(value) or value < low or (high is not None and value > high):
+        raise InvalidLeaseOption(name, f"must be {kind}, got {shown(value)}")
+    # NaN fails both comparisons; math.isfinite() of a huge int would raise OverflowError.
+    if not (low <= value and (high is None or value <= high)) or value in (math.inf, -math.inf):
         upper = f" and at most {high:g}" if high is not None else ""
-        raise InvalidLeaseOption(name, f"must be at least {low:g}{upper}, got {value!r}")
+        raise InvalidLeaseOption(name, f"must be at least {low:g}{upper}, got {shown(value)}")
     return value
 
 
@@ -100,7 +102,7 @@ def validate_heartbeat(value: Any, lease: float, name: str = "HEARTBEAT_SECONDS"
     period = float(_number(name, value, low=0.01))
     if period >= lease:
         raise InvalidLeaseOption(
-            name, f"must be shorter than the lease ({lease:g} s), got {value!r}; "
+            name, f"must be shorter than the lease ({lease:g} s), got {shown(value)}; "
             "a renewal that comes after the lease ran out cannot keep the claim")
     return period
 

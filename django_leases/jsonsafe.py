@@ -79,6 +79,16 @@ def _checked_dict(value: dict, path: str, depth: int) -> dict:
     return out
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages about hostile input
+    (the repr of an int of 4,300+ digits raises ValueError; a megabyte string is no help)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 -- a hostile __repr__, or an int too long to print
+        text = f"<{type(value).__qualname__}>"
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text):,} characters)"
+
+
 def _text(value: str, path: str) -> str:
     """PostgreSQL's jsonb cannot hold a NUL character, and no database a lone surrogate
     (it has no UTF-8 form): refuse both here rather than as an error the database names

@@ -7,7 +7,6 @@ the database clock (``Now()``); no datetime computed in Python is ever compared 
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -30,7 +29,7 @@ from django.utils import timezone
 
 from . import conf
 from .deadlocks import retry_deadlock_victims
-from .jsonsafe import ensure_json
+from .jsonsafe import ensure_json, shown
 from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
 
 if TYPE_CHECKING:
@@ -77,14 +76,14 @@ def _aware(name: str, value: Any) -> datetime:
     from .exceptions import InvalidLeaseOption
 
     if not isinstance(value, datetime) or timezone.is_naive(value):
-        raise InvalidLeaseOption(name, f"must be an aware datetime, got {value!r}")
+        raise InvalidLeaseOption(name, f"must be an aware datetime, got {shown(value)}")
     try:
         utc = value.astimezone(UTC)
     except OverflowError:
         utc = None
     if utc is None or not conf.EARLIEST_TIME <= utc <= conf.LATEST_TIME:
         raise InvalidLeaseOption(name, f"must lie from {conf.EARLIEST_TIME:%Y-%m-%d} to "
-                                       f"{conf.LATEST_TIME:%Y-%m-%d} (UTC), got {value!r}")
+                                       f"{conf.LATEST_TIME:%Y-%m-%d} (UTC), got {shown(value)}")
     return value
 
 
@@ -95,11 +94,12 @@ def _seconds(name: str, value: Any) -> float:
 
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+    # Compared as it is: math.isfinite() of an int past a float's range raises OverflowError.
+    if (isinstance(value, bool) or not isinstance(value, int | float)
             or not 0 <= value <= conf.MAX_INTERVAL_SECONDS):
         raise InvalidLeaseOption(name, f"must be a number of seconds from 0 to "
                                        f"{conf.MAX_INTERVAL_SECONDS:g} ({conf.MAX_INTERVAL_DAYS:,} "
-                                       f"days), got {value!r}")
+                                       f"days), got {shown(value)}")
     return float(value)
 
 
@@ -109,19 +109,16 @@ def _text_option(name: str, value: Any, longest: int) -> str:
     from .exceptions import InvalidLeaseOption
 
     if not isinstance(value, str) or not 0 < len(value) <= longest:
-        raise InvalidLeaseOption(name, f"must be 1-{longest} characters, got {_shown(value)}")
+        raise InvalidLeaseOption(name, f"must be 1-{longest} characters, got {shown(value)}")
     if "\x00" in value:
         raise InvalidLeaseOption(name, "contains a NUL character, which PostgreSQL cannot store")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidLeaseOption(name, f"is not valid Unicode, got {_shown(value)}") from None
+        raise InvalidLeaseOption(name, f"is not valid Unicode, got {shown(value)}") from None
     return value
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:60]}... ({len(value) if isinstance(value, str) else '?'} characters)"
 
 
 def _count_if_expired() -> Case:
@@ -207,7 +204,9 @@ class EnqueueOptions:
             options.max_attempts if self.max_attempts is None else self.max_attempts, "max_attempts")
         try:
             retry = None if self.retry is None else Retry.from_json(self.retry)
-        except TypeError as e:  # e.g. {"delays": 5}, {"base": 1, "cap": None, "x": ...}
+        except InvalidLeaseOption:
+            raise
+        except (TypeError, ValueError, OverflowError) as e:  # e.g. {"delays": 5}, {"base": 1, "cap": None, "x": ...}
             raise InvalidLeaseOption("retry", f"is not a Retry, a list of delays or a dict of "
                                               f"base/factor/cap/jitter: {e}") from None
         run_after = None if self.run_after is None else _aware("run_after", self.run_after)
@@ -228,16 +227,16 @@ class EnqueueOptions:
         queue, priority, key = self.queue_name, self.priority, self.unique_key
         _text_option("queue_name", queue, 100)
         if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
-            raise InvalidLeaseOption("priority", f"must be a whole number from -100 to 100, got {priority!r}")
+            raise InvalidLeaseOption("priority", f"must be a whole number from -100 to 100, got {shown(priority)}")
         if self.run_after is not None and self.delay is not None:
             raise InvalidLeaseOption("run_after", "give run_after or delay, not both")
         if self.deadline is not None and self.max_age is not None:
             raise InvalidLeaseOption("deadline", "give deadline or max_age, not both")
         if self.on_lease_lost not in LeaseLostPolicy.values:
             raise InvalidLeaseOption(
-                "on_lease_lost", f"must be one of {LeaseLostPolicy.values}, got {self.on_lease_lost!r}")
+                "on_lease_lost", f"must be one of {LeaseLostPolicy.values}, got {shown(self.on_lease_lost)}")
         if self.on_duplicate not in ("refuse", "merge"):
-            raise InvalidLeaseOption("on_duplicate", f"must be 'refuse' or 'merge', got {self.on_duplicate!r}")
+            raise InvalidLeaseOption("on_duplicate", f"must be 'refuse' or 'merge', got {shown(self.on_duplicate)}")
         if key is not None:
             _text_option("unique_key", key, 200)
 
@@ -302,9 +301,9 @@ def checked_arguments(args: Any, kwargs: Any, path: str = "") -> tuple[list, dic
     if not isinstance(args, list | tuple):
         # A string or a dict is iterable too, and list() would quietly store its characters
         # or keys as the arguments.
-        raise InvalidJobArgument(f"{path}args", f"must be a list or tuple of arguments, got {_shown(args)}")
+        raise InvalidJobArgument(f"{path}args", f"must be a list or tuple of arguments, got {shown(args)}")
     if kwargs is not None and not isinstance(kwargs, dict):
-        raise InvalidJobArgument(f"{path}kwargs", f"must be a dict of keyword arguments, got {_shown(kwargs)}")
+        raise InvalidJobArgument(f"{path}kwargs", f"must be a dict of keyword arguments, got {shown(kwargs)}")
     return ensure_json(args, f"{path}args"), ensure_json(kwargs or {}, f"{path}kwargs")
 
 
@@ -318,11 +317,11 @@ def _checked_calls(calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
                                    or batch_size < 1):
         raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
     if isinstance(calls, str | bytes | dict) or not isinstance(calls, Iterable):
-        raise InvalidJobArgument("calls", f"must be an iterable of (args, kwargs) pairs, got {_shown(calls)}")
+        raise InvalidJobArgument("calls", f"must be an iterable of (args, kwargs) pairs, got {shown(calls)}")
     checked = []
     for i, call in enumerate(calls):
         if not isinstance(call, list | tuple) or len(call) != 2:
-            raise InvalidJobArgument(f"calls[{i}]", f"must be an (args, kwargs) pair, got {_shown(call)}")
+            raise InvalidJobArgument(f"calls[{i}]", f"must be an (args, kwargs) pair, got {shown(call)}")
         checked.append(checked_arguments(*call, path=f"calls[{i}]."))
     return checked
 
@@ -336,7 +335,7 @@ def check_queue(queue_name: Any, db: str) -> None:
     allowed = conf.queues_served_on(db)
     if allowed is not None and queue_name not in allowed:
         raise InvalidLeaseOption(
-            "queue_name", f"{queue_name!r} is not in the QUEUES of the task backends on database "
+            "queue_name", f"{shown(queue_name)} is not in the QUEUES of the task backends on database "
                           f"{db!r} ({', '.join(sorted(allowed))}), so no worker would serve it")
 
 
@@ -361,7 +360,8 @@ def migrated(model: Any, db: str) -> Iterator[None]:
             raise
         raise type(e)(
             f"The job table {model._meta.db_table!r} is missing or out of date on database "
-            f"{db!r} ({e}): run `python manage.py migrate django_leases --database {db}`."
+            f"{db!r} ({str(e).strip().splitlines()[0]}): run `python manage.py migrate django_leases "
+            f"--database {db}`."
         ) from e
 
 
