@@ -334,3 +334,50 @@ def test_using_lease_gives_django_tasks_jobs_a_deadline_a_max_age_and_merging():
                        ({"deadline": when.replace(tzinfo=None)}, "deadline")):
         with pytest.raises(InvalidTask, match=named):
             add.using_lease(**bad)
+
+
+# -- issue 15.1: the task read back is the task enqueued ---------------------------------
+
+
+ROUND_TRIP = ("run_after", "priority", "queue_name", "backend", "takes_context")
+
+
+def _task_fields(task):
+    return {name: getattr(task, name) for name in ROUND_TRIP}
+
+
+@pytest.mark.django_db(databases=["default", "queue"])
+def test_get_result_gives_back_the_task_as_enqueue_was_given_it():
+    """run_after, priority, queue_name, backend and takes_context of the task read back
+    (get_result, aget_result, refresh) equal those enqueue() was given."""
+    from asgiref.sync import async_to_sync
+
+    from tests.testapp.tasks import bulk_add, with_context
+
+    later = timezone.now() + timedelta(hours=3)
+    results = [
+        send_receipt.using(run_after=later, priority=-7).enqueue(1),
+        add.using(queue_name="reports").enqueue(1, 2),
+        with_context.using(run_after=later).enqueue("k"),
+        bulk_add.using(run_after=later, priority=100).enqueue(1, 2),
+        *send_receipt.using(run_after=later).enqueue_many([((2,), {}), ((3,), {})]),
+    ]
+    for result in results:
+        backend = task_backends[result.backend]
+        again = backend.get_result(result.id)
+        assert _task_fields(again.task) == _task_fields(result.task), result.task
+        assert _task_fields(async_to_sync(backend.aget_result)(result.id).task) == _task_fields(result.task)
+        assert again.task.func is result.task.func
+    assert _task_fields(results[0].task)["run_after"] == later
+
+
+def test_run_after_survives_a_retry_that_moves_the_due_time():
+    """available_at moves with each retry; the task's run_after stays the caller's."""
+    earlier = timezone.now() - timedelta(minutes=5)
+    result = send_receipt.using(run_after=earlier).enqueue(4)
+    [claim] = Job.objects.claim("w-retry", ["emails"])
+    assert Job.objects.fail(claim, message="once", retry_in=600)
+    job = Job.objects.get(pk=int(result.id))
+    assert job.available_at > earlier + timedelta(minutes=9)
+    again = send_receipt.get_result(result.id)
+    assert (again.status, again.task.run_after) == (TaskResultStatus.READY, earlier)
