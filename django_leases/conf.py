@@ -282,10 +282,19 @@ def check_id_for(problem: InvalidLeaseOption) -> str:
     return option.check_id if option else UNKNOWN_OPTION_ID
 
 
-def queues_served_on(database: str) -> set[str] | None:
+def queues_served_on(database: str) -> frozenset[str] | None:
     """The queue names the lease backends keeping jobs on ``database`` accept, as Django
     reads ``QUEUES`` (absent: only "default"), or None when any name goes: one of them has
-    ``QUEUES: []`` (Django: any queue is allowed), or no lease backend uses that database."""
+    ``QUEUES: []`` (Django: any queue is allowed), or no lease backend uses that database.
+    Read once per settings."""
+    try:
+        return _queues_cache[database]
+    except KeyError:
+        queues = _queues_cache[database] = _read_queues(database)
+        return queues
+
+
+def _read_queues(database: str) -> frozenset[str] | None:
     tasks = getattr(settings, "TASKS", {})
     names: set[str] = set()
     found = False
@@ -299,7 +308,7 @@ def queues_served_on(database: str) -> set[str] | None:
         if not queues:
             return None
         names.update(queues)
-    return names if found else None
+    return frozenset(names) if found else None
 
 
 def lease_backend_aliases() -> list[str]:
@@ -320,12 +329,14 @@ def lease_backend_aliases() -> list[str]:
 
 
 _options_cache: dict[str | None, LeaseOptions] = {}
+_queues_cache: dict[str, frozenset[str] | None] = {}
 
 
 def clear_options_cache(**kwargs: Any) -> None:
     """Forget validated options (connected to setting_changed for TASKS in apps.py)."""
     if kwargs.get("setting", "TASKS") == "TASKS":
         _options_cache.clear()
+        _queues_cache.clear()
 
 
 def get_options(alias: str | None = None) -> LeaseOptions:

@@ -63,7 +63,7 @@ def _checked(value: Any, path: str, depth: int) -> Any:
             return _checked_dict(value, path, depth)
         return [_checked(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
     raise InvalidJobArgument(
-        path, f"is a {type(value).__module__}.{type(value).__qualname__}, which does not "
+        path, f"is of type {type(value).__module__}.{type(value).__qualname__}, which does not "
         "round-trip through JSON; pass its JSON form (e.g. an id or an ISO string)")
 
 
