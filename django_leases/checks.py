@@ -118,12 +118,14 @@ def check_session_clocks(app_configs: Any = None, databases: Any = None, **kwarg
     from .conf import get_options, lease_backend_aliases
 
     messages: list[checks.CheckMessage] = []
+    seen: set[str] = set()
     for alias in lease_backend_aliases():
         try:
             database = get_options(alias).database
         except Exception:  # noqa: BLE001 -- reported by the backend's own check
             continue
-        if databases and database in databases:
+        if databases and database in databases and database not in seen:
+            seen.add(database)  # one error per database, however many backends use it
             problem = utc_session_problem(database)
             if problem:
                 messages.append(checks.Error(problem, obj=f"TASKS[{alias!r}]",
