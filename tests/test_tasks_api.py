@@ -341,12 +341,14 @@ def read_elsewhere(result_id, options=None, env_extra=None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_tasks_listed_in_task_modules_run_and_read_back_in_any_process(workers, settings, tmp_path):
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_tasks_listed_in_task_modules_run_and_read_back_in_any_process(workers, settings, tmp_path, isolation):
     """Issue 15.3. A @task in tests/testapp/jobs.py: a row for it is dead-lettered by a
     worker that does not list the module, with the fix in the message; with TASK_MODULES
     the worker runs it (and the requeued dead one). A process that only reads results
     gets them whatever it imported: the declared modules are imported for it, and a task
-    nobody declares reads with a stand-in; the row's own path is never imported (3)."""
+    nobody declares reads with a stand-in; the row's own path is never imported (3). In
+    process isolation the handler's child process finds the task the same way."""
     from tests.testapp.jobs import shipped
 
     written = Job.objects.enqueue("tests.testapp.jobs.shipped", [8])
@@ -360,7 +362,7 @@ def test_tasks_listed_in_task_modules_run_and_read_back_in_any_process(workers, 
     with_options(settings, **TASK_MODULES)
     result = shipped.enqueue(7)
     Job.objects.filter(pk=written.pk).requeue()
-    w = workers.start("with-modules", *FAST, "--burst", OPTIONS_SETTINGS, ready=False,
+    w = workers.start("with-modules", *FAST, "--burst", "--isolation", isolation, OPTIONS_SETTINGS, ready=False,
                       env_extra={"LEASES_TEST_OPTIONS": json.dumps(TASK_MODULES)})
     assert w.wait_exit(SETTLE) == 0
     assert finished(result).return_value == "shipped 7"
