@@ -15,6 +15,7 @@ comes back the same from every other:
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import Any
 
 from .exceptions import InvalidJobArgument
@@ -48,7 +49,7 @@ def _checked(value: Any, path: str, depth: int) -> Any:
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidJobArgument(path, f"is {value!r}, which has no JSON form")
+            raise InvalidJobArgument(path, f"is the float {value!r}, which has no JSON form")
         if abs(value) >= MAX_FLOAT:
             raise InvalidJobArgument(
                 path, f"is the float {value!r}, which PostgreSQL's jsonb would give back as an "
@@ -82,11 +83,18 @@ def _checked_dict(value: dict, path: str, depth: int) -> dict:
 def shown(value: Any, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters, for error messages about hostile input
     (the repr of an int of 4,300+ digits raises ValueError; a megabyte string is no help)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, int) and value.bit_length() > 640:  # repr() raises past 4,300 digits
+        return f"an int of about {int(value.bit_length() * math.log10(2)) + 1:,} digits"
     try:
         text = repr(value)
-    except Exception:  # noqa: BLE001 -- a hostile __repr__, or an int too long to print
+    except Exception:  # noqa: BLE001 -- a hostile __repr__
         text = f"<{type(value).__qualname__}>"
-    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text):,} characters)"
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
+    return f"{text[:limit - 20]}...{size}"
 
 
 def _text(value: str, path: str) -> str:

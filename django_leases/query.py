@@ -97,9 +97,8 @@ def _seconds(name: str, value: Any) -> float:
     # Compared as it is: math.isfinite() of an int past a float's range raises OverflowError.
     if (isinstance(value, bool) or not isinstance(value, int | float)
             or not 0 <= value <= conf.MAX_INTERVAL_SECONDS):
-        raise InvalidLeaseOption(name, f"must be a number of seconds from 0 to "
-                                       f"{conf.MAX_INTERVAL_SECONDS:g} ({conf.MAX_INTERVAL_DAYS:,} "
-                                       f"days), got {shown(value)}")
+        raise InvalidLeaseOption(name, f"must be from 0 to {conf.MAX_INTERVAL_DAYS:,} days "
+                                       f"({conf.MAX_INTERVAL_SECONDS:,} seconds), got {shown(value)}")
     return float(value)
 
 
