@@ -71,8 +71,9 @@ def _lease_end_by_job(claims: Iterable[Any], override: float | None) -> Any:
 
 
 def _aware(name: str, value: Any) -> datetime:
-    """An aware datetime within what every supported database stores (conf.EARLIEST_TIME
-    to conf.LATEST_TIME, in UTC: MySQL's DATETIME range), else InvalidLeaseOption."""
+    """``value`` in UTC, if it is an aware datetime within what every supported database
+    stores (conf.EARLIEST_TIME to conf.LATEST_TIME: MySQL's DATETIME range), else
+    InvalidLeaseOption."""
     from .exceptions import InvalidLeaseOption
 
     if not isinstance(value, datetime) or timezone.is_naive(value):
@@ -84,7 +85,8 @@ def _aware(name: str, value: Any) -> datetime:
     if utc is None or not conf.EARLIEST_TIME <= utc <= conf.LATEST_TIME:
         raise InvalidLeaseOption(name, f"must lie from {conf.EARLIEST_TIME:%Y-%m-%d} to "
                                        f"{conf.LATEST_TIME:%Y-%m-%d} (UTC), got {shown(value)}")
-    return value
+    # In UTC: PostgreSQL refuses a UTC offset past 15:59, which Python allows.
+    return utc
 
 
 def _seconds(name: str, value: Any) -> float:

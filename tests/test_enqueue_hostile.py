@@ -459,9 +459,11 @@ def test_property_backend_enqueue_round_trips_or_refuses_cleanly(args, kwargs, u
         result.task.priority, result.task.queue_name, result.task.run_after)
 
 
-def test_times_compare_on_the_database_after_a_round_trip():
-    """A run_after given in any offset is the same instant when read back (stored in UTC)."""
-    when = datetime(2031, 6, 1, 12, tzinfo=timezone(timedelta(hours=-7, minutes=-30)))
+@pytest.mark.parametrize("offset", [timedelta(hours=-7, minutes=-30), timedelta(hours=16), timedelta(hours=-23)])
+def test_times_compare_on_the_database_after_a_round_trip(offset):
+    """A run_after given in any offset Python allows (PostgreSQL refuses offsets past 15:59)
+    is the same instant when read back."""
+    when = datetime(2031, 6, 1, 12, tzinfo=timezone(offset))
     job = Job.objects.enqueue(TASK, [1, 2], run_after=when)
     back = Job.objects.get(pk=job.pk)
     assert back.run_after == when and back.available_at == when
