@@ -127,7 +127,6 @@ class LeaseOptions:
     grace_seconds: float
     notify: bool
     queue_options: dict[str, dict[str, Any]]
-    task_modules: tuple[str, ...] = ()
 
     def for_queue(self, queue_name: str) -> tuple[float, int]:
         """The (lease seconds, max attempts) a job of ``queue_name`` gets by default."""
@@ -163,7 +162,6 @@ class LeaseOptions:
             grace_seconds=float(merged["GRACE_SECONDS"]),
             notify=merged["NOTIFY"],
             queue_options=dict(merged["QUEUE_OPTIONS"]),
-            task_modules=tuple(merged["TASK_MODULES"]),
         )
 
 

@@ -11,7 +11,7 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from .conf import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
-from .query import JobQuerySet, WorkerQuerySet
+from .query import TASK_PATH_LENGTH, JobQuerySet, WorkerQuerySet
 from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
 
 
@@ -19,7 +19,7 @@ class Job(models.Model):
     """One call of a registered task. Lease fields are written only by JobQuerySet verbs."""
 
     queue_name = models.CharField(_("queue"), max_length=100, default="default")
-    task_path = models.CharField(_("task"), max_length=255)
+    task_path = models.CharField(_("task"), max_length=TASK_PATH_LENGTH)
     args = models.JSONField(_("args"), default=list, blank=True)
     kwargs = models.JSONField(_("kwargs"), default=dict, blank=True)
     # Higher runs first, as in django.tasks (-100..100).

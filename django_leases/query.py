@@ -120,8 +120,6 @@ def _text_option(name: str, value: Any, longest: int) -> str:
     return value
 
 
-
-
 def _count_if_expired() -> Case:
     """leases_lost + 1 when the row is a claim (being taken over or ended), else unchanged."""
     return Case(When(state=JobState.CLAIMED, then=F("leases_lost") + 1), default=F("leases_lost"),
@@ -153,8 +151,8 @@ def _token_case(tokens: dict[Any, uuid.UUID]) -> Case:
 
 # -- enqueue: the options of one call, checked once ----------------------------------------
 
-# The length of Job.task_path: a longer path would be refused by the database, which would
-# also abort the caller's transaction.
+# The length of Job.task_path (models.py uses it): a longer path would be refused by the
+# database, which would also abort the caller's transaction.
 TASK_PATH_LENGTH = 255
 
 
