@@ -64,8 +64,10 @@ def discovered_modules() -> set[str]:
 
 def is_discovered(task: Task) -> bool:
     """Whether a worker (and any reader) of this project imports the module ``task`` is
-    declared in, and so knows the task."""
-    return task.func.__module__ in discovered_modules()
+    declared in, and so knows the task: a discovered module, or a submodule of one (an
+    app's ``tasks`` package that imports its submodules)."""
+    module = task.func.__module__
+    return any(module == found or module.startswith(f"{found}.") for found in discovered_modules())
 
 
 def discover() -> None:

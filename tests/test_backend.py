@@ -381,3 +381,23 @@ def test_run_after_survives_a_retry_that_moves_the_due_time():
     assert job.available_at > earlier + timedelta(minutes=9)
     again = send_receipt.get_result(result.id)
     assert (again.status, again.task.run_after) == (TaskResultStatus.READY, earlier)
+
+
+def test_tasks_count_as_found_where_workers_import_them():
+    """An app's tasks module, a submodule of a tasks package, or a TASK_MODULES entry (and
+    its submodules); not a sibling module that only starts with the same name."""
+    from types import SimpleNamespace
+
+    from django.test import override_settings
+
+    def declared_in(module):
+        return SimpleNamespace(func=SimpleNamespace(__module__=module))
+
+    assert registry.is_discovered(declared_in("tests.testapp.tasks"))
+    assert registry.is_discovered(declared_in("tests.testapp.tasks.emails"))
+    assert not registry.is_discovered(declared_in("tests.testapp.tasks_old"))
+    assert not registry.is_discovered(declared_in("tests.testapp.jobs"))
+    with override_settings(TASKS={"default": {"BACKEND": "django_leases.backends.LeaseBackend",
+                                              "OPTIONS": {"TASK_MODULES": ["tests.testapp.jobs"]}}}):
+        assert registry.is_discovered(declared_in("tests.testapp.jobs"))
+        assert registry.is_discovered(declared_in("tests.testapp.jobs.nightly"))
