@@ -201,6 +201,9 @@ def test_enqueue_many_names_the_call_it_refuses_and_writes_none():
     refused(lambda: Job.objects.enqueue_many(TASK, [([1, 2], {}), ({"a": 1}, None)]),
             InvalidJobArgument, "calls[1].args")
     refused(lambda: Job.objects.enqueue_many(TASK, [([1], {})], delay=3e11), InvalidLeaseOption, "delay")
+    refused(lambda: Job.objects.enqueue_many(TASK, "ab"), InvalidJobArgument, "calls")
+    refused(lambda: Job.objects.enqueue_many(TASK, {([1],): {}}), InvalidJobArgument, "calls")
+    refused(lambda: add.enqueue_many([((1, 2), {}), ((1,), {"b": 2}, "extra")]), InvalidTask, "calls[1]")
 
 
 def test_an_unknown_option_is_a_type_error_naming_it():
