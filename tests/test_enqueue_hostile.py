@@ -202,7 +202,7 @@ def test_enqueue_many_names_the_call_it_refuses_and_writes_none():
             InvalidJobArgument, "calls[1].args")
     refused(lambda: Job.objects.enqueue_many(TASK, [([1], {})], delay=3e11), InvalidLeaseOption, "delay")
     refused(lambda: Job.objects.enqueue_many(TASK, "ab"), InvalidJobArgument, "calls")
-    refused(lambda: Job.objects.enqueue_many(TASK, {([1],): {}}), InvalidJobArgument, "calls")
+    refused(lambda: Job.objects.enqueue_many(TASK, {"args": [1]}), InvalidJobArgument, "calls")
     refused(lambda: add.enqueue_many([((1, 2), {}), ((1,), {"b": 2}, "extra")]), InvalidTask, "calls[1]")
 
 
