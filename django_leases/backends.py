@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from typing import Any
 
@@ -61,6 +62,27 @@ def _job_model(alias: str) -> Any:
     from .models import Job
 
     return Job
+
+
+_signatures: dict[Any, inspect.Signature | None] = {}
+
+
+def _check_fits(task: Any, args: list[Any], kwargs: dict[str, Any], path: str = "") -> None:
+    """Refuse arguments ``task``'s function cannot take (InvalidJobArgument naming
+    ``args/kwargs``), as the worker would refuse the row: a job that can never run."""
+    func = task.func
+    if func not in _signatures:
+        try:
+            _signatures[func] = inspect.signature(func)
+        except (TypeError, ValueError):  # a builtin or C function: let the call decide
+            _signatures[func] = None
+    signature = _signatures[func]
+    if signature is None:
+        return
+    try:
+        signature.bind(*([None] if task.takes_context else []), *args, **kwargs)
+    except TypeError as e:
+        raise InvalidJobArgument(f"{path}args/kwargs", f"do not fit {task.name}{signature}: {e}") from None
 
 
 def _as_enqueued(task: Any, job: Any) -> Any:
@@ -138,7 +160,9 @@ class LeaseBackend(BaseTaskBackend):
         Job = _job_model(self.alias)
         try:
             fields = self._job_fields(task)
-            job = insert_job(Job, self.database, fields, *checked_arguments(args, kwargs))
+            args, kwargs = checked_arguments(args, kwargs)
+            _check_fits(task, args, kwargs)
+            job = insert_job(Job, self.database, fields, args, kwargs)
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
         result = self._enqueued_result(task, job.pk, job.enqueued_at, job.args, job.kwargs)
@@ -153,7 +177,8 @@ class LeaseBackend(BaseTaskBackend):
             self.validate_task(task)
             raise InvalidTask(f"Cannot enqueue {task.module_path} in bulk with a unique_key")
         try:
-            rows = insert_job_rows(Job, self.database, self._job_fields(task), calls, batch_size=1000)
+            rows = insert_job_rows(Job, self.database, self._job_fields(task), calls, batch_size=1000,
+                                   fits=lambda args, kwargs, path: _check_fits(task, args, kwargs, path))
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
         results = [self._enqueued_result(task, *row) for row in rows]

@@ -8,7 +8,7 @@ the database clock (``Now()``); no datetime computed in Python is ever compared 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -307,9 +307,11 @@ def checked_arguments(args: Any, kwargs: Any, path: str = "") -> tuple[list, dic
 
 
 def _checked_calls(calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
-                   batch_size: int | None = None) -> list[tuple[list, dict]]:
+                   batch_size: int | None = None,
+                   fits: Callable[[list, dict, str], None] | None = None) -> list[tuple[list, dict]]:
     """Every call's (args, kwargs) as JSON-safe copies; InvalidJobArgument names the call.
-    A ``batch_size`` that bulk_create would refuse is refused first."""
+    A ``batch_size`` that bulk_create would refuse is refused first. ``fits(args, kwargs,
+    path)`` may refuse a call's checked arguments too (the backend: the task's signature)."""
     from .exceptions import InvalidJobArgument
 
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
@@ -322,6 +324,8 @@ def _checked_calls(calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
         if not isinstance(call, list | tuple) or len(call) != 2:
             raise InvalidJobArgument(f"calls[{i}]", f"must be an (args, kwargs) pair, got {shown(call)}")
         checked.append(checked_arguments(*call, path=f"calls[{i}]."))
+        if fits is not None:
+            fits(*checked[-1], f"calls[{i}].")
     return checked
 
 
@@ -405,11 +409,13 @@ def insert_jobs(model: Any, db: str, fields: JobFields,
 
 def insert_job_rows(model: Any, db: str, fields: JobFields,
                     calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
-                    batch_size: int | None) -> list[tuple[Any, datetime, list, dict]]:
+                    batch_size: int | None,
+                    fits: Callable[[list, dict, str], None] | None = None) -> list[tuple[Any, datetime, list, dict]]:
     """insert_jobs(), answering (id, enqueued_at, args, kwargs) for each job: what a
     TaskResult needs. On PostgreSQL no model instance is built, which is most of the time
-    a bulk enqueue of thousands of jobs would otherwise take."""
-    checked = _checked_calls(calls, batch_size)
+    a bulk enqueue of thousands of jobs would otherwise take. ``fits`` as for
+    _checked_calls."""
+    checked = _checked_calls(calls, batch_size, fits)
     with migrated(model, db):
         if not _pg(db):
             return [(j.pk, j.enqueued_at, j.args, j.kwargs)

@@ -29,7 +29,7 @@ from django_leases.exceptions import InvalidJobArgument, InvalidLeaseOption
 from django_leases.jsonsafe import MAX_DEPTH
 from django_leases.models import Job
 from tests.testapp.models import Effect
-from tests.testapp.tasks import add, note
+from tests.testapp.tasks import add, echo, with_context
 
 pytestmark = pytest.mark.django_db
 
@@ -225,10 +225,21 @@ def test_an_unknown_option_is_a_type_error_naming_it():
     (lambda: add.enqueue_many([((1, 2), {}), ((1, 1e300), {})]), "calls[1].args[1]"),
     (lambda: add.using(queue_name="nope").enqueue(1, 2), "Queue 'nope'"),
     (lambda: async_to_sync(add.aenqueue)(1, [1.5, 2**64]), "args[1][1]"),
+    # arguments the task's function cannot take: the worker would dead-letter the job
+    (lambda: add.enqueue(1), "args/kwargs"),
+    (lambda: add.enqueue(1, 2, c=3), "args/kwargs"),
+    (lambda: with_context.enqueue(), "args/kwargs"),
+    (lambda: add.enqueue_many([((1, 2), {}), ((1,), {})]), "calls[1].args/kwargs"),
 ])
 def test_the_backend_refuses_with_invalid_task_naming_the_argument(call, named):
     """(3, 6) Through @task: InvalidTask naming the argument or option, nothing written."""
     refused(call, InvalidTask, named)
+
+
+def test_arguments_that_fit_the_signature_are_accepted():
+    """Defaults, keywords and a context task's own arguments pass the signature check."""
+    assert add.enqueue(1, b=2).args == [1] and with_context.enqueue(key="k").kwargs == {"key": "k"}
+    assert len(add.enqueue_many([((1, 2), {}), ((), {"a": 1, "b": 2})])) == 2
 
 
 def test_a_task_declared_where_workers_do_not_look_is_refused_with_the_fix():
@@ -442,7 +453,7 @@ def test_property_backend_enqueue_round_trips_or_refuses_cleanly(args, kwargs, u
     with transaction.atomic():
         mark("before")
         try:
-            result = note.using(**using).using_lease(**lease).enqueue(*args, **kwargs)
+            result = echo.using(**using).using_lease(**lease).enqueue(*args, **kwargs)
         except InvalidTask as e:
             text = str(e).lower()
             named = {"args", "kwargs", *(_SPOKEN.get(k, k) for k in (*using, *lease))}
@@ -456,7 +467,7 @@ def test_property_backend_enqueue_round_trips_or_refuses_cleanly(args, kwargs, u
     event("stored")
     job = Job.objects.get(pk=int(result.id))
     _assert_stored_as_given(job, args, kwargs, using)
-    again = note.get_result(result.id)
+    again = echo.get_result(result.id)
     assert same(args, again.args) and same(kwargs, again.kwargs)
     assert (again.task.priority, again.task.queue_name, again.task.run_after) == (
         result.task.priority, result.task.queue_name, result.task.run_after)
