@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import replace
 from typing import Any
 
 from django.tasks import TaskResult, TaskResultStatus
@@ -13,11 +15,16 @@ from django.tasks.signals import task_enqueued
 from . import registry
 from .conf import LeaseOptions, validate_lease, validate_max_attempts
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
-from .jsonsafe import ensure_json
-from .query import EnqueueOptions, JobFields, insert_job, insert_job_rows
+from .query import (
+    EnqueueOptions,
+    JobFields,
+    checked_arguments,
+    insert_job,
+    insert_job_rows,
+)
 from .retry import Retry
 from .states import FailureKind, JobState, LeaseLostPolicy
-from .task import LeaseTask
+from .task import LeaseTask, UndeclaredTask
 
 _STATUS = {
     # Due, waiting for its run_after or retry delay, or parked (available_at NULL) until a
@@ -40,6 +47,49 @@ def _exception_path(failure: Any) -> str:
     if failure.kind == FailureKind.LEASE_EXPIRED:
         return "django_leases.exceptions.LeaseLost"
     return "builtins.Exception"
+
+
+def _job_model(alias: str) -> Any:
+    """The Job model; ImproperlyConfigured saying what to add when the app is not installed
+    (importing the model would fail with a RuntimeError about its app_label)."""
+    from django.apps import apps
+    from django.core.exceptions import ImproperlyConfigured
+
+    if not apps.is_installed("django_leases"):
+        raise ImproperlyConfigured(
+            f"TASKS[{alias!r}] uses django_leases.backends.LeaseBackend: add 'django_leases' to "
+            "INSTALLED_APPS, then run `python manage.py migrate` (check id django_leases.E017).")
+    from .models import Job
+
+    return Job
+
+
+_signatures: dict[Any, inspect.Signature | None] = {}
+
+
+def _check_fits(task: Any, args: list[Any], kwargs: dict[str, Any], path: str = "") -> None:
+    """Refuse arguments ``task``'s function cannot take (InvalidJobArgument naming
+    ``args/kwargs``), as the worker would refuse the row: a job that can never run."""
+    func = task.func
+    if func not in _signatures:
+        try:
+            _signatures[func] = inspect.signature(func)
+        except (TypeError, ValueError):  # a builtin or C function: let the call decide
+            _signatures[func] = None
+    signature = _signatures[func]
+    if signature is None:
+        return
+    try:
+        signature.bind(*([None] if task.takes_context else []), *args, **kwargs)
+    except TypeError as e:
+        raise InvalidJobArgument(f"{path}args/kwargs", f"do not fit {task.name}{signature}: {e}") from None
+
+
+def _as_enqueued(task: Any, job: Any) -> Any:
+    """``task`` with the queue, priority and run_after its job was enqueued with."""
+    if (task.queue_name, task.priority, task.run_after) == (job.queue_name, job.priority, job.run_after):
+        return task
+    return replace(task, queue_name=job.queue_name, priority=job.priority, run_after=job.run_after)
 
 
 class LeaseBackend(BaseTaskBackend):
@@ -107,12 +157,12 @@ class LeaseBackend(BaseTaskBackend):
                 getattr(task, "max_attempts", None) or attempts)
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
-        from .models import Job
-
+        Job = _job_model(self.alias)
         try:
             fields = self._job_fields(task)
-            job = insert_job(Job, self.database, fields, ensure_json(list(args), "args"),
-                             ensure_json(dict(kwargs), "kwargs"))
+            args, kwargs = checked_arguments(args, kwargs)
+            _check_fits(task, args, kwargs)
+            job = insert_job(Job, self.database, fields, args, kwargs)
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
         result = self._enqueued_result(task, job.pk, job.enqueued_at, job.args, job.kwargs)
@@ -121,13 +171,14 @@ class LeaseBackend(BaseTaskBackend):
 
     def enqueue_many(self, task: Any, calls: Any) -> list[TaskResult]:
         """Enqueue one job per ``(args, kwargs)`` pair in bulk INSERTs (all or nothing)."""
-        from .models import Job
+        Job = _job_model(self.alias)
 
         if getattr(task, "unique_key", None) is not None:
             self.validate_task(task)
             raise InvalidTask(f"Cannot enqueue {task.module_path} in bulk with a unique_key")
         try:
-            rows = insert_job_rows(Job, self.database, self._job_fields(task), calls, batch_size=1000)
+            rows = insert_job_rows(Job, self.database, self._job_fields(task), calls, batch_size=1000,
+                                   fits=lambda args, kwargs, path: _check_fits(task, args, kwargs, path))
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
         results = [self._enqueued_result(task, *row) for row in rows]
@@ -145,6 +196,7 @@ class LeaseBackend(BaseTaskBackend):
         except (KeyError, TypeError):
             pass
         self.validate_task(task)
+        self._check_discovered(task)
         fields = self._job_options(task).check(task.module_path)
         try:
             if len(self._checked_tasks) >= 1024:  # tasks made per call, e.g. using(run_after=...)
@@ -153,6 +205,16 @@ class LeaseBackend(BaseTaskBackend):
         except TypeError:
             pass
         return fields
+
+    def _check_discovered(self, task: Any) -> None:
+        """Refuse a task declared in a module no worker imports: its jobs could only be
+        dead-lettered as UnknownTask."""
+        if not registry.is_discovered(task):
+            module = task.func.__module__
+            raise InvalidTask(
+                f"Cannot enqueue {task.module_path}: workers never import {module!r}, so they "
+                f"would not know this task. Declare it in an installed app's tasks module, or "
+                f"add {module!r} to TASKS[{self.alias!r}]['OPTIONS']['TASK_MODULES'].")
 
     def _job_options(self, task: Any) -> EnqueueOptions:
         lease, max_attempts = self.job_options(task)
@@ -183,8 +245,9 @@ class LeaseBackend(BaseTaskBackend):
 
     def get_results(self, ids: Any) -> dict[Any, TaskResult]:
         """TaskResults of the jobs ``ids`` (two statements however many), by job id; ids
-        with no job are left out. Raise InvalidTask for a job naming an undeclared task."""
-        from .models import Job
+        with no job are left out. A job naming a task this project does not declare reads
+        with an UndeclaredTask stand-in."""
+        Job = _job_model(self.alias)
 
         return {job.pk: self._to_result(job, self._task_of(job))
                 for job in Job.objects.using(self.database).with_failures(ids)}
@@ -205,14 +268,16 @@ class LeaseBackend(BaseTaskBackend):
                 for j in jobs}
 
     def _task_of(self, job: Any) -> Any:
+        """The task ``job`` names, found where a worker finds it (each app's tasks module
+        and TASK_MODULES, never the row's own path); an UndeclaredTask stand-in when the
+        project declares no such task, so the result can still be read."""
         task = registry.lookup(self.alias, job.task_path)
         if task is None:
             registry.discover()
             task = registry.lookup(self.alias, job.task_path)
         if task is None:
-            raise InvalidTask(
-                f"Job {job.pk} names {job.task_path!r}, which is not a task declared for "
-                f"backend {self.alias!r}.")
+            return UndeclaredTask(path=job.task_path, backend=self.alias, queue_name=job.queue_name,
+                                  priority=job.priority, run_after=job.run_after)
         return task
 
     def _enqueued_result(self, task: Any, pk: Any, enqueued_at: Any, args: list[Any],
@@ -230,8 +295,7 @@ class LeaseBackend(BaseTaskBackend):
         if job.attempts > len(failures) and job.claimed_by:
             worker_ids.append(job.claimed_by)
         result = TaskResult(
-            task=task if (task.queue_name, task.priority) == (job.queue_name, job.priority)
-            else task.using(queue_name=job.queue_name, priority=job.priority),
+            task=_as_enqueued(task, job),
             id=str(job.pk),
             status=_STATUS[JobState(job.state)],
             enqueued_at=job.enqueued_at,
@@ -250,6 +314,9 @@ class LeaseBackend(BaseTaskBackend):
         return result
 
     def check(self, **kwargs: Any) -> list[Any]:
-        from .checks import check_backend
+        from .checks import check_backend, check_task_modules
 
-        return check_backend(self.alias, self.options)
+        messages = check_backend(self.alias, self.options)
+        if not messages or all(m.id == "django_leases.W001" for m in messages):
+            messages.extend(check_task_modules(self.alias))
+        return messages

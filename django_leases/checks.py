@@ -11,7 +11,19 @@ from .conf import check_id_for, validate_options
 
 
 def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
-    """Problems with TASKS[alias]: its OPTIONS, and the database they point at."""
+    """Problems with TASKS[alias]: the app, its OPTIONS and the database they point at."""
+    from django.apps import apps
+
+    if not apps.is_installed("django_leases"):
+        # The app's ready() never runs then, so this comes through the backend's check().
+        return [checks.Error(
+            f"TASKS[{alias!r}] uses django_leases.backends.LeaseBackend, but 'django_leases' "
+            "is not in INSTALLED_APPS: there is no job table to enqueue into and no "
+            "run_lease_worker command.",
+            hint="Add 'django_leases' to INSTALLED_APPS, then run `python manage.py migrate`.",
+            obj=f"TASKS[{alias!r}]",
+            id="django_leases.E017",
+        )]
     messages: list[checks.CheckMessage] = [
         checks.Error(
             f"TASKS[{alias!r}]['OPTIONS'][{problem.option!r}] {problem.reason}",
@@ -25,6 +37,25 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
     database = options.get("DATABASE", "default") if isinstance(options, dict) else "default"
     messages.extend(check_database(alias, database))
     return messages
+
+
+def check_task_modules(alias: str) -> list[checks.CheckMessage]:
+    """@tasks of backend ``alias`` declared (imported so far) in a module that workers do
+    not import: enqueue() refuses them, and a worker would not know them."""
+    from . import registry
+
+    stray = [task for task in registry.declared_tasks(alias) if not registry.is_discovered(task)]
+    modules = sorted({task.func.__module__ for task in stray})
+    if not stray:
+        return []
+    return [checks.Error(
+        f"TASKS[{alias!r}] has tasks declared in modules no worker imports: "
+        f"{', '.join(task.module_path for task in stray)}. enqueue() refuses them.",
+        hint=f"Move them into an installed app's tasks module, or add "
+             f"{', '.join(map(repr, modules))} to TASKS[{alias!r}]['OPTIONS']['TASK_MODULES'].",
+        obj=f"TASKS[{alias!r}]",
+        id="django_leases.E018",
+    )]
 
 
 def check_database(alias: str, database: str) -> list[checks.CheckMessage]:
@@ -87,12 +118,14 @@ def check_session_clocks(app_configs: Any = None, databases: Any = None, **kwarg
     from .conf import get_options, lease_backend_aliases
 
     messages: list[checks.CheckMessage] = []
+    seen: set[str] = set()
     for alias in lease_backend_aliases():
         try:
             database = get_options(alias).database
         except Exception:  # noqa: BLE001 -- reported by the backend's own check
             continue
-        if databases and database in databases:
+        if databases and database in databases and database not in seen:
+            seen.add(database)  # one error per database, however many backends use it
             problem = utc_session_problem(database)
             if problem:
                 messages.append(checks.Error(problem, obj=f"TASKS[{alias!r}]",

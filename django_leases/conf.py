@@ -9,17 +9,27 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS
 
 from .exceptions import InvalidLeaseOption
+from .jsonsafe import shown
 
 # SQS's visibility timeout bounds: 30 s by default, 12 h at most.
 DEFAULT_LEASE_SECONDS = 30.0
 MAX_LEASE_SECONDS = 12 * 60 * 60
 MIN_LEASE_SECONDS = 1.0
+
+# The times an enqueue may name (run_after, deadline), in UTC: MySQL's and MariaDB's DATETIME
+# range, which PostgreSQL and SQLite also hold.
+EARLIEST_TIME = datetime(1000, 1, 1, tzinfo=UTC)
+LATEST_TIME = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+# The longest delay or max_age: Now() plus it stays far inside LATEST_TIME on every database.
+MAX_INTERVAL_DAYS = 36500
+MAX_INTERVAL_SECONDS = MAX_INTERVAL_DAYS * 86400
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,9 @@ OPTIONS: dict[str, Option] = {
         Option("NOTIFY", True, "django_leases.E011",
                "Wake idle workers with LISTEN/NOTIFY on PostgreSQL; off for PgBouncer "
                "transaction pooling."),
+        Option("TASK_MODULES", [], "django_leases.E016",
+               "Modules holding @task functions besides each installed app's tasks module, "
+               "e.g. ['shop.jobs']; workers and readers import them."),
     )
 }
 UNKNOWN_OPTION_ID = "django_leases.E003"
@@ -69,10 +82,11 @@ def _number(name: str, value: Any, *, low: float, high: float | None = None,
     if isinstance(value, bool) or not isinstance(value, int | float) or (
         integer and not isinstance(value, int)
     ):
-        raise InvalidLeaseOption(name, f"must be {kind}, got {value!r}")
-    if not math.isfinite(value) or value < low or (high is not None and value > high):
+        raise InvalidLeaseOption(name, f"must be {kind}, got {shown(value)}")
+    # NaN fails both comparisons; math.isfinite() of a huge int would raise OverflowError.
+    if not (low <= value and (high is None or value <= high)) or value in (math.inf, -math.inf):
         upper = f" and at most {high:g}" if high is not None else ""
-        raise InvalidLeaseOption(name, f"must be at least {low:g}{upper}, got {value!r}")
+        raise InvalidLeaseOption(name, f"must be at least {low:g}{upper}, got {shown(value)}")
     return value
 
 
@@ -88,7 +102,7 @@ def validate_heartbeat(value: Any, lease: float, name: str = "HEARTBEAT_SECONDS"
     period = float(_number(name, value, low=0.01))
     if period >= lease:
         raise InvalidLeaseOption(
-            name, f"must be shorter than the lease ({lease:g} s), got {value!r}; "
+            name, f"must be shorter than the lease ({lease:g} s), got {shown(value)}; "
             "a renewal that comes after the lease ran out cannot keep the claim")
     return period
 
@@ -191,6 +205,7 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
     problems.extend(_queue_option_problems(merged["QUEUE_OPTIONS"]))
     if not isinstance(merged["NOTIFY"], bool):
         problems.append(InvalidLeaseOption("NOTIFY", f"must be True or False, got {merged['NOTIFY']!r}"))
+    problems.extend(_task_module_problems(merged["TASK_MODULES"]))
     if merged["DATABASE"] not in settings.DATABASES:
         problems.append(InvalidLeaseOption(
             "DATABASE", f"{merged['DATABASE']!r} is not in settings.DATABASES"))
@@ -206,6 +221,28 @@ def _validate_retry(value: Any, name: str = "RETRY") -> Any:
         return Retry.from_json(value)
     except InvalidLeaseOption as e:
         raise InvalidLeaseOption(name, f"{e.option}: {e.reason}") from e
+
+
+def _task_module_problems(modules: Any) -> list[InvalidLeaseOption]:
+    """TASK_MODULES must be a list of dotted module paths that can be found."""
+    from importlib.util import find_spec
+
+    if not isinstance(modules, list | tuple):
+        return [InvalidLeaseOption("TASK_MODULES", f"must be a list of module paths, got {modules!r}")]
+    problems = []
+    for i, module in enumerate(modules):
+        if not isinstance(module, str) or not module:
+            problems.append(InvalidLeaseOption(
+                "TASK_MODULES", f"[{i}] must be a dotted module path such as 'shop.jobs', got {module!r}"))
+            continue
+        try:
+            found = find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            problems.append(InvalidLeaseOption(
+                "TASK_MODULES", f"[{i}] {module!r} is not a module that can be imported"))
+    return problems
 
 
 PER_QUEUE = ("LEASE_SECONDS", "MAX_ATTEMPTS", "RETRY")
@@ -243,6 +280,35 @@ def check_id_for(problem: InvalidLeaseOption) -> str:
     return option.check_id if option else UNKNOWN_OPTION_ID
 
 
+def queues_served_on(database: str) -> frozenset[str] | None:
+    """The queue names the lease backends keeping jobs on ``database`` accept, as Django
+    reads ``QUEUES`` (absent: only "default"), or None when any name goes: one of them has
+    ``QUEUES: []`` (Django: any queue is allowed), or no lease backend uses that database.
+    Read once per settings."""
+    try:
+        return _queues_cache[database]
+    except KeyError:
+        queues = _queues_cache[database] = _read_queues(database)
+        return queues
+
+
+def _read_queues(database: str) -> frozenset[str] | None:
+    tasks = getattr(settings, "TASKS", {})
+    names: set[str] = set()
+    found = False
+    for alias in lease_backend_aliases():
+        params = tasks[alias]
+        options = params.get("OPTIONS") or {}
+        if (options.get("DATABASE", DEFAULT_DB_ALIAS) if isinstance(options, dict) else None) != database:
+            continue
+        found = True
+        queues = params.get("QUEUES", ["default"])
+        if not queues:
+            return None
+        names.update(queues)
+    return frozenset(names) if found else None
+
+
 def lease_backend_aliases() -> list[str]:
     """Aliases in settings.TASKS whose backend is django_leases' LeaseBackend."""
     from django.utils.module_loading import import_string
@@ -261,12 +327,14 @@ def lease_backend_aliases() -> list[str]:
 
 
 _options_cache: dict[str | None, LeaseOptions] = {}
+_queues_cache: dict[str, frozenset[str] | None] = {}
 
 
 def clear_options_cache(**kwargs: Any) -> None:
     """Forget validated options (connected to setting_changed for TASKS in apps.py)."""
     if kwargs.get("setting", "TASKS") == "TASKS":
         _options_cache.clear()
+        _queues_cache.clear()
 
 
 def get_options(alias: str | None = None) -> LeaseOptions:

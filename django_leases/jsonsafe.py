@@ -1,45 +1,100 @@
-"""Refuse values that would not come back from a JSON column as they went in."""
+"""Refuse values that would not come back from a JSON column as they went in.
+
+The limits are the narrowest of the supported databases, so that a value accepted on one
+comes back the same from every other:
+
+- nesting: MariaDB's JSON check refuses a document nested 32 deep, so a stored document
+  (the args list, the kwargs dict, a result, a cursor) nests at most ``MAX_DEPTH`` lists
+  and dicts, itself included;
+- integers: MySQL's JSON type keeps integers outside 64 bits as doubles, so ints must lie
+  within ``MIN_INT``..``MAX_INT``;
+- floats: PostgreSQL's jsonb prints a float of magnitude 1e16 or more without an exponent,
+  so it comes back as an int; such floats are refused (``MAX_FLOAT``).
+"""
 
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import Any
 
 from .exceptions import InvalidJobArgument
+
+MAX_DEPTH = 30
+MIN_INT, MAX_INT = -(2**63), 2**63 - 1
+MAX_FLOAT = 1e16
 
 
 def ensure_json(value: Any, path: str) -> Any:
     """Return ``value`` with tuples as lists, or raise InvalidJobArgument naming ``path``.
 
     Tuples become lists (as django.tasks normalizes them); anything else that JSON would
-    change or cannot hold (dates, sets, objects, non-string keys, NaN) is refused, so a
-    handler never receives something other than what its caller passed.
+    change or cannot hold (dates, sets, objects, non-string keys, NaN, ints past 64 bits,
+    nesting deeper than MAX_DEPTH) is refused, so a handler never receives something other
+    than what its caller passed.
     """
+    return _checked(value, path, 1)
+
+
+def _checked(value: Any, path: str, depth: int) -> Any:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
         return _text(value, path)
     if isinstance(value, int):
+        if not MIN_INT <= value <= MAX_INT:
+            raise InvalidJobArgument(
+                path, "is an integer outside the 64-bit range (-2**63 to 2**63 - 1), which "
+                      "MySQL's JSON would keep only approximately; pass it as a string")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidJobArgument(path, f"{value!r} has no JSON form")
+            raise InvalidJobArgument(path, f"is the float {value!r}, which has no JSON form")
+        if abs(value) >= MAX_FLOAT:
+            raise InvalidJobArgument(
+                path, f"is the float {value!r}, which PostgreSQL's jsonb would give back as an "
+                      "integer; pass int(value) or a string")
         return value
-    if isinstance(value, list | tuple):
-        return [ensure_json(item, f"{path}[{i}]") for i, item in enumerate(value)]
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidJobArgument(
-                    f"{path}[{key!r}]",
-                    f"has a {type(key).__name__} key, which JSON would turn into a string")
-            _text(key, f"{path}[{key!r}]")
-            out[key] = ensure_json(item, f"{path}[{key!r}]")
-        return out
+    if isinstance(value, list | tuple | dict):
+        if depth > MAX_DEPTH:
+            raise InvalidJobArgument(
+                path, f"nests lists and dicts more than {MAX_DEPTH} deep (the limit every "
+                      "supported database's JSON holds)")
+        if isinstance(value, dict):
+            return _checked_dict(value, path, depth)
+        return [_checked(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
     raise InvalidJobArgument(
-        path, f"is a {type(value).__module__}.{type(value).__qualname__}, which does not "
+        path, f"is of type {type(value).__module__}.{type(value).__qualname__}, which does not "
         "round-trip through JSON; pass its JSON form (e.g. an id or an ISO string)")
+
+
+def _checked_dict(value: dict, path: str, depth: int) -> dict:
+    out = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise InvalidJobArgument(
+                f"{path}[{key!r}]",
+                f"is a key of type {type(key).__name__}, which JSON would turn into a string")
+        _text(key, f"{path}[{key!r}]")
+        out[key] = _checked(item, f"{path}[{key!r}]", depth + 1)
+    return out
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages about hostile input
+    (the repr of an int of 4,300+ digits raises ValueError; a megabyte string is no help)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, int) and value.bit_length() > 640:  # repr() raises past 4,300 digits
+        return f"an int of about {int(value.bit_length() * math.log10(2)) + 1:,} digits"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 -- a hostile __repr__
+        text = f"<{type(value).__qualname__}>"
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
+    return f"{text[:limit - 20]}...{size}"
 
 
 def _text(value: str, path: str) -> str:

@@ -11,7 +11,7 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from .conf import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
-from .query import JobQuerySet, WorkerQuerySet
+from .query import TASK_PATH_LENGTH, JobQuerySet, WorkerQuerySet
 from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
 
 
@@ -19,7 +19,7 @@ class Job(models.Model):
     """One call of a registered task. Lease fields are written only by JobQuerySet verbs."""
 
     queue_name = models.CharField(_("queue"), max_length=100, default="default")
-    task_path = models.CharField(_("task"), max_length=255)
+    task_path = models.CharField(_("task"), max_length=TASK_PATH_LENGTH)
     args = models.JSONField(_("args"), default=list, blank=True)
     kwargs = models.JSONField(_("kwargs"), default=dict, blank=True)
     # Higher runs first, as in django.tasks (-100..100).
@@ -28,6 +28,9 @@ class Job(models.Model):
         _("state"), max_length=10, choices=JobState.choices, default=JobState.PENDING
     )
 
+    # The caller's own run_after (Django Tasks' Task.run_after), kept as given: available_at
+    # starts there but moves with retries and releases. NULL: due at enqueue (or a delay).
+    run_after = models.DateTimeField(_("run after"), null=True, blank=True)
     # NULL: parked, waiting for a person to release (retry now) or cancel it.
     available_at = models.DateTimeField(_("available at"), db_default=Now(), null=True, blank=True)
     lease_seconds = models.FloatField(_("lease (s)"), default=DEFAULT_LEASE_SECONDS)

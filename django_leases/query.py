@@ -7,15 +7,17 @@ the database clock (``Now()``); no datetime computed in Python is ever compared 
 
 from __future__ import annotations
 
-import math
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import (
     IntegrityError,
+    OperationalError,
+    ProgrammingError,
     connections,
     models,
     router,
@@ -27,7 +29,7 @@ from django.utils import timezone
 
 from . import conf
 from .deadlocks import retry_deadlock_victims
-from .jsonsafe import ensure_json
+from .jsonsafe import ensure_json, shown
 from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
 
 if TYPE_CHECKING:
@@ -69,21 +71,53 @@ def _lease_end_by_job(claims: Iterable[Any], override: float | None) -> Any:
 
 
 def _aware(name: str, value: Any) -> datetime:
+    """``value`` in UTC, if it is an aware datetime within what every supported database
+    stores (conf.EARLIEST_TIME to conf.LATEST_TIME: MySQL's DATETIME range), else
+    InvalidLeaseOption."""
     from .exceptions import InvalidLeaseOption
 
     if not isinstance(value, datetime) or timezone.is_naive(value):
-        raise InvalidLeaseOption(name, f"must be an aware datetime, got {value!r}")
-    return value
+        raise InvalidLeaseOption(name, f"must be an aware datetime, got {shown(value)}")
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        utc = None
+    if utc is None or not conf.EARLIEST_TIME <= utc <= conf.LATEST_TIME:
+        raise InvalidLeaseOption(name, f"must lie from {conf.EARLIEST_TIME:%Y-%m-%d} to "
+                                       f"{conf.LATEST_TIME:%Y-%m-%d} (UTC), got {shown(value)}")
+    # In UTC: PostgreSQL refuses a UTC offset past 15:59, which Python allows.
+    return utc
 
 
 def _seconds(name: str, value: Any) -> float:
+    """A duration in seconds (a number or a timedelta) from 0 to conf.MAX_INTERVAL_SECONDS,
+    so that Now() plus it is a time every supported database stores."""
     from .exceptions import InvalidLeaseOption
 
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        raise InvalidLeaseOption(name, f"must be a finite number of seconds >= 0, got {value!r}")
+    # Compared as it is: math.isfinite() of an int past a float's range raises OverflowError.
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not 0 <= value <= conf.MAX_INTERVAL_SECONDS):
+        raise InvalidLeaseOption(name, f"must be from 0 to {conf.MAX_INTERVAL_DAYS:,} days "
+                                       f"({conf.MAX_INTERVAL_SECONDS:,} seconds), got {shown(value)}")
     return float(value)
+
+
+def _text_option(name: str, value: Any, longest: int) -> str:
+    """A name stored in a character column: 1 to ``longest`` characters, none that a
+    database refuses (PostgreSQL: NUL; any: a lone surrogate)."""
+    from .exceptions import InvalidLeaseOption
+
+    if not isinstance(value, str) or not 0 < len(value) <= longest:
+        raise InvalidLeaseOption(name, f"must be 1-{longest} characters, got {shown(value)}")
+    if "\x00" in value:
+        raise InvalidLeaseOption(name, "contains a NUL character, which PostgreSQL cannot store")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidLeaseOption(name, f"is not valid Unicode, got {shown(value)}") from None
+    return value
 
 
 def _count_if_expired() -> Case:
@@ -134,6 +168,10 @@ def _token_case(tokens: dict[Any, uuid.UUID]) -> Case:
 
 # -- enqueue: the options of one call, checked once ----------------------------------------
 
+# The length of Job.task_path (models.py uses it): a longer path would be refused by the
+# database, which would also abort the caller's transaction.
+TASK_PATH_LENGTH = 255
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EnqueueOptions:
@@ -154,21 +192,39 @@ class EnqueueOptions:
     unique_key: str | None = None
     on_duplicate: str = "refuse"
 
+    @classmethod
+    def of(cls, options: dict[str, Any]) -> EnqueueOptions:
+        """The options of a call given as keywords; an unknown one is a TypeError naming it,
+        as for any Python call, with the known ones."""
+        try:
+            return cls(**options)
+        except TypeError:
+            from dataclasses import fields
+
+            known = [f.name for f in fields(cls)]
+            unknown = sorted(str(name) for name in options if name not in known)
+            raise TypeError(f"enqueue() got unknown options {unknown}; use {', '.join(known)}") from None
+
     def check(self, task_path: str) -> JobFields:
         """The validated fields; raise InvalidLeaseOption naming the first bad option.
         Missing lease, attempts and age come from the backend OPTIONS."""
         from .exceptions import InvalidLeaseOption
         from .retry import Retry
 
-        if not isinstance(task_path, str) or not task_path:
-            raise InvalidLeaseOption("task_path", f"must be a dotted path, got {task_path!r}")
+        _text_option("task_path", task_path, TASK_PATH_LENGTH)
         self._check_choices()
         options = conf.get_options(None)
         lease = conf.validate_lease(
             options.lease_seconds if self.lease_seconds is None else self.lease_seconds, "lease_seconds")
         attempts = conf.validate_max_attempts(
             options.max_attempts if self.max_attempts is None else self.max_attempts, "max_attempts")
-        retry = None if self.retry is None else Retry.from_json(self.retry)
+        try:
+            retry = None if self.retry is None else Retry.from_json(self.retry)
+        except InvalidLeaseOption:
+            raise
+        except (TypeError, ValueError, OverflowError) as e:  # e.g. {"delays": 5}, {"base": 1, "cap": None, "x": ...}
+            raise InvalidLeaseOption("retry", f"is not a Retry, a list of delays or a dict of "
+                                              f"base/factor/cap/jitter: {e}") from None
         run_after = None if self.run_after is None else _aware("run_after", self.run_after)
         delay = None if self.delay is None else timedelta(seconds=_seconds("delay", self.delay))
         deadline = max_age = None
@@ -185,21 +241,20 @@ class EnqueueOptions:
         from .exceptions import InvalidLeaseOption
 
         queue, priority, key = self.queue_name, self.priority, self.unique_key
-        if not isinstance(queue, str) or not 0 < len(queue) <= 100:
-            raise InvalidLeaseOption("queue_name", f"must be 1-100 characters, got {queue!r}")
+        _text_option("queue_name", queue, 100)
         if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
-            raise InvalidLeaseOption("priority", f"must be a whole number from -100 to 100, got {priority!r}")
+            raise InvalidLeaseOption("priority", f"must be a whole number from -100 to 100, got {shown(priority)}")
         if self.run_after is not None and self.delay is not None:
             raise InvalidLeaseOption("run_after", "give run_after or delay, not both")
         if self.deadline is not None and self.max_age is not None:
             raise InvalidLeaseOption("deadline", "give deadline or max_age, not both")
         if self.on_lease_lost not in LeaseLostPolicy.values:
             raise InvalidLeaseOption(
-                "on_lease_lost", f"must be one of {LeaseLostPolicy.values}, got {self.on_lease_lost!r}")
+                "on_lease_lost", f"must be one of {LeaseLostPolicy.values}, got {shown(self.on_lease_lost)}")
         if self.on_duplicate not in ("refuse", "merge"):
-            raise InvalidLeaseOption("on_duplicate", f"must be 'refuse' or 'merge', got {self.on_duplicate!r}")
-        if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 200):
-            raise InvalidLeaseOption("unique_key", f"must be 1-200 characters, got {key!r}")
+            raise InvalidLeaseOption("on_duplicate", f"must be 'refuse' or 'merge', got {shown(self.on_duplicate)}")
+        if key is not None:
+            _text_option("unique_key", key, 200)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +282,7 @@ class JobFields:
         return {"task_path": self.task_path, "queue_name": self.queue_name, "priority": self.priority,
                 "lease_seconds": self.lease_seconds, "max_attempts": self.max_attempts,
                 "retry": self.retry_json(), "on_lease_lost": self.on_lease_lost,
-                "unique_key": self.unique_key}
+                "unique_key": self.unique_key, "run_after": self.run_after}
 
     def retry_json(self) -> dict[str, Any] | None:
         return None if self.retry is None else self.retry.to_json()
@@ -254,27 +309,90 @@ def _after_now(interval: timedelta) -> Any:
     return Now() + Value(interval)
 
 
+def checked_arguments(args: Any, kwargs: Any, path: str = "") -> tuple[list, dict]:
+    """JSON-safe copies of one call's ``args`` (a list or tuple) and ``kwargs`` (a dict with
+    str keys, or None); InvalidJobArgument names the argument, prefixed by ``path``."""
+    from .exceptions import InvalidJobArgument
+
+    if not isinstance(args, list | tuple):
+        # A string or a dict is iterable too, and list() would quietly store its characters
+        # or keys as the arguments.
+        raise InvalidJobArgument(f"{path}args", f"must be a list or tuple of arguments, got {shown(args)}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise InvalidJobArgument(f"{path}kwargs", f"must be a dict of keyword arguments, got {shown(kwargs)}")
+    return ensure_json(args, f"{path}args"), ensure_json(kwargs or {}, f"{path}kwargs")
+
+
 def _checked_calls(calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
-                   batch_size: int | None = None) -> list[tuple[list, dict]]:
+                   batch_size: int | None = None,
+                   fits: Callable[[list, dict, str], None] | None = None) -> list[tuple[list, dict]]:
     """Every call's (args, kwargs) as JSON-safe copies; InvalidJobArgument names the call.
-    A ``batch_size`` that bulk_create would refuse is refused first."""
+    A ``batch_size`` that bulk_create would refuse is refused first. ``fits(args, kwargs,
+    path)`` may refuse a call's checked arguments too (the backend: the task's signature)."""
     from .exceptions import InvalidJobArgument
 
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                    or batch_size < 1):
         raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    if isinstance(calls, str | bytes | dict) or not isinstance(calls, Iterable):
+        raise InvalidJobArgument("calls", f"must be an iterable of (args, kwargs) pairs, got {shown(calls)}")
     checked = []
-    for i, (args, kwargs) in enumerate(calls):
-        try:
-            checked.append((ensure_json(list(args), "args"), ensure_json(dict(kwargs or {}), "kwargs")))
-        except InvalidJobArgument as e:
-            raise InvalidJobArgument(f"calls[{i}].{e.path}", e.reason) from e
+    for i, call in enumerate(calls):
+        if not isinstance(call, list | tuple) or len(call) != 2:
+            raise InvalidJobArgument(f"calls[{i}]", f"must be an (args, kwargs) pair, got {shown(call)}")
+        checked.append(checked_arguments(*call, path=f"calls[{i}]."))
+        if fits is not None:
+            fits(*checked[-1], f"calls[{i}].")
     return checked
+
+
+def check_queue(queue_name: Any, db: str) -> None:
+    """Refuse (InvalidLeaseOption naming ``queue_name``) a queue that no lease backend on
+    ``db`` accepts: no worker could serve its jobs (run_lease_worker serves only its
+    backend's QUEUES)."""
+    from .exceptions import InvalidLeaseOption
+
+    allowed = conf.queues_served_on(db)
+    if allowed is not None and queue_name not in allowed:
+        raise InvalidLeaseOption(
+            "queue_name", f"{shown(queue_name)} is not in the QUEUES of the task backends on database "
+                          f"{db!r} ({', '.join(sorted(allowed))}), so no worker would serve it")
+
+
+# What each database says when a table or column a migration adds is missing: PostgreSQL's
+# SQLSTATEs, MySQL's error numbers, SQLite's words.
+_PG_UNDEFINED = {"42P01", "42703"}
+_MYSQL_UNDEFINED = {1146, 1054}
+_SQLITE_UNDEFINED = ("no such table", "no such column", "has no column named")
+
+
+@contextmanager
+def migrated(model: Any, db: str) -> Iterator[None]:
+    """Turn the database's "no such table/column" into the same error saying what to run."""
+    try:
+        yield
+    except (ProgrammingError, OperationalError) as e:
+        cause = e.__cause__
+        undefined = (getattr(cause, "sqlstate", None) in _PG_UNDEFINED
+                     or (connections[db].vendor == "mysql" and e.args and e.args[0] in _MYSQL_UNDEFINED)
+                     or any(words in str(e) for words in _SQLITE_UNDEFINED))
+        if not undefined:
+            raise
+        raise type(e)(
+            f"The job table {model._meta.db_table!r} is missing or out of date on database "
+            f"{db!r} ({str(e).strip().splitlines()[0]}): run `python manage.py migrate django_leases "
+            f"--database {db}`."
+        ) from e
 
 
 def insert_job(model: Any, db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job:
     """Insert one job of checked ``fields`` and JSON-safe arguments (see JobQuerySet.enqueue);
     a held unique key is refused (DuplicateJob) or merged per ``fields.on_duplicate``."""
+    with migrated(model, db):
+        return _insert_job(model, db, fields, args, kwargs)
+
+
+def _insert_job(model: Any, db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job:
     insert = _pg_insert_one if _pg(db) else _insert_one
     if fields.unique_key is None:
         return insert(model, db, fields, args, kwargs)
@@ -300,21 +418,26 @@ def insert_jobs(model: Any, db: str, fields: JobFields,
     """Insert one job per call, all or none, ``batch_size`` rows per INSERT (see
     JobQuerySet.enqueue_many); every call is checked before the first INSERT."""
     checked = _checked_calls(calls, batch_size)
-    if not _pg(db):
-        return _insert_many(model, db, fields, checked, batch_size)
-    return _saved_jobs(model, db, fields, checked, _pg_insert_many(model, db, fields, checked, batch_size))
+    with migrated(model, db):
+        if not _pg(db):
+            return _insert_many(model, db, fields, checked, batch_size)
+        return _saved_jobs(model, db, fields, checked, _pg_insert_many(model, db, fields, checked, batch_size))
 
 
 def insert_job_rows(model: Any, db: str, fields: JobFields,
                     calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
-                    batch_size: int | None) -> list[tuple[Any, datetime, list, dict]]:
+                    batch_size: int | None,
+                    fits: Callable[[list, dict, str], None] | None = None) -> list[tuple[Any, datetime, list, dict]]:
     """insert_jobs(), answering (id, enqueued_at, args, kwargs) for each job: what a
     TaskResult needs. On PostgreSQL no model instance is built, which is most of the time
-    a bulk enqueue of thousands of jobs would otherwise take."""
-    checked = _checked_calls(calls, batch_size)
-    if not _pg(db):
-        return [(j.pk, j.enqueued_at, j.args, j.kwargs) for j in _insert_many(model, db, fields, checked, batch_size)]
-    rows = _pg_insert_many(model, db, fields, checked, batch_size)
+    a bulk enqueue of thousands of jobs would otherwise take. ``fits`` as for
+    _checked_calls."""
+    checked = _checked_calls(calls, batch_size, fits)
+    with migrated(model, db):
+        if not _pg(db):
+            return [(j.pk, j.enqueued_at, j.args, j.kwargs)
+                    for j in _insert_many(model, db, fields, checked, batch_size)]
+        rows = _pg_insert_many(model, db, fields, checked, batch_size)
     return [(row[0], row[1], args, kwargs) for (args, kwargs), row in zip(checked, rows, strict=True)]
 
 
@@ -416,10 +539,11 @@ class JobQuerySet(models.QuerySet):
         ``unique_key``, a second pending or claimed job with the same key is refused
         (DuplicateJob) or, with ``on_duplicate="merge"``, the existing job is returned instead.
         """
-        args = ensure_json(list(args), "args")
-        kwargs = ensure_json(dict(kwargs or {}), "kwargs")
-        fields = EnqueueOptions(**options).check(task_path)
-        return insert_job(self.model, self._db or router.db_for_write(self.model), fields, args, kwargs)
+        args, kwargs = checked_arguments(args, kwargs)
+        fields = EnqueueOptions.of(options).check(task_path)
+        db = self._db or router.db_for_write(self.model)
+        check_queue(fields.queue_name, db)
+        return insert_job(self.model, db, fields, args, kwargs)
 
     def enqueue_many(
         self,
@@ -440,8 +564,9 @@ class JobQuerySet(models.QuerySet):
 
         if "unique_key" in options:
             raise InvalidLeaseOption("unique_key", "enqueue_many() takes no unique_key; use enqueue()")
-        fields = EnqueueOptions(**options).check(task_path)
+        fields = EnqueueOptions.of(options).check(task_path)
         db = self._db or router.db_for_write(self.model)
+        check_queue(fields.queue_name, db)
         return insert_jobs(self.model, db, fields, calls, batch_size)
 
     # -- the claim and its owner's writes ----------------------------------------------
@@ -1066,7 +1191,7 @@ def _pg_json(value: Any) -> str | None:
 
 _PG_ENQUEUE = """
 INSERT INTO {job} (task_path, queue_name, priority, lease_seconds, max_attempts, retry,
-                   on_lease_lost, unique_key, available_at, deadline,
+                   on_lease_lost, unique_key, run_after, available_at, deadline,
                    state, fence, attempts, leases_lost, claimed_by, dead_reason, args, kwargs)
 {rows}
 {on_conflict}RETURNING id, enqueued_at, available_at, deadline, active_key
@@ -1075,7 +1200,7 @@ INSERT INTO {job} (task_path, queue_name, priority, lease_seconds, max_attempts,
 # caller's own time or the database clock plus an interval, the model's defaults.
 _PG_SHARED = """%(task_path)s::varchar, %(queue_name)s::varchar, %(priority)s::smallint,
     %(lease_seconds)s::float8, %(max_attempts)s::integer, %(retry)s::jsonb,
-    %(on_lease_lost)s::varchar, %(unique_key)s::varchar,
+    %(on_lease_lost)s::varchar, %(unique_key)s::varchar, %(run_after)s::timestamptz,
     COALESCE(%(run_after)s::timestamptz, statement_timestamp() + %(delay)s::interval),
     COALESCE(%(deadline)s::timestamptz, statement_timestamp() + %(max_age)s::interval),
     'pending', 0, 0, 0, '', ''"""

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.tasks import Task, TaskContext
+from django.tasks.exceptions import InvalidTask
 
 if TYPE_CHECKING:
     from .api import JobHandle
@@ -54,6 +55,51 @@ class LeaseTask(Task):
         if unknown:
             raise TypeError(f"using_lease() got unknown options {sorted(unknown)}; use {sorted(allowed)}")
         return replace(self, **changes)
+
+
+def _not_runnable(*args: Any, **kwargs: Any) -> Any:
+    raise InvalidTask("This stands in for a task this process does not declare; it cannot run.")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UndeclaredTask(LeaseTask):
+    """What ``get_result()`` puts on a result whose job names a task this process does not
+    declare (after importing every module the project lists), so that the result can
+    still be read. ``module_path`` is the path the job names; the stand-in cannot be
+    enqueued or called, and is never declared, so no worker runs it."""
+
+    func: Any = _not_runnable
+    path: str = ""
+
+    def __post_init__(self) -> None:
+        """Not validated, so never declared to the registry."""
+
+    @property
+    def module_path(self) -> str:
+        return self.path
+
+    @property
+    def name(self) -> str:
+        return self.path.rpartition(".")[2]
+
+    def _refuse(self) -> InvalidTask:
+        return InvalidTask(f"{self.path!r} is not a task declared for backend {self.backend!r}; "
+                           "this result's task can be read, not enqueued or called.")
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse()
+
+    async def aenqueue(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse()
+
+    def enqueue_many(self, calls: Any) -> list[Any]:
+        raise self._refuse()
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse()
+
+    async def acall(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -109,6 +109,14 @@ TASKS = {
         "QUEUES": ["bulk"],
         "OPTIONS": {"DATABASE": "queue", "LEASE_SECONDS": 30},
     },
+    # Any queue name on "default" (QUEUES: [] in Django's terms). Job.objects.enqueue()
+    # refuses a queue no backend on its database accepts; the manager's own tests claim
+    # jobs in queues of their own (tests/test_enqueue_hostile.py tests the refusal).
+    "any_queue": {
+        "BACKEND": "django_leases.backends.LeaseBackend",
+        "QUEUES": [],
+        "OPTIONS": {"LEASE_SECONDS": 30},
+    },
 }
 LOGGING = {
     "version": 1,

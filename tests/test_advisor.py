@@ -30,7 +30,7 @@ ADVISOR = "/admin/django_leases/job/advisor/"
 
 def db_now():
     """One reading of the database clock, to anchor seeded stamps on."""
-    job = Job.objects.enqueue(ADD, [0, 0], queue_name="clock")
+    job = Job.objects.enqueue(ADD, [0, 0])
     now = Job.objects.filter(pk=job.pk).annotate(now=Now()).values_list("now", flat=True).get()
     job.delete()
     return now

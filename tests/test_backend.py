@@ -103,11 +103,19 @@ def test_unknown_result_id_raises_does_not_exist():
 
 
 def test_a_row_naming_an_undeclared_function_is_never_imported():
-    """The registry, not the row, decides what code runs."""
-    job = Job.objects.enqueue("tests.testapp.tasks.not_a_task", [])
+    """The registry, not the row, decides what code runs: the result still reads, with a
+    stand-in task that names the path and can neither be enqueued nor called."""
+    job = Job.objects.enqueue("tests.testapp.tasks.not_a_task", [7], queue_name="emails", priority=3)
     assert registry.lookup("default", "tests.testapp.tasks.not_a_task") is None
+    result = task_backends["default"].get_result(str(job.pk))
+    assert (result.status, result.args, result.task.module_path) == (
+        TaskResultStatus.READY, [7], "tests.testapp.tasks.not_a_task")
+    assert (result.task.queue_name, result.task.priority, result.task.backend) == ("emails", 3, "default")
     with pytest.raises(InvalidTask, match="not a task declared"):
-        task_backends["default"].get_result(str(job.pk))
+        result.task.enqueue(7)
+    with pytest.raises(InvalidTask, match="not a task declared"):
+        result.task.call(7)
+    assert registry.lookup("default", "tests.testapp.tasks.not_a_task") is None
     assert "tests.testapp.tasks.add" in registry.declared("default")
 
 
@@ -326,3 +334,70 @@ def test_using_lease_gives_django_tasks_jobs_a_deadline_a_max_age_and_merging():
                        ({"deadline": when.replace(tzinfo=None)}, "deadline")):
         with pytest.raises(InvalidTask, match=named):
             add.using_lease(**bad)
+
+
+# -- issue 15.1: the task read back is the task enqueued ---------------------------------
+
+
+ROUND_TRIP = ("run_after", "priority", "queue_name", "backend", "takes_context")
+
+
+def _task_fields(task):
+    return {name: getattr(task, name) for name in ROUND_TRIP}
+
+
+@pytest.mark.django_db(databases=["default", "queue"])
+def test_get_result_gives_back_the_task_as_enqueue_was_given_it():
+    """run_after, priority, queue_name, backend and takes_context of the task read back
+    (get_result, aget_result, refresh) equal those enqueue() was given."""
+    from asgiref.sync import async_to_sync
+
+    from tests.testapp.tasks import bulk_add, with_context
+
+    later = timezone.now() + timedelta(hours=3)
+    results = [
+        send_receipt.using(run_after=later, priority=-7).enqueue(1),
+        add.using(queue_name="reports").enqueue(1, 2),
+        with_context.using(run_after=later).enqueue("k"),
+        bulk_add.using(run_after=later, priority=100).enqueue(1, 2),
+        *send_receipt.using(run_after=later).enqueue_many([((2,), {}), ((3,), {})]),
+    ]
+    for result in results:
+        backend = task_backends[result.backend]
+        again = backend.get_result(result.id)
+        assert _task_fields(again.task) == _task_fields(result.task), result.task
+        assert _task_fields(async_to_sync(backend.aget_result)(result.id).task) == _task_fields(result.task)
+        assert again.task.func is result.task.func
+    assert _task_fields(results[0].task)["run_after"] == later
+
+
+def test_run_after_survives_a_retry_that_moves_the_due_time():
+    """available_at moves with each retry; the task's run_after stays the caller's."""
+    earlier = timezone.now() - timedelta(minutes=5)
+    result = send_receipt.using(run_after=earlier).enqueue(4)
+    [claim] = Job.objects.claim("w-retry", ["emails"])
+    assert Job.objects.fail(claim, message="once", retry_in=600)
+    job = Job.objects.get(pk=int(result.id))
+    assert job.available_at > earlier + timedelta(minutes=9)
+    again = send_receipt.get_result(result.id)
+    assert (again.status, again.task.run_after) == (TaskResultStatus.READY, earlier)
+
+
+def test_tasks_count_as_found_where_workers_import_them():
+    """An app's tasks module, a submodule of a tasks package, or a TASK_MODULES entry (and
+    its submodules); not a sibling module that only starts with the same name."""
+    from types import SimpleNamespace
+
+    from django.test import override_settings
+
+    def declared_in(module):
+        return SimpleNamespace(func=SimpleNamespace(__module__=module))
+
+    assert registry.is_discovered(declared_in("tests.testapp.tasks"))
+    assert registry.is_discovered(declared_in("tests.testapp.tasks.emails"))
+    assert not registry.is_discovered(declared_in("tests.testapp.tasks_old"))
+    assert not registry.is_discovered(declared_in("tests.testapp.jobs"))
+    with override_settings(TASKS={"default": {"BACKEND": "django_leases.backends.LeaseBackend",
+                                              "OPTIONS": {"TASK_MODULES": ["tests.testapp.jobs"]}}}):
+        assert registry.is_discovered(declared_in("tests.testapp.jobs"))
+        assert registry.is_discovered(declared_in("tests.testapp.jobs.nightly"))

@@ -40,6 +40,9 @@ def ids(options):
          "QUEUE_OPTIONS['reports']['LEASE_SECONDS']"),
         ({"QUEUE_OPTIONS": {"reports": {"LEASE": 60}}}, "django_leases.E012",
          "QUEUE_OPTIONS['reports']['LEASE']"),
+        ({"TASK_MODULES": "shop.jobs"}, "django_leases.E016", "TASK_MODULES"),
+        ({"TASK_MODULES": ["tests.testapp.no_such_module"]}, "django_leases.E016", "TASK_MODULES"),
+        ({"TASK_MODULES": [""]}, "django_leases.E016", "TASK_MODULES"),
     ],
 )
 def test_each_bad_option_is_an_error_with_its_own_id_naming_the_option(options, check_id, named):
@@ -108,3 +111,39 @@ def test_sqlite_without_immediate_transactions_is_warned_about():
         connection.settings_dict["OPTIONS"]["transaction_mode"] = saved
     assert isinstance(message, Warning) and message.id == "django_leases.W001"
     assert check_database("default", "default") == []
+
+
+def test_a_backend_configured_without_the_app_installed_is_an_error_with_a_hint():
+    """Issue 15.2: the app's ready() does not run then, so the error comes through the
+    backend's check(), which Django's tasks checks call; enqueue() says the same."""
+    from django.conf import settings
+    from django.core.checks import run_checks
+    from django.core.exceptions import ImproperlyConfigured
+    from django.tasks import task_backends
+
+    from tests.testapp.tasks import add
+
+    apps_without = [app for app in settings.INSTALLED_APPS if app != "django_leases"]
+    with override_settings(INSTALLED_APPS=apps_without):
+        [error] = task_backends["default"].check()
+        assert error.id == "django_leases.E017" and "INSTALLED_APPS" in error.msg
+        assert "Add 'django_leases' to INSTALLED_APPS" in error.hint
+        assert "django_leases.E017" in [m.id for m in run_checks()]
+        with pytest.raises(ImproperlyConfigured, match="add 'django_leases' to INSTALLED_APPS"):
+            add.enqueue(1, 2)
+    assert not [m for m in task_backends["default"].check() if m.id == "django_leases.E017"]
+
+
+def test_tasks_declared_where_no_worker_looks_are_listed_with_the_fix():
+    """Issue 15.3: a @task in tests/testapp/jobs.py, a module neither an app's tasks module
+    nor in TASK_MODULES, is an error naming the task and the setting that fixes it."""
+    from django.tasks import task_backends
+
+    from tests.testapp.jobs import shipped
+
+    [error] = [m for m in task_backends["default"].check() if m.id == "django_leases.E018"]
+    assert shipped.module_path in error.msg
+    assert "TASKS['default']['OPTIONS']['TASK_MODULES']" in error.hint and "'tests.testapp.jobs'" in error.hint
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"],
+                                              "OPTIONS": {"TASK_MODULES": ["tests.testapp.jobs"]}}}):
+        assert [m.id for m in task_backends["default"].check() if m.id == "django_leases.E018"] == []

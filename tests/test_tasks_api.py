@@ -7,7 +7,12 @@ Invariants (design.md): (1) one clock, (2) rowcount is ownership, (3) nothing is
 
 from __future__ import annotations
 
+import copy
+import json
+import os
 import signal
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -29,7 +34,7 @@ from tests.testapp.tasks import (
     signalled,
     with_context,
 )
-from tests.worker_helpers import Workers, wait_for
+from tests.worker_helpers import ROOT, Workers, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -296,3 +301,101 @@ def test_enqueue_on_commit_writes_nothing_when_the_caller_rolls_back():
         assert not Job.objects.using("queue").exists()
     assert Job.objects.using("queue").count() == 1
 
+
+
+# -- 10. options the worker processes share: TASK_MODULES, MAX_ATTEMPTS ------------------
+
+OPTIONS_SETTINGS = "--settings=tests.testapp.options_settings"
+TASK_MODULES = {"TASK_MODULES": ["tests.testapp.jobs"]}
+# A process that only reads results (a status page): it never imports a task module itself.
+READER = """
+import json, sys
+import django
+django.setup()
+from django.tasks import task_backends
+result = task_backends["default"].get_result(sys.argv[1])
+print(json.dumps({"status": result.status, "task": result.task.module_path,
+                  "type": type(result.task).__name__, "errors": len(result.errors),
+                  "value": result.return_value if result.status == "SUCCESSFUL" else None,
+                  "imported": "tests.testapp.jobs" in sys.modules}))
+"""
+
+
+def with_options(settings, **options) -> None:
+    """The default backend's OPTIONS in this process, as options_settings gives workers."""
+    tasks = copy.deepcopy(settings.TASKS)
+    tasks["default"]["OPTIONS"].update(options)
+    settings.TASKS = tasks
+
+
+def read_elsewhere(result_id, options=None, env_extra=None) -> dict:
+    """get_result() in a fresh process of the project, with OPTIONS ``options``."""
+    from django.db import connection
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.testapp.options_settings",
+           "LEASES_WORKER_DB_NAME": connection.settings_dict["NAME"], "PYTHONPATH": str(ROOT),
+           "LEASES_TEST_OPTIONS": json.dumps(options or {}), **(env_extra or {})}
+    done = subprocess.run([sys.executable, "-c", READER, str(result_id)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_tasks_listed_in_task_modules_run_and_read_back_in_any_process(workers, settings, tmp_path, isolation):
+    """Issue 15.3. A @task in tests/testapp/jobs.py: a row for it is dead-lettered by a
+    worker that does not list the module, with the fix in the message; with TASK_MODULES
+    the worker runs it (and the requeued dead one). A process that only reads results
+    gets them whatever it imported: the declared modules are imported for it, and a task
+    nobody declares reads with a stand-in; the row's own path is never imported (3). In
+    process isolation the handler's child process finds the task the same way."""
+    from tests.testapp.jobs import shipped
+
+    written = Job.objects.enqueue("tests.testapp.jobs.shipped", [8])
+    w = workers.start("no-modules", *FAST, "--burst", ready=False)
+    assert w.wait_exit(SETTLE) == 0
+    written.refresh_from_db()
+    assert written.state == "dead"
+    message = written.failures.get().message
+    assert "TASK_MODULES" in message and "requeue" in message, message
+
+    with_options(settings, **TASK_MODULES)
+    result = shipped.enqueue(7)
+    Job.objects.filter(pk=written.pk).requeue()
+    w = workers.start("with-modules", *FAST, "--burst", "--isolation", isolation, OPTIONS_SETTINGS, ready=False,
+                      env_extra={"LEASES_TEST_OPTIONS": json.dumps(TASK_MODULES)})
+    assert w.wait_exit(SETTLE) == 0
+    assert finished(result).return_value == "shipped 7"
+    assert Job.objects.get(pk=written.pk).result == "shipped 8"
+
+    assert read_elsewhere(result.id, TASK_MODULES) == {
+        "status": "SUCCESSFUL", "task": "tests.testapp.jobs.shipped", "type": "LeaseTask",
+        "errors": 0, "value": "shipped 7", "imported": True}
+    assert read_elsewhere(result.id) == {
+        "status": "SUCCESSFUL", "task": "tests.testapp.jobs.shipped", "type": "UndeclaredTask",
+        "errors": 0, "value": "shipped 7", "imported": False}
+    trap = tmp_path / "trap-imported"
+    stray = Job.objects.enqueue("tests.testapp.trap.explode", [])
+    assert read_elsewhere(stray.pk, TASK_MODULES, {"LEASES_TRAP": str(trap)}) == {
+        "status": "READY", "task": "tests.testapp.trap.explode", "type": "UndeclaredTask",
+        "errors": 0, "value": None, "imported": True}
+    assert not trap.exists()
+
+
+def test_max_attempts_1_gives_the_semantics_of_djangos_own_backends(workers, settings):
+    """Issue 15.6, as docs/django-tasks.md ("Coming from another backend") says: with the
+    default MAX_ATTEMPTS (5) a task that raised is READY again, its error recorded, waiting
+    for its retry; with MAX_ATTEMPTS 1 it is FAILED after one attempt with one error, as
+    Django's built-in backends and django-tasks-db leave it (3)."""
+    retried = boom.enqueue()
+    with_options(settings, MAX_ATTEMPTS=1)
+    once = boom.enqueue()
+    w = workers.start("django-semantics", *FAST, "--burst", OPTIONS_SETTINGS, ready=False,
+                      env_extra={"LEASES_TEST_OPTIONS": json.dumps({"MAX_ATTEMPTS": 1})})
+    assert w.wait_exit(SETTLE) == 0
+    failed = boom.get_result(once.id)
+    assert (failed.status, failed.attempts, len(failed.errors)) == (TaskResultStatus.FAILED, 1, 1)
+    assert failed.errors[0].exception_class is ValueError and "boom" in failed.errors[0].traceback
+    again = boom.get_result(retried.id)
+    assert (again.status, again.attempts, len(again.errors)) == (TaskResultStatus.READY, 1, 1)
+    assert again.finished_at is None

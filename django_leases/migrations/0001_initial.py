@@ -45,6 +45,7 @@ class Migration(migrations.Migration):
                 ('priority', models.SmallIntegerField(default=0, verbose_name='priority')),
                 ('state', models.CharField(choices=[('pending', 'Pending'), ('claimed', 'Claimed'), ('succeeded', 'Succeeded'), ('dead', 'Dead'), ('cancelled', 'Cancelled')], default='pending', max_length=10, verbose_name='state')),
                 ('available_at', models.DateTimeField(blank=True, db_default=django.db.models.functions.datetime.Now(), null=True, verbose_name='available at')),
+                ('run_after', models.DateTimeField(blank=True, null=True, verbose_name='run after')),
                 ('lease_seconds', models.FloatField(default=30.0, verbose_name='lease (s)')),
                 ('lease_expires_at', models.DateTimeField(blank=True, null=True, verbose_name='lease expires at')),
                 ('claim_token', models.UUIDField(blank=True, null=True, verbose_name='claim token')),

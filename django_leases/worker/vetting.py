@@ -1,6 +1,7 @@
 """What a claimed row must say before its handler is called.
 
-Rows enqueued through the backend always pass. These checks catch rows written straight into
+Rows enqueued through the backend always pass (enqueue() refuses a task declared where
+workers do not look). These checks catch rows written straight into
 the table, or by an older deploy whose task took other arguments: such a row could never
 succeed, so it ends dead at once with a message naming the field, instead of spending every
 attempt on the same error or breaking the worker loop.
@@ -18,8 +19,11 @@ INVALID_ARGUMENT = "django_leases.exceptions.InvalidJobArgument"
 def unrunnable(job: Any, task: Any, alias: str) -> tuple[str, str] | None:
     """(exception class path, message) when ``job`` cannot be run as ``task``; else None."""
     if task is None:
-        return UNKNOWN_TASK, (f"{job.task_path!r} is not a task declared for backend {alias!r}; "
-                              "its dotted path is never imported on a row's say-so")
+        return UNKNOWN_TASK, (
+            f"{job.task_path!r} is not a task declared for backend {alias!r}; its dotted path is "
+            "never imported on a row's say-so. If it is a @task, declare it in an installed "
+            f"app's tasks module or list its module in TASKS[{alias!r}]['OPTIONS']['TASK_MODULES'], "
+            "then restart the workers and requeue the job.")
     if not isinstance(job.args, list):
         return INVALID_ARGUMENT, f"args: must be a JSON array, the row holds {_shown(job.args)}"
     if not isinstance(job.kwargs, dict):

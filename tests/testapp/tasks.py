@@ -403,3 +403,12 @@ async def raise_cancelled() -> None:
     import asyncio
 
     raise asyncio.CancelledError("cancelled by the handler's own code")
+
+
+# -- tasks for the hostile-enqueue tests (tests/test_enqueue_hostile.py) -----------------
+
+
+@task
+def echo(*args, **kwargs) -> dict:
+    """Take any arguments and give them back."""
+    return {"args": list(args), "kwargs": kwargs}
