@@ -22,6 +22,7 @@ from typing import Any
 
 from django.db import connections
 
+from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .claims import RELEASING, Claim, Outcome
 from .running import run_task
 
@@ -56,8 +57,7 @@ class _Slots:
             try:
                 outcome = self.execute(claim, task)
             except BaseException as e:  # noqa: BLE001 -- a slot must never die silently
-                outcome = Outcome("error", exception_class_path=type(e).__qualname__,
-                                  message=f"worker error while running the handler: {e}")
+                outcome = _worker_error(e, "while running the handler")
             claim.exited.set()
             _drop_broken_connections()
             self._done(claim, outcome)
@@ -140,6 +140,8 @@ class ProcessExecutor(_Slots):
                     message = conn.recv()
                 except (EOFError, OSError):
                     message = None
+                except Exception as e:  # noqa: BLE001 -- e.g. an outcome that cannot be unpickled
+                    message = ("done", _worker_error(e, "reading the handler's outcome"))
                 if message is not None and message[0] == "done":
                     outcome = message[1]
                 if message is None and not process.is_alive():
@@ -169,6 +171,11 @@ class ProcessExecutor(_Slots):
             return Outcome("error", exception_class_path="django_leases.exceptions.HandlerDied",
                            message=f"handler process exited with code {process.exitcode} "
                                    "before returning")
+        if (outcome.kind == "error" and outcome.exception_class_path == "builtins.KeyboardInterrupt"
+                and self._stopping()):
+            # Ctrl-C reached the whole process group and a handler that had put Python's
+            # SIGINT handler back: the worker's stop, not the job's failure.
+            return Outcome("stopped", message="handler interrupted while the worker stopped")
         return outcome
 
     def _died_of_stopping(self, process: Any) -> bool:
@@ -207,6 +214,13 @@ class SharedFlag:
                 return False
             threading.Event().wait(left)
         return True
+
+
+def _worker_error(exc: BaseException, doing: str) -> Outcome:
+    """The failed outcome of the worker's own error ``doing`` something for a job."""
+    path, message, trace = describe_exception(exc)
+    return Outcome("error", exception_class_path=path, traceback=trace,
+                   message=storable_text(f"worker error {doing}: {message}", MESSAGE_LIMIT))
 
 
 def _kill(process: Any) -> None:

@@ -13,17 +13,23 @@ import queue
 import random
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
-from django.db import connections
+from django.db import OperationalError, connections
 
 from .. import registry
-from ..exceptions import InvalidJobArgument
-from ..jsonsafe import ensure_json
 from ..states import FailureKind
+from ..storable import (
+    CLASS_PATH_LIMIT,
+    MESSAGE_LIMIT,
+    ascii_text,
+    class_path,
+    storable_text,
+)
 from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
 from .executors import KILL_GRACE_SECONDS, ProcessExecutor, ThreadExecutor
-from .heartbeat import DB_ERRORS, Heartbeat, Watchdog
+from .heartbeat import DB_ERRORS, Heartbeat, Watchdog, refused_by_database
 from .listener import Listener
 from .running import task_context
 from .shutdown import StopRequest
@@ -36,6 +42,9 @@ logger = logging.getLogger("django_leases.worker")
 # How long thread-isolated handlers told to stop at release may take to return before
 # their jobs are released anyway (a thread cannot be killed; it ends with the process).
 RELEASE_NOTICE_SECONDS = 1.0
+# How many times one claim's ack or fail may fail over a connection that still answers
+# (not an outage, then) before the database counts as refusing it.
+WRITE_STRIKES = 3
 
 
 def default_worker_id() -> str:
@@ -269,18 +278,14 @@ class Worker:
             if outcome.kind == "stopped":
                 stopped.append(claim)
             elif outcome.kind == "ok":
-                try:
-                    oks.append((claim, ensure_json(outcome.result, "result")))
-                except InvalidJobArgument as e:
-                    others.append((claim, Outcome(
-                        "bad_result", exception_class_path="django_leases.exceptions.InvalidJobArgument",
-                        message=f"the handler returned a value JSON cannot hold: {e}")))
+                # Plain JSON within the limits: run_task checked it on the handler's side.
+                oks.append((claim, outcome.result))
             else:
                 others.append((claim, outcome))
         try:
             if oks:
-                self._ack(oks)
-                oks = []  # sent: not to be sent again if a later write fails
+                # Takes each from oks once sent; a result the database refuses joins others.
+                self._ack(oks, others)
             while others:
                 self._fail(*others[0])
                 others.pop(0)
@@ -309,32 +314,77 @@ class Worker:
                        "(%s)", claim.pk, claim.job.fence, self.worker_id,
                        claim.lost_reason or "handler stopped on LeaseLost")
 
-    def _ack(self, oks: list[tuple[Claim, Any]]) -> None:
+    def _ack(self, oks: list[tuple[Claim, Any]], others: list[tuple[Claim, Outcome]]) -> None:
+        """Acknowledge ``oks``, taking each from the list once its statement went through.
+        A result the database refuses (a DataError, a constraint) fails that attempt
+        instead, appended to ``others``; connection trouble raises, the unsent left in oks."""
         manager = self.Job.objects.using(self.database)
-        if len(oks) == 1:
-            claim, result = oks[0]
-            acked = {claim.pk} if manager.ack(claim.job, result) else set()
-        else:
-            acked = manager.ack_many([(c.job, r) for c, r in oks])
-        for claim, _ in oks:
-            self.book.forget(claim)
-            if claim.pk in acked:
-                logger.info("Acked job=%s fence=%s worker=%s", claim.pk, claim.job.fence,
-                            self.worker_id)
+        if len(oks) > 1:
+            try:
+                acked = manager.ack_many([(c.job, r) for c, r in oks])
+            except DB_ERRORS as e:
+                if not self._refused(e):
+                    raise
+                logger.warning("Ack of %d jobs refused worker=%s error=%s; acknowledging them "
+                               "one by one", len(oks), self.worker_id, _first_line(e))
             else:
-                logger.warning("Ack rejected job=%s fence=%s worker=%s: the claim was lost "
-                               "before the ack; result discarded", claim.pk, claim.job.fence,
-                               self.worker_id)
+                for claim, _ in oks:
+                    self._log_ack(claim, claim.pk in acked)
+                oks.clear()
+                return
+        while oks:
+            claim, result = oks[0]
+            try:
+                self._log_ack(claim, manager.ack(claim.job, result))
+            except DB_ERRORS as e:
+                if not self._refused(e, claim):
+                    raise
+                logger.warning("Ack refused job=%s fence=%s worker=%s error=%s; failing the "
+                               "attempt instead", claim.pk, claim.job.fence, self.worker_id,
+                               _first_line(e))
+                claim.write_strikes = 0
+                others.append((claim, _refusal(e, "the database refused the result")))
+            oks.pop(0)
+
+    def _log_ack(self, claim: Claim, acked: bool) -> None:
+        self.book.forget(claim)
+        if acked:
+            logger.info("Acked job=%s fence=%s worker=%s", claim.pk, claim.job.fence,
+                        self.worker_id)
+        else:
+            logger.warning("Ack rejected job=%s fence=%s worker=%s: the claim was lost "
+                           "before the ack; result discarded", claim.pk, claim.job.fence,
+                           self.worker_id)
 
     def _fail(self, claim: Claim, outcome: Outcome) -> None:
-        unrunnable = outcome.kind in ("unrunnable", "bad_result")
-        ok = self.Job.objects.using(self.database).fail(
-            claim.job, exception_class_path=outcome.exception_class_path,
-            message=outcome.message, traceback=outcome.traceback,
-            # The delay before the next attempt is the job's own retry ladder (query.py).
-            retry=outcome.retryable and not unrunnable,
-            kind=FailureKind.UNRUNNABLE if outcome.kind == "unrunnable" else FailureKind.EXCEPTION,
-        )
+        """Record the failed attempt. Should the database refuse the record, a minimal one
+        in ASCII ends the attempt; should it refuse that too, the claim is dropped and its
+        lease runs out (the next claim records the attempt as expired)."""
+        try:
+            ok = self._record_failure(claim, outcome)
+        except DB_ERRORS as e:
+            if not self._refused(e, claim):
+                raise
+            logger.warning("Failure record refused job=%s fence=%s worker=%s error=%s; "
+                           "recording a minimal one", claim.pk, claim.job.fence,
+                           self.worker_id, _first_line(e))
+            minimal = replace(
+                outcome, traceback="",
+                exception_class_path=ascii_text(outcome.exception_class_path, CLASS_PATH_LIMIT),
+                message=ascii_text(f"the database refused the failure record "
+                                   f"({class_path(type(e))}: {_first_line(e)}); the message "
+                                   f"began: {outcome.message[:500]}", MESSAGE_LIMIT))
+            try:
+                ok = self._record_failure(claim, minimal)
+            except DB_ERRORS as again:
+                if not self._refused(again, claim):
+                    raise
+                self.book.forget(claim)
+                logger.error("Could not record the failure of job=%s fence=%s worker=%s: the "
+                             "database refused even a minimal record (%s); dropping the claim, "
+                             "whose lease runs out", claim.pk, claim.job.fence, self.worker_id,
+                             _first_line(again))
+                return
         self.book.forget(claim)
         if ok:
             logger.info("Failed job=%s fence=%s worker=%s error=%s: %s", claim.pk,
@@ -343,6 +393,37 @@ class Worker:
         else:
             logger.warning("Fail rejected job=%s fence=%s worker=%s: the claim was lost first",
                            claim.pk, claim.job.fence, self.worker_id)
+
+    def _record_failure(self, claim: Claim, outcome: Outcome) -> bool:
+        unrunnable = outcome.kind == "unrunnable"
+        return self.Job.objects.using(self.database).fail(
+            claim.job, exception_class_path=outcome.exception_class_path,
+            message=outcome.message, traceback=outcome.traceback,
+            # The delay before the next attempt is the job's own retry ladder (query.py).
+            retry=outcome.retryable and not unrunnable,
+            kind=FailureKind.UNRUNNABLE if unrunnable else FailureKind.EXCEPTION,
+        )
+
+    def _refused(self, error: Exception, claim: Claim | None = None) -> bool:
+        """Whether the database refused an owner's write itself, so that sending it again
+        cannot help: an error other than a connection's, or (for one claim's write) the
+        same write failing WRITE_STRIKES times over a connection that still answers, as
+        MySQL reports a string its character set cannot hold. Anything else is an outage."""
+        if refused_by_database(error):
+            return True
+        if not isinstance(error, OperationalError) or not self._connection_answers():
+            return False
+        if claim is None:
+            return True  # several jobs in one statement: send them one by one
+        claim.write_strikes += 1
+        return claim.write_strikes >= WRITE_STRIKES
+
+    def _connection_answers(self) -> bool:
+        connection = connections[self.database]
+        try:
+            return connection.connection is not None and connection.is_usable()
+        except Exception:  # noqa: BLE001 -- a connection that cannot say is not answering
+            return False
 
     # -- stopping ----------------------------------------------------------------------
 
@@ -429,6 +510,10 @@ class Worker:
             try:
                 return call()
             except DB_ERRORS as e:
+                if refused_by_database(e):
+                    logger.error("The database refused %s worker=%s error=%s", what,
+                                 self.worker_id, _first_line(e))
+                    return None
                 self._db_trouble(what, e, wait=not self.stop_request.hurry)
         return None
 
@@ -474,10 +559,19 @@ class Worker:
     def _db_trouble(self, what: str, error: Exception, *, wait: bool = True) -> None:
         """Log, drop the broken connection, back off; the next call reconnects."""
         delay = self._backoff.next()
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         logger.warning("Database trouble during %s worker=%s error=%s; retrying in %.1fs",
-                       what, self.worker_id, first_line, delay)
+                       what, self.worker_id, _first_line(error), delay)
         with contextlib.suppress(DB_ERRORS):
             connections[self.database].close()
         if wait:
             self.waker.wait(delay)
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _refusal(error: Exception, what: str) -> Outcome:
+    """The failed outcome of a write the database refused: its error class and message."""
+    return Outcome("error", exception_class_path=class_path(type(error)),
+                   message=storable_text(f"{what}: {error}", MESSAGE_LIMIT))
