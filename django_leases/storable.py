@@ -15,6 +15,7 @@ of up to ``RESULT_LIMIT`` characters of JSON (ASCII, so as many bytes) fits it t
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import traceback
 from typing import Any
@@ -97,23 +98,39 @@ def describe_exception(exc: BaseException) -> tuple[str, str, str]:
 
 
 def readable_class_path(path: str, fallback: str = "builtins.Exception") -> str:
-    """``path`` if it imports as an exception class (what TaskError.exception_class does
-    with it), else ``fallback``: a class defined inside a function, a path cut at the
-    column's length, a module that no longer exists."""
-    return path if _imports_exception(path) else fallback
+    """A path TaskError.exception_class imports (it splits module from class at the last
+    dot) for the exception class recorded as ``path``: ``path`` itself, else that of the
+    nearest base class that imports so (a class nested in another), else ``fallback`` (a
+    class defined inside a function, a path cut at the column's length, a module that no
+    longer exists)."""
+    return _readable(path) or fallback
 
 
 @functools.lru_cache(maxsize=1024)
-def _imports_exception(path: str) -> bool:
-    from django.utils.module_loading import import_string
-
-    if not all(part.isidentifier() for part in path.split(".")):
-        return False  # f.<locals>.Error, escaped characters: no import can find it
-    try:
-        cls = import_string(path)
-    except Exception:  # noqa: BLE001 -- ImportError, or whatever the module raises
-        return False
-    return isinstance(cls, type) and issubclass(cls, BaseException)
+def _readable(path: str) -> str | None:
+    parts = path.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None  # f.<locals>.Error, escaped characters: no import reaches it
+    cls = None
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:cut]))
+            for name in parts[cut:]:
+                found = getattr(found, name)
+        except Exception:  # noqa: BLE001, S112 -- ImportError, or whatever the module raises
+            continue
+        cls = found
+        break
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        return None
+    for base in cls.__mro__:
+        module, _, name = class_path(base).rpartition(".")
+        try:
+            if getattr(importlib.import_module(module), name) is base:
+                return f"{module}.{name}"
+        except Exception:  # noqa: BLE001, S112
+            continue
+    return None
 
 
 def storable_result(value: Any) -> Any:

@@ -413,8 +413,8 @@ class HandlerExit(BaseException):
 
 
 class Outer:
-    class InnerError(Exception):
-        """Nested: its qualname is Outer.InnerError."""
+    class InnerError(ValueError):
+        """Nested: its qualname is Outer.InnerError, which no import_string() reaches."""
 
 
 class StrRaises(Exception):
@@ -465,7 +465,7 @@ HOSTILE_EXCEPTIONS = (
     "HandlerExit", "Outer.InnerError", "LocalError", "StrRaises", "ReprRaises", "StrNotStr",
     "Nameless", "BadNames", "unpicklable", "cycle",
 )
-# What the worker records for each: the class's module.qualname, as it is.
+# What the worker records for each: the class's module.qualname, as it is (storable).
 HOSTILE_EXCEPTION_PATHS = {
     "RuntimeError": "builtins.RuntimeError", "ValueError": "builtins.ValueError",
     "SystemExit": "builtins.SystemExit", "KeyboardInterrupt": "builtins.KeyboardInterrupt",
@@ -576,3 +576,12 @@ def _record_hostile_signal(sender, task_result, **kwargs) -> None:
 
 
 task_finished.connect(_record_hostile_signal, dispatch_uid="tests.testapp.record_hostile_finished")
+
+
+@task
+def hostile_checkpoint(key: str, cursor: object) -> str:
+    """Checkpoint ``cursor``; a refusal by the database raises in the handler."""
+    from django_leases.api import current_job
+
+    current_job().checkpoint(cursor)
+    return key
