@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, connections
 
 from .claims import ClaimBook
 from .vital import VitalThread
@@ -24,15 +24,6 @@ from .waker import Waker
 logger = logging.getLogger("django_leases.worker")
 
 DB_ERRORS = (DatabaseError, InterfaceError)
-# What a lost connection, a server going away or a timeout raises: an outage, worth the
-# same statement again once the database answers. Any other DB_ERRORS is the database
-# refusing the statement itself (DataError, IntegrityError, ...), which no retry changes.
-CONNECTION_ERRORS = (OperationalError, InterfaceError)
-
-
-def refused_by_database(error: BaseException) -> bool:
-    """Whether ``error`` is the database refusing a statement, not the connection failing."""
-    return isinstance(error, DatabaseError) and not isinstance(error, CONNECTION_ERRORS)
 
 # Longest the heartbeat thread sleeps before looking at the claims it must renew again.
 _SLICE = 0.25

@@ -29,8 +29,9 @@ from ..storable import (
 )
 from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
 from .executors import KILL_GRACE_SECONDS, ProcessExecutor, ThreadExecutor
-from .heartbeat import DB_ERRORS, Heartbeat, Watchdog, refused_by_database
+from .heartbeat import DB_ERRORS, Heartbeat, Watchdog
 from .listener import Listener
+from .refusals import refused_by_database
 from .running import task_context
 from .shutdown import StopRequest
 from .vetting import unrunnable
@@ -285,9 +286,9 @@ class Worker:
         try:
             if oks:
                 # Takes each from oks once sent; a result the database refuses joins others.
-                self._ack(oks, others)
+                self._ack_or_refuse(oks, others)
             while others:
-                self._fail(*others[0])
+                self._fail_or_minimal(*others[0])
                 others.pop(0)
             while stopped:
                 # Its process died of the stop (a signal to the whole process group or
@@ -314,54 +315,73 @@ class Worker:
                        "(%s)", claim.pk, claim.job.fence, self.worker_id,
                        claim.lost_reason or "handler stopped on LeaseLost")
 
-    def _ack(self, oks: list[tuple[Claim, Any]], others: list[tuple[Claim, Outcome]]) -> None:
+    def _ack(self, oks: list[tuple[Claim, Any]]) -> None:
+        manager = self.Job.objects.using(self.database)
+        if len(oks) == 1:
+            claim, result = oks[0]
+            acked = {claim.pk} if manager.ack(claim.job, result) else set()
+        else:
+            acked = manager.ack_many([(c.job, r) for c, r in oks])
+        for claim, _ in oks:
+            self.book.forget(claim)
+            if claim.pk in acked:
+                logger.info("Acked job=%s fence=%s worker=%s", claim.pk, claim.job.fence,
+                            self.worker_id)
+            else:
+                logger.warning("Ack rejected job=%s fence=%s worker=%s: the claim was lost "
+                               "before the ack; result discarded", claim.pk, claim.job.fence,
+                               self.worker_id)
+
+    def _fail(self, claim: Claim, outcome: Outcome) -> None:
+        unrunnable = outcome.kind in ("unrunnable", "bad_result")
+        ok = self.Job.objects.using(self.database).fail(
+            claim.job, exception_class_path=outcome.exception_class_path,
+            message=outcome.message, traceback=outcome.traceback,
+            # The delay before the next attempt is the job's own retry ladder (query.py).
+            retry=outcome.retryable and not unrunnable,
+            kind=FailureKind.UNRUNNABLE if outcome.kind == "unrunnable" else FailureKind.EXCEPTION,
+        )
+        self.book.forget(claim)
+        if ok:
+            logger.info("Failed job=%s fence=%s worker=%s error=%s: %s", claim.pk,
+                        claim.job.fence, self.worker_id,
+                        outcome.exception_class_path or outcome.kind, outcome.message)
+        else:
+            logger.warning("Fail rejected job=%s fence=%s worker=%s: the claim was lost first",
+                           claim.pk, claim.job.fence, self.worker_id)
+
+    def _ack_or_refuse(self, oks: list[tuple[Claim, Any]],
+                       others: list[tuple[Claim, Outcome]]) -> None:
         """Acknowledge ``oks``, taking each from the list once its statement went through.
         A result the database refuses (a DataError, a constraint) fails that attempt
         instead, appended to ``others``; connection trouble raises, the unsent left in oks."""
-        manager = self.Job.objects.using(self.database)
-        if len(oks) > 1:
-            try:
-                acked = manager.ack_many([(c.job, r) for c, r in oks])
-            except DB_ERRORS as e:
-                if not self._refused(e):
-                    raise
+        try:
+            self._ack(oks)
+        except DB_ERRORS as e:
+            if not self._refused(e, oks[0][0] if len(oks) == 1 else None):
+                raise
+            if len(oks) > 1:
                 logger.warning("Ack of %d jobs refused worker=%s error=%s; acknowledging them "
                                "one by one", len(oks), self.worker_id, _first_line(e))
-            else:
-                for claim, _ in oks:
-                    self._log_ack(claim, claim.pk in acked)
-                oks.clear()
+                while oks:
+                    self._ack_or_refuse(oks[:1], others)
+                    oks.pop(0)
                 return
-        while oks:
-            claim, result = oks[0]
-            try:
-                self._log_ack(claim, manager.ack(claim.job, result))
-            except DB_ERRORS as e:
-                if not self._refused(e, claim):
-                    raise
-                logger.warning("Ack refused job=%s fence=%s worker=%s error=%s; failing the "
-                               "attempt instead", claim.pk, claim.job.fence, self.worker_id,
-                               _first_line(e))
-                claim.write_strikes = 0
-                others.append((claim, _refusal(e, "the database refused the result")))
-            oks.pop(0)
+            claim = oks[0][0]
+            logger.warning("Ack refused job=%s fence=%s worker=%s error=%s; failing the "
+                           "attempt instead", claim.pk, claim.job.fence, self.worker_id,
+                           _first_line(e))
+            claim.write_strikes = 0
+            others.append((claim, _refusal(e, "the database refused the result")))
+        oks.clear()
 
-    def _log_ack(self, claim: Claim, acked: bool) -> None:
-        self.book.forget(claim)
-        if acked:
-            logger.info("Acked job=%s fence=%s worker=%s", claim.pk, claim.job.fence,
-                        self.worker_id)
-        else:
-            logger.warning("Ack rejected job=%s fence=%s worker=%s: the claim was lost "
-                           "before the ack; result discarded", claim.pk, claim.job.fence,
-                           self.worker_id)
-
-    def _fail(self, claim: Claim, outcome: Outcome) -> None:
+    def _fail_or_minimal(self, claim: Claim, outcome: Outcome) -> None:
         """Record the failed attempt. Should the database refuse the record, a minimal one
         in ASCII ends the attempt; should it refuse that too, the claim is dropped and its
         lease runs out (the next claim records the attempt as expired)."""
         try:
-            ok = self._record_failure(claim, outcome)
+            self._fail(claim, outcome)
+            return
         except DB_ERRORS as e:
             if not self._refused(e, claim):
                 raise
@@ -374,35 +394,16 @@ class Worker:
                 message=ascii_text(f"the database refused the failure record "
                                    f"({class_path(type(e))}: {_first_line(e)}); the message "
                                    f"began: {outcome.message[:500]}", MESSAGE_LIMIT))
-            try:
-                ok = self._record_failure(claim, minimal)
-            except DB_ERRORS as again:
-                if not self._refused(again, claim):
-                    raise
-                self.book.forget(claim)
-                logger.error("Could not record the failure of job=%s fence=%s worker=%s: the "
-                             "database refused even a minimal record (%s); dropping the claim, "
-                             "whose lease runs out", claim.pk, claim.job.fence, self.worker_id,
-                             _first_line(again))
-                return
-        self.book.forget(claim)
-        if ok:
-            logger.info("Failed job=%s fence=%s worker=%s error=%s: %s", claim.pk,
-                        claim.job.fence, self.worker_id,
-                        outcome.exception_class_path or outcome.kind, outcome.message)
-        else:
-            logger.warning("Fail rejected job=%s fence=%s worker=%s: the claim was lost first",
-                           claim.pk, claim.job.fence, self.worker_id)
-
-    def _record_failure(self, claim: Claim, outcome: Outcome) -> bool:
-        unrunnable = outcome.kind == "unrunnable"
-        return self.Job.objects.using(self.database).fail(
-            claim.job, exception_class_path=outcome.exception_class_path,
-            message=outcome.message, traceback=outcome.traceback,
-            # The delay before the next attempt is the job's own retry ladder (query.py).
-            retry=outcome.retryable and not unrunnable,
-            kind=FailureKind.UNRUNNABLE if unrunnable else FailureKind.EXCEPTION,
-        )
+        try:
+            self._fail(claim, minimal)
+        except DB_ERRORS as e:
+            if not self._refused(e, claim):
+                raise
+            self.book.forget(claim)
+            logger.error("Could not record the failure of job=%s fence=%s worker=%s: the "
+                         "database refused even a minimal record (%s); dropping the claim, "
+                         "whose lease runs out", claim.pk, claim.job.fence, self.worker_id,
+                         _first_line(e))
 
     def _refused(self, error: Exception, claim: Claim | None = None) -> bool:
         """Whether the database refused an owner's write itself, so that sending it again
@@ -559,8 +560,9 @@ class Worker:
     def _db_trouble(self, what: str, error: Exception, *, wait: bool = True) -> None:
         """Log, drop the broken connection, back off; the next call reconnects."""
         delay = self._backoff.next()
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         logger.warning("Database trouble during %s worker=%s error=%s; retrying in %.1fs",
-                       what, self.worker_id, _first_line(error), delay)
+                       what, self.worker_id, first_line, delay)
         with contextlib.suppress(DB_ERRORS):
             connections[self.database].close()
         if wait:
