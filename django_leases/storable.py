@@ -147,7 +147,7 @@ def storable_result(value: Any) -> Any:
     except RecursionError:
         raise TypeError("the task returned a value that cannot be stored as JSON: result: "
                         "nested too deeply") from None
-    except (ValueError, OverflowError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 -- ValueError from json, or the value's own methods
         raise TypeError("the task returned a value that cannot be stored as JSON: result: "
                         f"{_message(e)}") from None
     if len(text) > RESULT_LIMIT:

@@ -149,7 +149,8 @@ def test_a_return_value_that_cannot_be_stored_fails_as_type_error(workers, isola
         "deep": ("result",), "bigint": ("result: ",), "nan": ("result: ", "nan"),
         "inf": ("result[1]: ", "-inf"), "int_key": ("result['ok'][1]",),
         "surrogate": ("result['text']: ",), "nul": ("result[0]: ", "NUL"),
-        "huge": ("too large to store: result",),
+        "huge": ("too large to store: result",), "nameless": ("result",),
+        "dict_items_raise": ("result",),
     }
     poison = {kind: t.hostile_return.using_lease(max_attempts=1).enqueue(_key(kind), kind)
               for kind in where}
@@ -336,6 +337,22 @@ def test_a_stop_signal_still_stops_the_worker(workers, isolation):
     assert worker.wait_exit(60) == 0
     job = Job.objects.get(pk=held.id)
     assert (job.state, job.attempts) == (JobState.PENDING, 0)
+
+
+def test_ctrl_c_to_the_process_group_releases_a_handler_that_reenabled_sigint(workers):
+    """Ctrl-C reaches the worker and its children at once. A process-isolated handler that
+    put Python's SIGINT handler back raises KeyboardInterrupt; the worker is stopping, so
+    that is its stop, not the job's failure: the job is released, the attempt not
+    counted, as when a child dies of the signal (3)."""
+    result = t.interruptible.enqueue(_key("ctrl-c"), 60)
+    worker = workers.start("ctrl-c", *STEADY, "--isolation", "process", "--grace", "20",
+                           own_group=True)
+    wait_for(lambda: Effect.objects.filter(job_id=result.id, phase="start").exists(), 60,
+             "the handler to start")
+    worker.signal_group(signal.SIGINT)
+    assert worker.wait_exit(60) == 0
+    job = Job.objects.get(pk=result.id)
+    assert (job.state, job.attempts, job.failures.count()) == (JobState.PENDING, 0, 0), worker.log()[-3000:]
 
 
 # -- the property: hostile batches, generated ----------------------------------------

@@ -172,7 +172,7 @@ class ProcessExecutor(_Slots):
                            message=f"handler process exited with code {process.exitcode} "
                                    "before returning")
         if (outcome.kind == "error" and outcome.exception_class_path == "builtins.KeyboardInterrupt"
-                and self._stopping()):
+                and self._stopping_within(KILL_GRACE_SECONDS)):
             # Ctrl-C reached the whole process group and a handler that had put Python's
             # SIGINT handler back: the worker's stop, not the job's failure.
             return Outcome("stopped", message="handler interrupted while the worker stopped")
@@ -182,7 +182,11 @@ class ProcessExecutor(_Slots):
         """Whether the worker is stopping. A child killed by a stop signal may die before
         the parent's own signal handler has run, so that case waits a moment for it."""
         stop_signals = (-signal.SIGTERM, -signal.SIGINT)
-        deadline = time.monotonic() + (KILL_GRACE_SECONDS if process.exitcode in stop_signals else 0)
+        return self._stopping_within(KILL_GRACE_SECONDS if process.exitcode in stop_signals else 0)
+
+    def _stopping_within(self, seconds: float) -> bool:
+        """Whether the worker is stopping, or starts to within ``seconds``."""
+        deadline = time.monotonic() + seconds
         while not self._stopping():
             if time.monotonic() >= deadline:
                 return False

@@ -90,7 +90,7 @@ def _run(task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle,
             # Checked here, on the handler's side: task_finished must tell the truth, and
             # in process isolation only plain JSON travels back to the worker.
             result = storable_result(result)
-        except TypeError as e:
+        except BaseException as e:  # noqa: BLE001 -- TypeError, or what a hostile value's methods raise
             return _failed(task, started, e)
         outcome = Outcome("ok", result=result)
     _send(task_finished, task, _finished(started, TaskResultStatus.SUCCESSFUL,

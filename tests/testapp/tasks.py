@@ -519,13 +519,18 @@ async def hostile_araise(key: str, kind: str, codepoints: list[int], repeat: int
 
 HOSTILE_RESULTS = (
     "object", "set", "bytes", "datetime", "deep", "bigint", "nan", "inf", "int_key",
-    "surrogate", "nul", "str_subclass_reduce", "huge",
+    "surrogate", "nul", "str_subclass_reduce", "huge", "nameless", "dict_items_raise",
 )
 
 
 class _Unreducible(str):
     def __reduce__(self):
         raise TypeError("cannot pickle me")
+
+
+class _ItemsRaise(dict):
+    def items(self):
+        raise RuntimeError("items() of a hostile dict raised")
 
 
 def hostile_value(kind: str, size: int = 3000) -> object:
@@ -545,7 +550,8 @@ def hostile_value(kind: str, size: int = 3000) -> object:
         "inf": lambda: [1, float("-inf")], "int_key": lambda: {"ok": {1: "one"}},
         "surrogate": lambda: {"text": "bad \ud800"}, "nul": lambda: ["bad\x00"],
         "str_subclass_reduce": lambda: [_Unreducible("fine as JSON")],
-        "huge": lambda: "x" * (9 * 2**20),
+        "huge": lambda: "x" * (9 * 2**20), "nameless": lambda: [Nameless("x")],
+        "dict_items_raise": lambda: _ItemsRaise(a=1),
     }[kind]()
 
 
@@ -585,3 +591,18 @@ def hostile_checkpoint(key: str, cursor: object) -> str:
 
     current_job().checkpoint(cursor)
     return key
+
+
+@task
+def interruptible(key: str, seconds: float) -> None:
+    """Put Python's own SIGINT handler back, as a handler with signal handling of its own
+    may, then sleep: in process isolation Ctrl-C sent to the whole process group raises
+    KeyboardInterrupt here (it must run in a child's main thread)."""
+    import signal
+
+    from django_leases.api import current_job
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _effect(key, "start")
+    current_job().sleep(seconds)
+    _effect(key, "done")
