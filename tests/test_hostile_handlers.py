@@ -21,12 +21,20 @@ from hypothesis import strategies as st
 
 from django_leases.models import Job
 from django_leases.states import DeadReason, FailureKind, JobState
-from django_leases.storable import MESSAGE_LIMIT, TRACEBACK_LIMIT, describe_exception
+from django_leases.storable import (
+    MESSAGE_LIMIT,
+    TRACEBACK_LIMIT,
+    class_path,
+    describe_exception,
+    readable_class_path,
+    storable_text,
+)
 from tests.testapp import tasks as t
 from tests.testapp.models import Effect
 from tests.worker_helpers import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The worker tests: real processes need committed rows.
+workers_db = pytest.mark.django_db(transaction=True)
 
 ISOLATIONS = ["thread", "process"]
 # A lease long enough that a loaded machine never lets one run out mid-test.
@@ -92,6 +100,7 @@ def _readable(path: str) -> str:
     return path
 
 
+@workers_db
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_whatever_a_handler_raises_fails_its_job_not_the_worker(workers, isolation):
     """Every hostile exception (a lone surrogate or NUL in its message, BaseException
@@ -136,6 +145,7 @@ def test_whatever_a_handler_raises_fails_its_job_not_the_worker(workers, isolati
         assert Job.objects.get(pk=result.id).result == i + 1
 
 
+@workers_db
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_return_value_that_cannot_be_stored_fails_as_type_error(workers, isolation):
     """Objects, sets, bytes, datetimes, 3,000-deep nesting, a 5,000-digit int, NaN,
@@ -174,6 +184,7 @@ def test_a_return_value_that_cannot_be_stored_fails_as_type_error(workers, isola
     assert Job.objects.get(pk=good.id).result == 5
 
 
+@workers_db
 def test_an_unstorable_result_follows_the_retry_ladder(workers):
     """A TypeError from the return value is a failure like any other: the job goes back to
     pending for its next attempt while it has attempts left (6)."""
@@ -261,6 +272,7 @@ def refusing_database():
     yield from _triggers(create, drops)
 
 
+@workers_db
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_write_the_database_refuses_ends_the_attempt_not_the_worker(
         workers, isolation, refusing_database):
@@ -299,6 +311,7 @@ def test_a_write_the_database_refuses_ends_the_attempt_not_the_worker(
         assert Job.objects.get(pk=result.id).result == i + 10
 
 
+@workers_db
 def test_a_failure_the_database_refuses_even_minimal_leaves_the_job_to_its_lease(
         workers, refusing_database):
     """When the database refuses even the minimal failure record, the worker lets the
@@ -321,6 +334,7 @@ def test_a_failure_the_database_refuses_even_minimal_leaves_the_job_to_its_lease
     assert job.failures.get().kind == FailureKind.LEASE_EXPIRED
 
 
+@workers_db
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_stop_signal_still_stops_the_worker(workers, isolation):
     """SystemExit and KeyboardInterrupt raised by handlers fail their jobs; SIGINT sent to
@@ -339,6 +353,7 @@ def test_a_stop_signal_still_stops_the_worker(workers, isolation):
     assert (job.state, job.attempts) == (JobState.PENDING, 0)
 
 
+@workers_db
 def test_ctrl_c_to_the_process_group_releases_a_handler_that_reenabled_sigint(workers):
     """Ctrl-C reaches the worker and its children at once. A process-isolated handler that
     put Python's SIGINT handler back raises KeyboardInterrupt; the worker is stopping, so
@@ -401,6 +416,7 @@ def _check(spec, result) -> None:
     assert ("hostile_araise" if is_async else "hostile_raise") in failure.traceback
 
 
+@workers_db
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_property_hostile_batches_never_hurt_the_worker(workers, isolation):
     """Generated batches of hostile exceptions (any class of the list, BaseException
@@ -421,3 +437,59 @@ def test_property_hostile_batches_never_hurt_the_worker(workers, isolation):
             _check(spec, result)
 
     run()
+
+
+# -- storable.py on its own: no worker, no database ------------------------------------
+
+_text_strategy = st.lists(_codepoint, max_size=60).map(lambda cps: "".join(map(chr, cps)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_text_strategy, st.integers(1, 80), st.sampled_from([1, 3, 400]), st.booleans())
+def test_property_storable_text_is_storable_and_keeps_what_fits(text, limit, repeat, keep_tail):
+    """Any code points, any length: the text every database stores (no NUL, valid UTF-8),
+    never over the limit, exactly the escaped text when that fits, else its head (and
+    tail) around a note (6)."""
+    text *= repeat
+    limit = limit * 10
+    stored = storable_text(text, limit, keep_tail=keep_tail)
+    assert _storable(stored) and len(stored) <= limit
+    if len(_escaped(text)) <= limit:
+        assert stored == _escaped(text)
+    else:
+        assert "characters in all" in stored or len(stored) == limit
+
+
+def test_class_paths_of_hostile_classes_are_read_past_their_metaclass():
+    """module.qualname read from type's own slots: a metaclass whose names raise, names
+    holding NUL or surrogates, a nested class, a builtin (6)."""
+    assert class_path(SystemExit) == "builtins.SystemExit"
+    assert class_path(t.Outer.InnerError) == "tests.testapp.tasks.Outer.InnerError"
+    assert class_path(t.Nameless) == "tests.testapp.tasks.Nameless"
+    assert class_path(t.BadNames) == t.HOSTILE_EXCEPTION_PATHS["BadNames"]
+    assert _storable(class_path(t.BadNames))
+
+
+def test_readable_class_paths_fall_back_to_the_nearest_importable_class():
+    """What TaskError.exception_class imports: the class itself, else its nearest base
+    that import_string() reaches, else Exception (6, issue 15)."""
+    assert readable_class_path("builtins.KeyboardInterrupt") == "builtins.KeyboardInterrupt"
+    assert readable_class_path("tests.testapp.tasks.HandlerExit") == "tests.testapp.tasks.HandlerExit"
+    assert readable_class_path("tests.testapp.tasks.Outer.InnerError") == "builtins.ValueError"
+    assert readable_class_path(t.HOSTILE_EXCEPTION_PATHS["LocalError"]) == "builtins.Exception"
+    assert readable_class_path("no_such_module.Error") == "builtins.Exception"
+    assert readable_class_path("os.path") == "builtins.Exception"  # not an exception class
+
+
+def test_describing_a_hostile_exception_never_raises():
+    """A cause/context cycle, a __str__ that raises, names that raise, a megabyte message:
+    the description is storable and within the limits (6)."""
+    for kind in t.HOSTILE_EXCEPTIONS:
+        try:
+            raise t.hostile_exception(kind, "m\x00\ud800" * 100_000)
+        except BaseException as e:  # noqa: BLE001
+            path, message, trace = describe_exception(e)
+        assert path == t.HOSTILE_EXCEPTION_PATHS[kind]
+        assert _storable(message) and len(message) <= MESSAGE_LIMIT
+        assert _storable(trace) and len(trace) <= TRACEBACK_LIMIT
+        assert "test_describing_a_hostile_exception_never_raises" in trace

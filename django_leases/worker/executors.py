@@ -221,8 +221,12 @@ class SharedFlag:
 
 
 def _worker_error(exc: BaseException, doing: str) -> Outcome:
-    """The failed outcome of the worker's own error ``doing`` something for a job."""
-    path, message, trace = describe_exception(exc)
+    """The failed outcome of the worker's own error ``doing`` something for a job; never
+    raises, or the slot thread would die with the claim unreported."""
+    try:
+        path, message, trace = describe_exception(exc)
+    except BaseException:  # noqa: BLE001 -- e.g. MemoryError while formatting
+        path, message, trace = "builtins.BaseException", "(could not be described)", ""
     return Outcome("error", exception_class_path=path, traceback=trace,
                    message=storable_text(f"worker error {doing}: {message}", MESSAGE_LIMIT))
 
