@@ -34,9 +34,10 @@ _STATUS = {
 
 def _exception_path(failure: Any) -> str:
     """A dotted path TaskError.exception_class can import: the recorded class where it
-    imports, else Exception (a class defined inside a function, a module since removed;
-    the stored path stays in the admin and the traceback); an expired claim reads as
-    LeaseLost, a failure without a class as Exception."""
+    imports, else its nearest base class that does (a class nested in another), else
+    Exception (a class defined inside a function, a module since removed; the recorded
+    path stays in the admin and the traceback); an expired claim reads as LeaseLost, a
+    failure without a class as Exception."""
     from .storable import readable_class_path
 
     if failure.exception_class_path:
