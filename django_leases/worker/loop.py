@@ -28,10 +28,10 @@ from ..storable import (
     storable_text,
 )
 from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
+from .dberrors import refused_by_database
 from .executors import KILL_GRACE_SECONDS, ProcessExecutor, ThreadExecutor
 from .heartbeat import DB_ERRORS, Heartbeat, Watchdog
 from .listener import Listener
-from .refusals import refused_by_database
 from .running import task_context
 from .shutdown import StopRequest
 from .vetting import unrunnable
