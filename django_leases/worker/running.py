@@ -15,7 +15,12 @@ from django.tasks.signals import task_finished, task_started
 
 from ..api import JobHandle
 from ..exceptions import NonRetryable
-from ..storable import describe_exception, readable_class_path, storable_result
+from ..storable import (
+    class_path,
+    describe_exception,
+    readable_class_path,
+    storable_result,
+)
 from .claims import Outcome
 
 logger = logging.getLogger("django_leases.worker")
@@ -145,11 +150,19 @@ def _send(signal: Any, task: Any, task_result: TaskResult | None) -> None:
     """Send a Django task signal; a receiver that raises is logged, never fails the job."""
     if task_result is None:
         return
+    name = "task_started" if signal is task_started else "task_finished"
     for receiver, response in signal.send_robust(type(task.get_backend()), task_result=task_result):
-        if isinstance(response, Exception):
-            logger.error("Receiver %r of %s raised for job=%s", receiver,
-                         "task_started" if signal is task_started else "task_finished",
-                         task_result.id, exc_info=response)
+        if not isinstance(response, Exception):
+            continue
+        try:
+            logger.error("Receiver %r of %s raised for job=%s", receiver, name, task_result.id,
+                         exc_info=response)
+        except Exception:  # noqa: BLE001
+            # Logging raises when no traceback of the chain can be formatted (a handler's
+            # exception whose class names raise, e.g. as the context of the receiver's
+            # own error): logging.Handler.handleError lets all but OSError through.
+            logger.error("Receiver %r of %s raised for job=%s: %s (traceback not printable)",
+                         receiver, name, task_result.id, class_path(type(response)))
 
 
 async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any],

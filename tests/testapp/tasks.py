@@ -567,8 +567,12 @@ async def hostile_areturn(key: str, kind: str, size: int = 3000) -> object:
 
 def _record_hostile_signal(sender, task_result, **kwargs) -> None:
     """Record task_finished of the hostile_* tasks as an effect: phase "finished:STATUS",
-    and, for a failure, the last error's class path in worker_id."""
+    and, for a failure, the last error's class path in worker_id. Then log it with the
+    exception, as Django's own receiver does, through a handler that prints it: logging
+    raises when it cannot format the exception, and the worker must survive that too."""
+    import logging
     import os
+    import sys
 
     from .models import Effect
 
@@ -579,6 +583,9 @@ def _record_hostile_signal(sender, task_result, **kwargs) -> None:
         key=task_result.args[0], job_id=int(task_result.id), fence=0, pid=os.getpid(),
         phase=f"finished:{task_result.status}",
         worker_id=errors[-1].exception_class_path[:200] if errors else "")
+    logging.getLogger("django_leases.tests").log(
+        logging.ERROR if errors else logging.DEBUG, "hostile job %s finished", task_result.id,
+        exc_info=sys.exc_info()[0] is not None)
 
 
 task_finished.connect(_record_hostile_signal, dispatch_uid="tests.testapp.record_hostile_finished")
