@@ -493,3 +493,41 @@ def test_describing_a_hostile_exception_never_raises():
         assert _storable(message) and len(message) <= MESSAGE_LIMIT
         assert _storable(trace) and len(trace) <= TRACEBACK_LIMIT
         assert "test_describing_a_hostile_exception_never_raises" in trace
+
+
+def test_contention_is_an_outage_not_a_refusal():
+    """Lock and statement timeouts, deadlocks and serialization failures, as each driver
+    raises them under Django's OperationalError, are retried like an outage; never counted
+    against the write, which would fail a job that succeeded (3). A check constraint
+    (MariaDB's 4025 is an OperationalError in the driver, IntegrityError in Django) and a
+    trigger's SIGNAL are not contention."""
+    import sqlite3
+
+    from django.db import IntegrityError, OperationalError
+
+    from django_leases.worker.dberrors import contention, refused_by_database
+
+    def wrapped(cause):
+        error = OperationalError(*cause.args)
+        error.__cause__ = cause
+        return error
+
+    busy = sqlite3.OperationalError("database is locked")
+    busy.sqlite_errorcode = 5
+    missing = sqlite3.OperationalError("no such table: x")
+    missing.sqlite_errorcode = 1
+    assert contention(wrapped(busy)) and not contention(wrapped(missing))
+    assert contention(OperationalError(1205, "Lock wait timeout exceeded"))
+    assert contention(OperationalError(1213, "Deadlock found"))
+    assert not contention(OperationalError(1644, "refused by the test trigger"))
+    assert not contention(OperationalError(1366, "Incorrect string value"))
+    try:
+        import psycopg.errors
+    except ImportError:
+        pass
+    else:
+        for cls in (psycopg.errors.LockNotAvailable, psycopg.errors.SerializationFailure,
+                    psycopg.errors.DeadlockDetected, psycopg.errors.QueryCanceled):
+            assert contention(wrapped(cls("x"))), cls
+        assert not contention(wrapped(psycopg.errors.StatementTooComplex("x")))
+    assert refused_by_database(IntegrityError("check")) and not refused_by_database(wrapped(busy))

@@ -28,7 +28,7 @@ from ..storable import (
     storable_text,
 )
 from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
-from .dberrors import refused_by_database
+from .dberrors import contention, refused_by_database
 from .executors import KILL_GRACE_SECONDS, ProcessExecutor, ThreadExecutor
 from .heartbeat import DB_ERRORS, Heartbeat, Watchdog
 from .listener import Listener
@@ -409,10 +409,12 @@ class Worker:
         """Whether the database refused an owner's write itself, so that sending it again
         cannot help: an error other than a connection's, or (for one claim's write) the
         same write failing WRITE_STRIKES times over a connection that still answers, as
-        MySQL reports a string its character set cannot hold. Anything else is an outage."""
+        MySQL reports a string its character set cannot hold. Anything else, lock waits and
+        deadlocks included, is an outage: sent again after a pause, however long it lasts."""
         if refused_by_database(error):
             return True
-        if not isinstance(error, OperationalError) or not self._connection_answers():
+        if (not isinstance(error, OperationalError) or contention(error)
+                or not self._connection_answers()):
             return False
         if claim is None:
             return True  # several jobs in one statement: send them one by one
