@@ -40,10 +40,15 @@ _STATUS = {
 
 
 def _exception_path(failure: Any) -> str:
-    """A dotted path TaskError.exception_class can import: an expired claim reads as
-    LeaseLost, a failure without a class as Exception."""
+    """A dotted path TaskError.exception_class can import: the recorded class where it
+    imports, else its nearest base class that does (a class nested in another), else
+    Exception (a class defined inside a function, a module since removed; the recorded
+    path stays in the admin and the traceback); an expired claim reads as LeaseLost, a
+    failure without a class as Exception."""
+    from .storable import readable_class_path
+
     if failure.exception_class_path:
-        return failure.exception_class_path
+        return readable_class_path(failure.exception_class_path)
     if failure.kind == FailureKind.LEASE_EXPIRED:
         return "django_leases.exceptions.LeaseLost"
     return "builtins.Exception"

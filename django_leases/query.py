@@ -770,10 +770,17 @@ class JobQuerySet(models.QuerySet):
         The job goes back to pending while it has attempts left, its deadline has not passed
         and ``retry`` is true, due after ``retry_in`` seconds on the database clock (by
         default the next step of the job's retry ladder); otherwise it is dead-lettered with
-        the reason.
+        the reason. The class path, message and traceback are stored as storable.py makes
+        them (lone surrogates and NUL escaped, cut at its limits), whoever calls.
         """
         from .models import JobFailure
         from .retry import DEFAULT_RETRY, Retry
+        from .storable import (
+            MESSAGE_LIMIT,
+            TRACEBACK_LIMIT,
+            storable_name,
+            storable_text,
+        )
 
         db = self._db or router.db_for_write(self.model)
         if retry_in is None:
@@ -805,8 +812,9 @@ class JobQuerySet(models.QuerySet):
             job = self.model._default_manager.using(db).only("attempts", "fence", "claimed_by").get(pk=claim.pk)
             JobFailure.objects.using(db).create(
                 job_id=claim.pk, attempt=job.attempts, fence=job.fence, worker_id=job.claimed_by,
-                kind=kind, exception_class_path=exception_class_path[:255],
-                message=message, traceback=traceback,
+                kind=kind, exception_class_path=storable_name(exception_class_path),
+                message=storable_text(message, MESSAGE_LIMIT),
+                traceback=storable_text(traceback, TRACEBACK_LIMIT, keep_tail=True),
             )
         return True
 

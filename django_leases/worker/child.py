@@ -37,6 +37,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
 
     from .. import registry
     from ..api import JobHandle
+    from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
     from .checkpoints import store_checkpoint
     from .claims import Outcome
     from .running import run_task, task_context
@@ -79,8 +80,12 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
                            task_context(task, handle))
     try:
         conn.send(("done", outcome))
-    except Exception as e:  # noqa: BLE001 -- an unpicklable result must still be reported
-        conn.send(("done", Outcome("error", exception_class_path=type(e).__qualname__,
-                                   message=f"cannot send the result to the worker: {e}")))
+    except Exception as e:  # noqa: BLE001 -- an outcome that cannot be sent must still be reported
+        # run_task hands back plain text and JSON, so this is the pipe, or memory, failing.
+        path, message, trace = describe_exception(e)
+        conn.send(("done", Outcome(
+            "error", exception_class_path=path, traceback=trace,
+            message=storable_text(f"cannot send the outcome to the worker: {message}",
+                                  MESSAGE_LIMIT))))
     conn.close()
     connections.close_all()

@@ -65,6 +65,9 @@ class Claim:
         self.handle._on_acked = lambda: self._move(ACKED)
         # Set by the executor: the child process, in process isolation.
         self.process: Any = None
+        # Times this claim's ack or fail failed over a connection that still answered
+        # (loop.py: enough of them and the write counts as refused, not as an outage).
+        self.write_strikes = 0
         self.exited = threading.Event()
 
     def _checkpoint(self, cursor: Any) -> bool:

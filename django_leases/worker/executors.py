@@ -23,6 +23,7 @@ from typing import Any
 
 from django.db import connections
 
+from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .claims import RELEASING, Claim, Outcome
 from .running import run_task
 
@@ -57,8 +58,7 @@ class _Slots:
             try:
                 outcome = self.execute(claim, task)
             except BaseException as e:  # noqa: BLE001 -- a slot must never die silently
-                outcome = Outcome("error", exception_class_path=type(e).__qualname__,
-                                  message=f"worker error while running the handler: {e}")
+                outcome = _worker_error(e, "while running the handler")
             claim.exited.set()
             _drop_broken_connections()
             self._done(claim, outcome)
@@ -147,6 +147,8 @@ class ProcessExecutor(_Slots):
                     message = conn.recv()
                 except (EOFError, OSError):
                     message = None
+                except Exception as e:  # noqa: BLE001 -- e.g. an outcome that cannot be unpickled
+                    message = ("done", _worker_error(e, "reading the handler's outcome"))
                 if message is not None and message[0] == "done":
                     outcome = message[1]
                 if message is None and not process.is_alive():
@@ -176,13 +178,22 @@ class ProcessExecutor(_Slots):
             return Outcome("error", exception_class_path="django_leases.exceptions.HandlerDied",
                            message=f"handler process exited with code {process.exitcode} "
                                    "before returning")
+        if (outcome.kind == "error" and outcome.exception_class_path == "builtins.KeyboardInterrupt"
+                and self._stopping_within(KILL_GRACE_SECONDS)):
+            # Ctrl-C reached the whole process group and a handler that had put Python's
+            # SIGINT handler back: the worker's stop, not the job's failure.
+            return Outcome("stopped", message="handler interrupted while the worker stopped")
         return outcome
 
     def _died_of_stopping(self, process: Any) -> bool:
         """Whether the worker is stopping. A child killed by a stop signal may die before
         the parent's own signal handler has run, so that case waits a moment for it."""
         stop_signals = (-signal.SIGTERM, -signal.SIGINT)
-        deadline = time.monotonic() + (KILL_GRACE_SECONDS if process.exitcode in stop_signals else 0)
+        return self._stopping_within(KILL_GRACE_SECONDS if process.exitcode in stop_signals else 0)
+
+    def _stopping_within(self, seconds: float) -> bool:
+        """Whether the worker is stopping, or starts to within ``seconds``."""
+        deadline = time.monotonic() + seconds
         while not self._stopping():
             if time.monotonic() >= deadline:
                 return False
@@ -214,6 +225,17 @@ class SharedFlag:
                 return False
             threading.Event().wait(left)
         return True
+
+
+def _worker_error(exc: BaseException, doing: str) -> Outcome:
+    """The failed outcome of the worker's own error ``doing`` something for a job; never
+    raises, or the slot thread would die with the claim unreported."""
+    try:
+        path, message, trace = describe_exception(exc)
+    except BaseException:  # noqa: BLE001 -- e.g. MemoryError while formatting
+        path, message, trace = "builtins.BaseException", "(could not be described)", ""
+    return Outcome("error", exception_class_path=path, traceback=trace,
+                   message=storable_text(f"worker error {doing}: {message}", MESSAGE_LIMIT))
 
 
 def _kill(process: Any) -> None:

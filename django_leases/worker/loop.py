@@ -13,15 +13,22 @@ import queue
 import random
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
-from django.db import connections
+from django.db import OperationalError, connections
 
 from .. import registry
-from ..exceptions import InvalidJobArgument
-from ..jsonsafe import ensure_json
 from ..states import FailureKind
+from ..storable import (
+    CLASS_PATH_LIMIT,
+    MESSAGE_LIMIT,
+    ascii_text,
+    class_path,
+    storable_text,
+)
 from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
+from .dberrors import contention, refused_by_database
 from .executors import KILL_GRACE_SECONDS, ProcessExecutor, ThreadExecutor
 from .heartbeat import DB_ERRORS, Heartbeat, Watchdog
 from .listener import Listener
@@ -37,6 +44,9 @@ logger = logging.getLogger("django_leases.worker")
 # How long thread-isolated handlers told to stop at release may take to return before
 # their jobs are released anyway (a thread cannot be killed; it ends with the process).
 RELEASE_NOTICE_SECONDS = 1.0
+# How many times one claim's ack or fail may fail over a connection that still answers
+# (not an outage, then) before the database counts as refusing it.
+WRITE_STRIKES = 3
 
 
 def _seconds(value: Any) -> str:
@@ -346,20 +356,16 @@ class Worker:
             if outcome.kind == "stopped":
                 stopped.append(claim)
             elif outcome.kind == "ok":
-                try:
-                    oks.append((claim, ensure_json(outcome.result, "result")))
-                except InvalidJobArgument as e:
-                    others.append((claim, Outcome(
-                        "bad_result", exception_class_path="django_leases.exceptions.InvalidJobArgument",
-                        message=f"the handler returned a value JSON cannot hold: {e}")))
+                # Plain JSON within the limits: run_task checked it on the handler's side.
+                oks.append((claim, outcome.result))
             else:
                 others.append((claim, outcome))
         try:
             if oks:
-                self._ack(oks)
-                oks = []  # sent: not to be sent again if a later write fails
+                # Takes each from oks once sent; a result the database refuses joins others.
+                self._ack_or_refuse(oks, others)
             while others:
-                self._fail(*others[0])
+                self._fail_or_minimal(*others[0])
                 others.pop(0)
             while stopped:
                 # Its process died of the stop (a signal to the whole process group or
@@ -426,6 +432,84 @@ class Worker:
             logger.warning("Fail rejected job=%s fence=%s worker=%s: the claim was lost first",
                            claim.pk, claim.job.fence, self.worker_id,
                            extra=claim_fields(claim.job, self.worker_id, "fail_rejected"))
+
+    def _ack_or_refuse(self, oks: list[tuple[Claim, Any]],
+                       others: list[tuple[Claim, Outcome]]) -> None:
+        """Acknowledge ``oks``, taking each from the list once its statement went through.
+        A result the database refuses (a DataError, a constraint) fails that attempt
+        instead, appended to ``others``; connection trouble raises, the unsent left in oks."""
+        try:
+            self._ack(oks)
+        except DB_ERRORS as e:
+            if not self._refused(e, oks[0][0] if len(oks) == 1 else None):
+                raise
+            if len(oks) > 1:
+                logger.warning("Ack of %d jobs refused worker=%s error=%s; acknowledging them "
+                               "one by one", len(oks), self.worker_id, _first_line(e))
+                while oks:
+                    self._ack_or_refuse(oks[:1], others)
+                    oks.pop(0)
+                return
+            claim = oks[0][0]
+            logger.warning("Ack refused job=%s fence=%s worker=%s error=%s; failing the "
+                           "attempt instead", claim.pk, claim.job.fence, self.worker_id,
+                           _first_line(e))
+            claim.write_strikes = 0
+            others.append((claim, _refusal(e, "the database refused the result")))
+        oks.clear()
+
+    def _fail_or_minimal(self, claim: Claim, outcome: Outcome) -> None:
+        """Record the failed attempt. Should the database refuse the record, a minimal one
+        in ASCII ends the attempt; should it refuse that too, the claim is dropped and its
+        lease runs out (the next claim records the attempt as expired)."""
+        try:
+            self._fail(claim, outcome)
+            return
+        except DB_ERRORS as e:
+            if not self._refused(e, claim):
+                raise
+            logger.warning("Failure record refused job=%s fence=%s worker=%s error=%s; "
+                           "recording a minimal one", claim.pk, claim.job.fence,
+                           self.worker_id, _first_line(e))
+            minimal = replace(
+                outcome, traceback="",
+                exception_class_path=ascii_text(outcome.exception_class_path, CLASS_PATH_LIMIT),
+                message=ascii_text(f"the database refused the failure record "
+                                   f"({class_path(type(e))}: {_first_line(e)}); the message "
+                                   f"began: {outcome.message[:500]}", MESSAGE_LIMIT))
+        try:
+            self._fail(claim, minimal)
+        except DB_ERRORS as e:
+            if not self._refused(e, claim):
+                raise
+            self.book.forget(claim)
+            logger.error("Could not record the failure of job=%s fence=%s worker=%s: the "
+                         "database refused even a minimal record (%s); dropping the claim, "
+                         "whose lease runs out", claim.pk, claim.job.fence, self.worker_id,
+                         _first_line(e))
+
+    def _refused(self, error: Exception, claim: Claim | None = None) -> bool:
+        """Whether the database refused an owner's write itself, so that sending it again
+        cannot help: an error other than a connection's, or (for one claim's write) the
+        same write failing WRITE_STRIKES times over a connection that still answers, as
+        MySQL reports a string its character set cannot hold. Anything else, lock waits and
+        deadlocks included, is an outage: sent again after a pause, however long it lasts."""
+        if refused_by_database(error):
+            return True
+        if (not isinstance(error, OperationalError) or contention(error)
+                or not self._connection_answers()):
+            return False
+        if claim is None:
+            return True  # several jobs in one statement: send them one by one
+        claim.write_strikes += 1
+        return claim.write_strikes >= WRITE_STRIKES
+
+    def _connection_answers(self) -> bool:
+        connection = connections[self.database]
+        try:
+            return connection.connection is not None and connection.is_usable()
+        except Exception:  # noqa: BLE001 -- a connection that cannot say is not answering
+            return False
 
     # -- stopping ----------------------------------------------------------------------
 
@@ -519,6 +603,10 @@ class Worker:
             try:
                 return call()
             except DB_ERRORS as e:
+                if refused_by_database(e):
+                    logger.error("The database refused %s worker=%s error=%s", what,
+                                 self.worker_id, _first_line(e))
+                    return None
                 self._db_trouble(what, e, wait=not self.stop_request.hurry)
         return None
 
@@ -574,3 +662,13 @@ class Worker:
             connections[self.database].close()
         if wait:
             self.waker.wait(delay)
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _refusal(error: Exception, what: str) -> Outcome:
+    """The failed outcome of a write the database refused: its error class and message."""
+    return Outcome("error", exception_class_path=class_path(type(error)),
+                   message=storable_text(f"{what}: {error}", MESSAGE_LIMIT))

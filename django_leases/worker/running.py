@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import traceback
 from dataclasses import replace
 from typing import Any
 
@@ -15,7 +14,13 @@ from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
 from ..api import JobHandle
-from ..exceptions import LeaseLost, NonRetryable
+from ..exceptions import NonRetryable
+from ..storable import (
+    class_path,
+    describe_exception,
+    readable_class_path,
+    storable_result,
+)
 from .claims import Outcome
 
 logger = logging.getLogger("django_leases.worker")
@@ -69,32 +74,52 @@ def _run(task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle,
             result = asyncio.run(_run_async(task.func, args, kwargs, handle))
         else:
             result = task.func(*args, **kwargs)
-    # CancelledError is a BaseException. It and LeaseLost mean "lost" only when the claim
-    # really was lost; raised by the handler's own code on a claim still held, they are an
-    # error like any other, or the job would sit claimed, unrenewed, until its lease ran out.
-    except (LeaseLost, asyncio.CancelledError, Exception) as e:
+    # Whatever the handler raises, BaseException included (SystemExit, KeyboardInterrupt,
+    # GeneratorExit, a class of its own), fails its job, not the worker: no stop signal
+    # lands here, since Python runs signal handlers on the main thread, and a handler runs
+    # on a slot thread, or in a child process that ignores SIGINT and SIGTERM (child.py).
+    # CancelledError and LeaseLost mean "lost" only when the claim really was lost; raised
+    # by the handler's own code on a claim still held, they are an error like any other,
+    # or the job would sit claimed, unrenewed, until its lease ran out.
+    except BaseException as e:  # noqa: BLE001
         if handle.lost:
             return Outcome("lost")
-        outcome = Outcome(
-            "error",
-            exception_class_path=f"{type(e).__module__}.{type(e).__qualname__}",
-            message=str(e),
-            traceback=traceback.format_exc(),
-            retryable=not isinstance(e, (NonRetryable, *getattr(task, "non_retryable", ()))),
-        )
-        _send(task_finished, task, _finished(started, TaskResultStatus.FAILED, error=TaskError(
-            exception_class_path=outcome.exception_class_path, traceback=outcome.traceback)))
-        return outcome
+        return _failed(task, started, e)
     if handle.acked:
         # Committed with the handler's own writes; a loss noticed afterwards changes nothing.
         outcome = Outcome("ok", result=handle.acked_result, acked=True)
     elif handle.lost:
         return Outcome("lost")
     else:
+        try:
+            # Checked here, on the handler's side: task_finished must tell the truth, and
+            # in process isolation only plain JSON travels back to the worker.
+            result = storable_result(result)
+        except BaseException as e:  # noqa: BLE001 -- TypeError, or what a hostile value's methods raise
+            return _failed(task, started, e)
         outcome = Outcome("ok", result=result)
     _send(task_finished, task, _finished(started, TaskResultStatus.SUCCESSFUL,
                                          return_value=outcome.result))
     return outcome
+
+
+def _failed(task: Any, started: TaskResult | None, exc: BaseException) -> Outcome:
+    """The failed outcome of ``exc``, every field storable; sends task_finished (FAILED).
+    Called inside the except block, so that receivers see sys.exc_info()."""
+    path, message, trace = describe_exception(exc)
+    outcome = Outcome("error", exception_class_path=path, message=message, traceback=trace,
+                      retryable=_retryable(task, exc))
+    _send(task_finished, task, _finished(started, TaskResultStatus.FAILED, error=TaskError(
+        exception_class_path=readable_class_path(path), traceback=trace)))
+    return outcome
+
+
+def _retryable(task: Any, exc: BaseException) -> bool:
+    """False when the task lists the exception as non-retryable (or it is NonRetryable)."""
+    try:
+        return not isinstance(exc, (NonRetryable, *getattr(task, "non_retryable", ())))
+    except Exception:  # noqa: BLE001 -- a hostile __class__ is retried like any failure
+        return True
 
 
 def _result_at_start(task: Any, handle: JobHandle) -> TaskResult | None:
@@ -125,11 +150,19 @@ def _send(signal: Any, task: Any, task_result: TaskResult | None) -> None:
     """Send a Django task signal; a receiver that raises is logged, never fails the job."""
     if task_result is None:
         return
+    name = "task_started" if signal is task_started else "task_finished"
     for receiver, response in signal.send_robust(type(task.get_backend()), task_result=task_result):
-        if isinstance(response, Exception):
-            logger.error("Receiver %r of %s raised for job=%s", receiver,
-                         "task_started" if signal is task_started else "task_finished",
-                         task_result.id, exc_info=response)
+        if not isinstance(response, Exception):
+            continue
+        try:
+            logger.error("Receiver %r of %s raised for job=%s", receiver, name, task_result.id,
+                         exc_info=response)
+        except Exception:  # noqa: BLE001
+            # Logging raises when no traceback of the chain can be formatted (a handler's
+            # exception whose class names raise, e.g. as the context of the receiver's
+            # own error): logging.Handler.handleError lets all but OSError through.
+            logger.error("Receiver %r of %s raised for job=%s: %s (traceback not printable)",
+                         receiver, name, task_result.id, class_path(type(response)))
 
 
 async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any],

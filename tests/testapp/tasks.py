@@ -412,3 +412,212 @@ async def raise_cancelled() -> None:
 def echo(*args, **kwargs) -> dict:
     """Take any arguments and give them back."""
     return {"args": list(args), "kwargs": kwargs}
+
+# -- hostile handlers: what user code may raise or return (tests/test_hostile_handlers.py) --
+
+
+class HandlerExit(BaseException):
+    """A BaseException of the project's own, as a framework's "abort" signal may be."""
+
+
+class Outer:
+    class InnerError(ValueError):
+        """Nested: its qualname is Outer.InnerError, which no import_string() reaches."""
+
+
+class StrRaises(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ of StrRaises raised")
+
+
+class ReprRaises(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no str either")
+
+    def __repr__(self) -> str:
+        raise ValueError("__repr__ of ReprRaises raised")
+
+
+class StrNotStr(Exception):
+    def __str__(self):  # noqa: PLE0307 -- hostile on purpose
+        return 42
+
+
+class _NamelessMeta(type):
+    """Every look-up of the class's names raises."""
+
+    def __getattribute__(cls, name: str):
+        if name in ("__module__", "__qualname__", "__name__"):
+            raise RuntimeError(f"no {name} for you")
+        return super().__getattribute__(name)
+
+
+class Nameless(Exception, metaclass=_NamelessMeta):
+    pass
+
+
+# Names no database column or import can take as they are.
+BadNames = type("BadNames", (Exception,), {"__module__": "tests.\x00nowhere\udfff",
+                                           "__qualname__": "Bad\ud800Names"})
+
+
+def _local_error() -> type[Exception]:
+    class LocalError(ValueError):
+        pass
+
+    return LocalError
+
+
+HOSTILE_EXCEPTIONS = (
+    "RuntimeError", "ValueError", "SystemExit", "KeyboardInterrupt", "GeneratorExit",
+    "HandlerExit", "Outer.InnerError", "LocalError", "StrRaises", "ReprRaises", "StrNotStr",
+    "Nameless", "BadNames", "unpicklable", "cycle",
+)
+# What the worker records for each: the class's module.qualname, as it is (storable).
+HOSTILE_EXCEPTION_PATHS = {
+    "RuntimeError": "builtins.RuntimeError", "ValueError": "builtins.ValueError",
+    "SystemExit": "builtins.SystemExit", "KeyboardInterrupt": "builtins.KeyboardInterrupt",
+    "GeneratorExit": "builtins.GeneratorExit",
+    "HandlerExit": "tests.testapp.tasks.HandlerExit",
+    "Outer.InnerError": "tests.testapp.tasks.Outer.InnerError",
+    "LocalError": "tests.testapp.tasks._local_error.<locals>.LocalError",
+    "StrRaises": "tests.testapp.tasks.StrRaises", "ReprRaises": "tests.testapp.tasks.ReprRaises",
+    "StrNotStr": "tests.testapp.tasks.StrNotStr", "Nameless": "tests.testapp.tasks.Nameless",
+    "BadNames": "tests.\\x00nowhere\\udfff.Bad\\ud800Names",
+    "unpicklable": "builtins.RuntimeError", "cycle": "builtins.RuntimeError",
+}
+
+
+def hostile_exception(kind: str, message: str) -> BaseException:
+    """An exception of ``kind`` (one of HOSTILE_EXCEPTIONS) carrying ``message``."""
+    import threading
+
+    classes = {
+        "RuntimeError": RuntimeError, "ValueError": ValueError, "SystemExit": SystemExit,
+        "KeyboardInterrupt": KeyboardInterrupt, "GeneratorExit": GeneratorExit,
+        "HandlerExit": HandlerExit, "Outer.InnerError": Outer.InnerError,
+        "LocalError": _local_error(), "StrRaises": StrRaises, "ReprRaises": ReprRaises,
+        "StrNotStr": StrNotStr, "Nameless": Nameless, "BadNames": BadNames,
+    }
+    if kind == "unpicklable":
+        # A lock and a lambda among the args: pickle refuses both.
+        return RuntimeError(message, threading.Lock(), lambda: None)
+    if kind == "cycle":
+        first, second = RuntimeError(message), ValueError("its cause")
+        first.__cause__, second.__context__ = second, first
+        return first
+    return classes[kind](message)
+
+
+def _text(codepoints: list[int], repeat: int) -> str:
+    """A message built from code points (JSON arguments cannot carry lone surrogates or a
+    NUL through every database, code points can), ``repeat`` times over."""
+    return "".join(map(chr, codepoints)) * repeat
+
+
+@task
+def hostile_raise(key: str, kind: str, codepoints: list[int], repeat: int = 1) -> None:
+    raise hostile_exception(kind, _text(codepoints, repeat))
+
+
+@task
+async def hostile_araise(key: str, kind: str, codepoints: list[int], repeat: int = 1) -> None:
+    raise hostile_exception(kind, _text(codepoints, repeat))
+
+
+HOSTILE_RESULTS = (
+    "object", "set", "bytes", "datetime", "deep", "bigint", "nan", "inf", "int_key",
+    "surrogate", "nul", "str_subclass_reduce", "huge", "nameless", "dict_items_raise",
+)
+
+
+class _Unreducible(str):
+    def __reduce__(self):
+        raise TypeError("cannot pickle me")
+
+
+class _ItemsRaise(dict):
+    def items(self):
+        raise RuntimeError("items() of a hostile dict raised")
+
+
+def hostile_value(kind: str, size: int = 3000) -> object:
+    """A return value no JSON column stores as it is (except str_subclass_reduce, which
+    JSON stores but pickle refuses)."""
+    import datetime
+
+    if kind == "deep":
+        value: object = []
+        for _ in range(size):
+            value = [value]
+        return value
+    return {
+        "object": lambda: object(), "set": lambda: {1, 2}, "bytes": lambda: b"\x00\xff",
+        "datetime": lambda: datetime.datetime(2026, 1, 1),
+        "bigint": lambda: 10 ** max(size, 5000), "nan": lambda: float("nan"),
+        "inf": lambda: [1, float("-inf")], "int_key": lambda: {"ok": {1: "one"}},
+        "surrogate": lambda: {"text": "bad \ud800"}, "nul": lambda: ["bad\x00"],
+        "str_subclass_reduce": lambda: [_Unreducible("fine as JSON")],
+        "huge": lambda: "x" * (9 * 2**20), "nameless": lambda: [Nameless("x")],
+        "dict_items_raise": lambda: _ItemsRaise(a=1),
+    }[kind]()
+
+
+@task
+def hostile_return(key: str, kind: str, size: int = 3000) -> object:
+    return hostile_value(kind, size)
+
+
+@task
+async def hostile_areturn(key: str, kind: str, size: int = 3000) -> object:
+    return hostile_value(kind, size)
+
+
+def _record_hostile_signal(sender, task_result, **kwargs) -> None:
+    """Record task_finished of the hostile_* tasks as an effect: phase "finished:STATUS",
+    and, for a failure, the last error's class path in worker_id. Then log it with the
+    exception, as Django's own receiver does, through a handler that prints it: logging
+    raises when it cannot format the exception, and the worker must survive that too."""
+    import logging
+    import os
+    import sys
+
+    from .models import Effect
+
+    if not task_result.task.name.startswith("hostile_"):
+        return
+    errors = task_result.errors
+    Effect.objects.create(
+        key=task_result.args[0], job_id=int(task_result.id), fence=0, pid=os.getpid(),
+        phase=f"finished:{task_result.status}",
+        worker_id=errors[-1].exception_class_path[:200] if errors else "")
+    logging.getLogger("django_leases.tests").log(
+        logging.ERROR if errors else logging.DEBUG, "hostile job %s finished", task_result.id,
+        exc_info=sys.exc_info()[0] is not None)
+
+
+task_finished.connect(_record_hostile_signal, dispatch_uid="tests.testapp.record_hostile_finished")
+
+
+@task
+def hostile_checkpoint(key: str, cursor: object) -> str:
+    """Checkpoint ``cursor``; a refusal by the database raises in the handler."""
+    from django_leases.api import current_job
+
+    current_job().checkpoint(cursor)
+    return key
+
+
+@task
+def interruptible(key: str, seconds: float) -> None:
+    """Put Python's own SIGINT handler back, as a handler with signal handling of its own
+    may, then sleep: in process isolation Ctrl-C sent to the whole process group raises
+    KeyboardInterrupt here (it must run in a child's main thread)."""
+    import signal
+
+    from django_leases.api import current_job
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _effect(key, "start")
+    current_job().sleep(seconds)
+    _effect(key, "done")

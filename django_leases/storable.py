@@ -1,0 +1,223 @@
+"""Make what a handler hands back storable on every supported database.
+
+A handler is untrusted input: its exception may carry lone surrogates (which have no UTF-8
+form, so no driver can send them), a NUL (which PostgreSQL's text refuses), megabytes of
+message, a ``__str__`` or ``__repr__`` that raises, a class whose names raise; its return
+value may be anything at all. What the worker records of it goes through here, so that
+recording a failure can itself never fail on the handler's account.
+
+The limits, in characters, fit every database's column (``exception_class_path`` is a
+``varchar(255)``; the others are ``text``/``longtext``) and keep a failure record well
+inside MySQL's and MariaDB's default ``max_allowed_packet`` (16 MiB on MariaDB); a result
+of up to ``RESULT_LIMIT`` characters of JSON (ASCII, so as many bytes) fits it too.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import traceback
+from typing import Any
+
+from .exceptions import InvalidJobArgument
+from .jsonsafe import ensure_json
+
+CLASS_PATH_LIMIT = 255
+MESSAGE_LIMIT = 10_000
+TRACEBACK_LIMIT = 50_000
+RESULT_LIMIT = 8 * 2**20
+
+# The names type itself keeps for a class, read past any metaclass that overrides them.
+_qualname_of = type.__dict__["__qualname__"].__get__
+_module_of = type.__dict__["__module__"].__get__
+_name_of = type.__dict__["__name__"].__get__
+
+
+def storable_text(value: Any, limit: int, *, keep_tail: bool = False) -> str:
+    """``value`` as text every database stores: lone surrogates escaped as ``\\ud800``,
+    NUL as ``\\x00``, at most ``limit`` characters (the head, or with ``keep_tail`` the head
+    and the tail, around a note of how much was cut)."""
+    text = _plain(value)
+    if len(text) <= limit:
+        escaped = _escape(text)
+        if len(escaped) <= limit:
+            return escaped
+    note = f"\n[... {len(text):,} characters in all, cut to {limit:,} ...]\n"
+    room = max(limit - len(note), 0)
+    if not keep_tail:
+        return (_escape(text[:room])[:room] + note)[:limit]
+    head, tail = room - room // 2, room // 2
+    return (_escape(text[:head])[:head] + note
+            + (_escape(text[-tail:])[-tail:] if tail else ""))[:limit]
+
+
+def storable_name(value: Any, limit: int = CLASS_PATH_LIMIT) -> str:
+    """``value`` escaped as storable_text() does and cut at ``limit``, unmarked: a name
+    over the column's length is no import path anyway."""
+    return _escape(_plain(value)[:limit])[:limit]
+
+
+def ascii_text(value: Any, limit: int) -> str:
+    """``value`` as printable ASCII (anything else backslash-escaped), cut to ``limit``:
+    what a column of any character set takes."""
+    return _plain(value).encode("ascii", "backslashreplace").decode("ascii")[:limit]
+
+
+def class_path(cls: type) -> str:
+    """``module.qualname`` of ``cls`` (``builtins.SystemExit``, ``app.tasks.Outer.Error``),
+    storable, from the names type keeps (a metaclass cannot make reading them raise)."""
+    try:
+        qualname = _qualname_of(cls)
+    except Exception:  # noqa: BLE001 -- a class whose names cannot be read still has a path
+        qualname = None
+    if not isinstance(qualname, str):
+        try:
+            qualname = _name_of(cls)
+        except Exception:  # noqa: BLE001
+            qualname = "<unnamed>"
+    try:
+        module = _module_of(cls)
+    except Exception:  # noqa: BLE001
+        module = None
+    if not isinstance(module, str):
+        module = "<unknown>"
+    return storable_name(f"{_plain(module)[:CLASS_PATH_LIMIT]}.{_plain(qualname)[:CLASS_PATH_LIMIT]}")
+
+
+def describe_exception(exc: BaseException) -> tuple[str, str, str]:
+    """(class path, message, traceback) of ``exc``, storable, whatever ``exc`` does.
+
+    Call it on the thread that runs the handler (a slot thread or the child process): a
+    hostile ``__str__`` may raise anything, even a BaseException, and is caught here.
+    """
+    path = class_path(type(exc))
+    message = _message(exc)
+    return (path, storable_text(message, MESSAGE_LIMIT),
+            storable_text(_traceback(exc, path, message), TRACEBACK_LIMIT, keep_tail=True))
+
+
+def readable_class_path(path: str, fallback: str = "builtins.Exception") -> str:
+    """A path TaskError.exception_class imports (it splits module from class at the last
+    dot) for the exception class recorded as ``path``: ``path`` itself, else that of the
+    nearest base class that imports so (a class nested in another), else ``fallback`` (a
+    class defined inside a function, a path cut at the column's length, a module that no
+    longer exists)."""
+    return _readable(path) or fallback
+
+
+@functools.lru_cache(maxsize=1024)
+def _readable(path: str) -> str | None:
+    parts = path.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None  # f.<locals>.Error, escaped characters: no import reaches it
+    cls = None
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:cut]))
+            for name in parts[cut:]:
+                found = getattr(found, name)
+        except Exception:  # noqa: BLE001, S112 -- ImportError, or whatever the module raises
+            continue
+        cls = found
+        break
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        return None
+    for base in cls.__mro__:
+        module, _, name = class_path(base).rpartition(".")
+        try:
+            if getattr(importlib.import_module(module), name) is base:
+                return f"{module}.{name}"
+        except Exception:  # noqa: BLE001, S112
+            continue
+    return None
+
+
+def storable_result(value: Any) -> Any:
+    """``value`` as the job's JSON ``result`` column will hold it (plain lists, dicts, str,
+    int, float, bool, None), or raise TypeError saying why it cannot be, naming where in
+    the value (``result[0]['when']``) as enqueue's argument errors do."""
+    if value is None or type(value) in (bool, str, int) and _is_plain_scalar(value):
+        return value
+    try:
+        checked = ensure_json(value, "result")
+        text = json.dumps(checked, allow_nan=False)
+    except InvalidJobArgument as e:
+        raise TypeError(f"the task returned a value that cannot be stored as JSON: {e}") from None
+    except RecursionError:
+        raise TypeError("the task returned a value that cannot be stored as JSON: result: "
+                        "nested too deeply") from None
+    except Exception as e:  # noqa: BLE001 -- ValueError from json, or the value's own methods
+        raise TypeError("the task returned a value that cannot be stored as JSON: result: "
+                        f"{_message(e)}") from None
+    if len(text) > RESULT_LIMIT:
+        raise TypeError(f"the task returned a value too large to store: result: its JSON form "
+                        f"is {len(text):,} characters, over the limit of {RESULT_LIMIT:,}")
+    # A fresh copy of plain types: no subclass of str or int (whose pickling a handler may
+    # have overridden) goes on to the worker.
+    return json.loads(text)
+
+
+def _is_plain_scalar(value: Any) -> bool:
+    """A str every database stores, or an int of a size every JSON column takes."""
+    if type(value) is str:
+        return len(value) <= 1000 and "\x00" not in value and value.isascii()
+    return type(value) is bool or -(2**53) <= value <= 2**53
+
+
+def _plain(value: Any) -> str:
+    """An exact str, without calling any method a str subclass overrides."""
+    if type(value) is str:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    return _safe_str(value)
+
+
+def _escape(text: str) -> str:
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _message(exc: BaseException) -> str:
+    """str(exc); else repr(exc); else the class name and what went wrong."""
+    for render in (str, repr, BaseException.__repr__):
+        try:
+            text = render(exc)
+        except BaseException:  # noqa: BLE001, S112 -- a hostile __str__ may raise anything
+            continue
+        if isinstance(text, str):
+            return _plain(text)
+    try:
+        name = _plain(_name_of(type(exc)))
+    except Exception:  # noqa: BLE001
+        name = "exception"
+    return f"<{name}: str() and repr() raised>"
+
+
+def _safe_str(value: Any) -> str:
+    try:
+        text = str(value)
+    except BaseException:  # noqa: BLE001 -- as in _message
+        return f"<{_name_of(type(value))} whose str() raised>"
+    return _plain(text) if isinstance(text, str) else "<unprintable>"
+
+
+def _traceback(exc: BaseException, path: str, message: str) -> str:
+    """The formatted traceback, chained causes and contexts included (the formatter stops
+    at a cycle). If formatting fails (a class whose names raise), the stack alone, ending
+    with the class path and message as read here."""
+    try:
+        return "".join(traceback.format_exception(exc))
+    except BaseException:  # noqa: BLE001 -- as in _message
+        pass
+    try:
+        stack = "".join(traceback.format_tb(BaseException.__dict__["__traceback__"].__get__(exc)))
+    except BaseException:  # noqa: BLE001
+        stack = ""
+    return f"Traceback (most recent call last):\n{stack}{path}: {message}\n"

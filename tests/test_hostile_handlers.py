@@ -1,0 +1,533 @@
+"""Hostile handlers: whatever user code raises or returns fails its job, never the worker.
+
+Invariant 6 (user code is untrusted input) and 3 (nothing lost, nothing half-written),
+through real run_lease_worker processes in both isolations, sync and async handlers: the
+worker exits 0 from --burst, every poison job ends dead with one failure recording its
+exception's module.qualname and a message and traceback every database stores, every good
+job of the same batch succeeds, task_finished is sent once, with FAILED. The property test
+at the end generates such batches with hypothesis.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+
+import pytest
+from django.db import connection
+from django.tasks import TaskResultStatus, task_backends
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_leases.models import Job
+from django_leases.states import DeadReason, FailureKind, JobState
+from django_leases.storable import (
+    MESSAGE_LIMIT,
+    TRACEBACK_LIMIT,
+    class_path,
+    describe_exception,
+    readable_class_path,
+    storable_text,
+)
+from tests.testapp import tasks as t
+from tests.testapp.models import Effect
+from tests.worker_helpers import wait_for
+
+# The worker tests: real processes need committed rows.
+workers_db = pytest.mark.django_db(transaction=True)
+
+ISOLATIONS = ["thread", "process"]
+# A lease long enough that a loaded machine never lets one run out mid-test.
+STEADY = ["--lease", "10", "--heartbeat", "1", "--poll", "0.2"]
+_keys = itertools.count()
+
+
+def _key(prefix: str) -> str:
+    return f"{prefix}-{next(_keys)}"
+
+
+def _escaped(text: str) -> str:
+    """What the worker stores of ``text``: NUL and lone surrogates as backslash escapes."""
+    return "".join("\\x00" if c == "\x00" else f"\\u{ord(c):04x}" if 0xD800 <= ord(c) <= 0xDFFF
+                   else c for c in text)
+
+
+def _storable(text: str) -> bool:
+    text.encode("utf-8")
+    return "\x00" not in text
+
+
+def _burst(workers, name: str, isolation: str, *extra: str) -> int:
+    """Run one --burst worker with two slots over what is enqueued; its exit status."""
+    worker = workers.start(name, *STEADY, "--burst", "--concurrency", "2", "--isolation",
+                           isolation, *extra, ready=False)
+    return worker.wait_exit(180)
+
+
+def _result(result_id):
+    """get_result() through the backend, whichever task the job runs."""
+    return task_backends["default"].get_result(result_id)
+
+
+def _finished_signals(job_id: int) -> list[tuple[str, str]]:
+    """task_finished as the hostile_* receiver recorded it: (phase, last error class)."""
+    return list(Effect.objects.filter(job_id=job_id).values_list("phase", "worker_id"))
+
+
+def _assert_failed_once(result, path: str, message: str | None = None):
+    """The job ended dead after one attempt, nothing half-written, with one failure of
+    ``path`` whose text any database stores; task_finished was sent once, FAILED."""
+    job = Job.objects.get(pk=result.id)
+    assert (job.state, job.dead_reason, job.attempts) == (JobState.DEAD, DeadReason.ATTEMPTS, 1)
+    assert job.result is None and job.claim_token is None and job.finished_at is not None
+    failure = job.failures.get()
+    assert (failure.kind, failure.exception_class_path) == (FailureKind.EXCEPTION, path)
+    assert _storable(failure.message) and len(failure.message) <= MESSAGE_LIMIT
+    assert _storable(failure.traceback) and 0 < len(failure.traceback) <= TRACEBACK_LIMIT
+    if message is not None:
+        assert failure.message == message
+    assert _finished_signals(job.pk) == [("finished:FAILED", _readable(path))]
+    return failure
+
+
+def _readable(path: str) -> str:
+    """The class path Django's API shows: the recorded one where import_string() reaches
+    it, else its nearest base that it reaches, else Exception."""
+    if path == "tests.testapp.tasks.Outer.InnerError":
+        return "builtins.ValueError"
+    if "<locals>" in path or "\\" in path:
+        return "builtins.Exception"
+    return path
+
+
+@workers_db
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_whatever_a_handler_raises_fails_its_job_not_the_worker(workers, isolation):
+    """Every hostile exception (a lone surrogate or NUL in its message, BaseException
+    subclasses, a __str__/__repr__ that raises or returns no str, names that raise or no
+    import reaches, unpicklable args, a cause/context cycle, a message far over the limit),
+    sync and async: recorded with its module.qualname, storable text, the traceback; the
+    good jobs beside them succeed; the worker exits 0 (6, 3)."""
+    text = "bad \ud800 msg\x00end"
+    codepoints = [ord(c) for c in text]
+    poison = {}
+    for kind in t.HOSTILE_EXCEPTIONS:
+        poison[kind] = t.hostile_raise.using_lease(max_attempts=1).enqueue(
+            _key(kind), kind, codepoints)
+    for kind in ("RuntimeError", "SystemExit", "KeyboardInterrupt", "HandlerExit", "Nameless"):
+        poison[f"async {kind}"] = t.hostile_araise.using_lease(max_attempts=1).enqueue(
+            _key(kind), kind, codepoints)
+    huge = t.hostile_raise.using_lease(max_attempts=1).enqueue(
+        _key("huge"), "RuntimeError", codepoints, repeat=20_000)
+    good = [t.add.enqueue(i, 1) for i in range(3)]
+
+    assert _burst(workers, f"raise-{isolation}", isolation) == 0
+
+    for name, result in poison.items():
+        kind = name.removeprefix("async ")
+        exc = t.hostile_exception(kind, text)
+        # Unpicklable args print with their addresses, which differ in a child process.
+        expected = None if kind == "unpicklable" else describe_exception(exc)[1]
+        failure = _assert_failed_once(result, t.HOSTILE_EXCEPTION_PATHS[kind], expected)
+        assert ("hostile_araise" if name.startswith("async") else "hostile_raise") in failure.traceback
+        error = _result(result.id).errors[0]
+        assert error.traceback == failure.traceback
+        assert error.exception_class_path == _readable(failure.exception_class_path)
+        assert issubclass(type(exc), error.exception_class)
+    # The plain cases, by an oracle of their own: the text with its escapes.
+    assert Job.objects.get(pk=poison["SystemExit"].id).failures.get().message == _escaped(text)
+    assert _result(poison["SystemExit"].id).errors[0].exception_class is SystemExit
+    assert _result(poison["LocalError"].id).errors[0].exception_class is Exception
+    failure = _assert_failed_once(huge, "builtins.RuntimeError")
+    assert len(failure.message) == MESSAGE_LIMIT and "characters in all" in failure.message
+    assert failure.message.startswith(_escaped(text * 5))
+    for i, result in enumerate(good):
+        assert Job.objects.get(pk=result.id).result == i + 1
+
+
+@workers_db
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_return_value_that_cannot_be_stored_fails_as_type_error(workers, isolation):
+    """Objects, sets, bytes, datetimes, 3,000-deep nesting, a 5,000-digit int, NaN,
+    infinities, non-str keys, lone surrogates, NUL, 9 MiB of JSON: builtins.TypeError naming
+    where in the value, task_finished FAILED, in both isolations; a str subclass whose
+    pickling raises is stored as the plain string it is (6)."""
+    # Where in the value, and what: the words are jsonsafe's, as for enqueue's arguments.
+    where = {
+        "object": ("result: ", "builtins.object"), "set": ("result: ", "builtins.set"),
+        "bytes": ("result: ", "builtins.bytes"), "datetime": ("result: ", "datetime.datetime"),
+        "deep": ("result",), "bigint": ("result: ",), "nan": ("result: ", "nan"),
+        "inf": ("result[1]: ", "-inf"), "int_key": ("result['ok'][1]",),
+        "surrogate": ("result['text']: ",), "nul": ("result[0]: ", "NUL"),
+        "huge": ("too large to store: result",), "nameless": ("result",),
+        "dict_items_raise": ("result",),
+    }
+    poison = {kind: t.hostile_return.using_lease(max_attempts=1).enqueue(_key(kind), kind)
+              for kind in where}
+    for kind in ("object", "deep", "bigint", "nan"):
+        poison[f"async {kind}"] = t.hostile_areturn.using_lease(max_attempts=1).enqueue(
+            _key(kind), kind)
+    plain = t.hostile_return.enqueue(_key("plain"), "str_subclass_reduce")
+    good = t.add.enqueue(2, 3)
+
+    assert _burst(workers, f"return-{isolation}", isolation) == 0
+
+    for name, result in poison.items():
+        failure = _assert_failed_once(result, "builtins.TypeError")
+        assert failure.message.startswith("the task returned a value "), failure.message
+        for words in where[name.removeprefix("async ")]:
+            assert words in failure.message, (name, failure.message)
+        assert _result(result.id).errors[0].exception_class is TypeError
+    done = _result(plain.id)
+    assert (done.status, done.return_value) == (TaskResultStatus.SUCCESSFUL, ["fine as JSON"])
+    assert _finished_signals(int(plain.id)) == [("finished:SUCCESSFUL", "")]
+    assert Job.objects.get(pk=good.id).result == 5
+
+
+@workers_db
+def test_an_unstorable_result_follows_the_retry_ladder(workers):
+    """A TypeError from the return value is a failure like any other: the job goes back to
+    pending for its next attempt while it has attempts left (6)."""
+    result = t.hostile_return.using_lease(max_attempts=3).enqueue(_key("retry"), "set")
+    assert _burst(workers, "retry", "thread") == 0
+    job = Job.objects.get(pk=result.id)
+    assert (job.state, job.attempts, job.dead_reason) == (JobState.PENDING, 1, "")
+    assert job.failures.get().exception_class_path == "builtins.TypeError"
+
+
+# -- the database refusing an owner's write --------------------------------------------
+
+
+def _triggers(sql_by_vendor: dict[str, list[str]], drops: dict[str, list[str]]):
+    """Create the triggers (after dropping any a crashed run left), drop them at the end.
+    No parameters are passed, so no driver reads the % signs as placeholders."""
+    with connection.cursor() as cursor:
+        for statement in [*drops[connection.vendor], *sql_by_vendor[connection.vendor]]:
+            cursor.execute(statement)
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            for statement in drops[connection.vendor]:
+                cursor.execute(statement)
+
+
+@pytest.fixture
+def refusing_database():
+    """Triggers that make the database refuse, as a constraint would: a job UPDATE whose
+    result holds "refuse-ack" or whose cursor holds "refuse-cursor", a failure INSERT
+    whose traceback holds "refuse-failure" or whose message holds "refuse-all"."""
+    from django_leases.models import JobFailure
+
+    job, failure = Job._meta.db_table, JobFailure._meta.db_table
+    q = connection.ops.quote_name
+    on_job = f"NEW.result LIKE '%refuse-ack%' OR NEW.{q('cursor')} LIKE '%refuse-cursor%'"
+    on_failure = "NEW.traceback LIKE '%refuse-failure%' OR NEW.message LIKE '%refuse-all%'"
+    create = {
+        "postgresql": [
+            """CREATE OR REPLACE FUNCTION hostile_refuse_job() RETURNS trigger
+            LANGUAGE plpgsql AS $$ BEGIN
+              IF NEW.result::text LIKE '%refuse-ack%' OR NEW.cursor::text LIKE '%refuse-cursor%' THEN
+                RAISE EXCEPTION 'refused by the test trigger' USING ERRCODE = '22000';
+              END IF;
+              RETURN NEW;
+            END $$""",
+            f"""CREATE OR REPLACE FUNCTION hostile_refuse_failure() RETURNS trigger
+            LANGUAGE plpgsql AS $$ BEGIN
+              IF {on_failure} THEN
+                RAISE EXCEPTION 'refused by the test trigger' USING ERRCODE = '22000';
+              END IF;
+              RETURN NEW;
+            END $$""",
+            f"CREATE TRIGGER hostile_refuse_job BEFORE UPDATE ON {q(job)} "
+            "FOR EACH ROW EXECUTE FUNCTION hostile_refuse_job()",
+            f"CREATE TRIGGER hostile_refuse_failure BEFORE INSERT ON {q(failure)} "
+            "FOR EACH ROW EXECUTE FUNCTION hostile_refuse_failure()",
+        ],
+        "mysql": [
+            f"""CREATE TRIGGER hostile_refuse_job BEFORE UPDATE ON {q(job)} FOR EACH ROW
+            BEGIN IF {on_job} THEN
+              SIGNAL SQLSTATE '22000' SET MESSAGE_TEXT = 'refused by the test trigger';
+            END IF; END""",
+            f"""CREATE TRIGGER hostile_refuse_failure BEFORE INSERT ON {q(failure)} FOR EACH ROW
+            BEGIN IF {on_failure} THEN
+              SIGNAL SQLSTATE '22000' SET MESSAGE_TEXT = 'refused by the test trigger';
+            END IF; END""",
+        ],
+        "sqlite": [
+            f"""CREATE TRIGGER hostile_refuse_job BEFORE UPDATE ON {q(job)} WHEN {on_job}
+            BEGIN SELECT RAISE(ABORT, 'refused by the test trigger'); END""",
+            f"""CREATE TRIGGER hostile_refuse_failure BEFORE INSERT ON {q(failure)}
+            WHEN {on_failure} BEGIN SELECT RAISE(ABORT, 'refused by the test trigger'); END""",
+        ],
+    }
+    drop_both = ["DROP TRIGGER IF EXISTS hostile_refuse_job", "DROP TRIGGER IF EXISTS hostile_refuse_failure"]
+    drops = {
+        "postgresql": [f"DROP TRIGGER IF EXISTS hostile_refuse_job ON {q(job)}",
+                       f"DROP TRIGGER IF EXISTS hostile_refuse_failure ON {q(failure)}",
+                       "DROP FUNCTION IF EXISTS hostile_refuse_job()",
+                       "DROP FUNCTION IF EXISTS hostile_refuse_failure()"],
+        "mysql": drop_both, "sqlite": drop_both,
+    }
+    yield from _triggers(create, drops)
+
+
+@workers_db
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_write_the_database_refuses_ends_the_attempt_not_the_worker(
+        workers, isolation, refusing_database):
+    """An ack whose result the database refuses fails the attempt with the database's
+    error; a failure record it refuses is replaced by a minimal one; a checkpoint it
+    refuses raises in the handler, which fails; none of it is taken for an outage and
+    retried forever, and the good jobs beside them succeed (3, 6)."""
+    ack = t.note.using_lease(max_attempts=1).enqueue(_key("ack"), "refuse-ack")
+    failing = t.hostile_raise.using_lease(max_attempts=1).enqueue(
+        _key("fail"), "RuntimeError", [ord(c) for c in "refuse-failure"])
+    cursor = t.hostile_checkpoint.using_lease(max_attempts=1).enqueue(
+        _key("cursor"), {"note": "refuse-cursor"})
+    good = [t.add.enqueue(i, 10) for i in range(3)]
+
+    assert _burst(workers, f"refused-{isolation}", isolation) == 0
+
+    job = Job.objects.get(pk=ack.id)
+    assert (job.state, job.attempts, job.result) == (JobState.DEAD, 1, None)
+    failure = job.failures.get()
+    assert failure.exception_class_path.startswith("django.db.utils."), failure.exception_class_path
+    assert failure.message.startswith("the database refused the result: ")
+    assert "refused by the test trigger" in failure.message
+
+    job = Job.objects.get(pk=failing.id)
+    assert (job.state, job.attempts) == (JobState.DEAD, 1)
+    failure = job.failures.get()
+    assert failure.exception_class_path == "builtins.RuntimeError"
+    assert failure.traceback == ""
+    assert failure.message.startswith("the database refused the failure record (django.db.utils.")
+    assert failure.message.endswith("the message began: refuse-failure")
+
+    job = Job.objects.get(pk=cursor.id)
+    assert (job.state, job.attempts, job.cursor) == (JobState.DEAD, 1, None)
+    assert job.failures.get().exception_class_path.startswith("django.db.utils.")
+    for i, result in enumerate(good):
+        assert Job.objects.get(pk=result.id).result == i + 10
+
+
+@workers_db
+def test_a_failure_the_database_refuses_even_minimal_leaves_the_job_to_its_lease(
+        workers, refusing_database):
+    """When the database refuses even the minimal failure record, the worker lets the
+    claim go and carries on; the job stays visibly claimed until its lease runs out, then
+    the next claim records the attempt as expired and dead-letters it (3)."""
+    result = t.hostile_raise.using_lease(max_attempts=1).enqueue(
+        _key("all"), "RuntimeError", [ord(c) for c in "refuse-all"])
+    good = t.add.enqueue(1, 1)
+    worker = workers.start("refused-all", *STEADY, "--burst", ready=False)
+    assert worker.wait_exit(120) == 0
+    assert "database refused even a minimal record" in worker.log()
+    job = Job.objects.get(pk=result.id)
+    assert (job.state, job.failures.count()) == (JobState.CLAIMED, 0)
+    assert Job.objects.get(pk=good.id).state == JobState.SUCCEEDED
+
+    Job.objects.filter(pk=result.id).expire_now()
+    assert _burst(workers, "refused-all-2", "thread") == 0
+    job = Job.objects.get(pk=result.id)
+    assert (job.state, job.dead_reason) == (JobState.DEAD, DeadReason.ATTEMPTS)
+    assert job.failures.get().kind == FailureKind.LEASE_EXPIRED
+
+
+@workers_db
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_stop_signal_still_stops_the_worker(workers, isolation):
+    """SystemExit and KeyboardInterrupt raised by handlers fail their jobs; SIGINT sent to
+    the worker still stops it, releasing the job it runs (6)."""
+    poison = [t.hostile_raise.using_lease(max_attempts=1).enqueue(_key(kind), kind, [120])
+              for kind in ("SystemExit", "KeyboardInterrupt")]
+    worker = workers.start(f"stop-{isolation}", *STEADY, "--concurrency", "3", "--grace", "1",
+                           "--isolation", isolation)
+    wait_for(lambda: Job.objects.filter(pk__in=[p.id for p in poison], state=JobState.DEAD).count() == 2,
+             60, "the poison jobs to fail")
+    held = t.hold.enqueue(60)
+    wait_for(lambda: Job.objects.get(pk=held.id).state == JobState.CLAIMED, 30, "the hold job")
+    worker.signal(signal.SIGINT)
+    assert worker.wait_exit(60) == 0
+    job = Job.objects.get(pk=held.id)
+    assert (job.state, job.attempts) == (JobState.PENDING, 0)
+
+
+@workers_db
+def test_ctrl_c_to_the_process_group_releases_a_handler_that_reenabled_sigint(workers):
+    """Ctrl-C reaches the worker and its children at once. A process-isolated handler that
+    put Python's SIGINT handler back raises KeyboardInterrupt; the worker is stopping, so
+    that is its stop, not the job's failure: the job is released, the attempt not
+    counted, as when a child dies of the signal (3)."""
+    result = t.interruptible.enqueue(_key("ctrl-c"), 60)
+    worker = workers.start("ctrl-c", *STEADY, "--isolation", "process", "--grace", "20",
+                           own_group=True)
+    wait_for(lambda: Effect.objects.filter(job_id=result.id, phase="start").exists(), 60,
+             "the handler to start")
+    worker.signal_group(signal.SIGINT)
+    assert worker.wait_exit(60) == 0
+    job = Job.objects.get(pk=result.id)
+    assert (job.state, job.attempts, job.failures.count()) == (JobState.PENDING, 0, 0), worker.log()[-3000:]
+
+
+# -- the property: hostile batches, generated ----------------------------------------
+
+_codepoint = st.one_of(st.sampled_from([0, 0xD800, 0xDBFF, 0xDC00, 0xDFFF, 0x1F600, 0x7F, 0xFFFF]),
+                       st.integers(0, 0x10FFFF))
+_raise = st.tuples(st.just("raise"), st.sampled_from(t.HOSTILE_EXCEPTIONS),
+                   st.lists(_codepoint, max_size=12),
+                   st.one_of(st.just(1), st.integers(1_000, 30_000)), st.booleans())
+_return = st.tuples(st.just("return"),
+                    st.sampled_from([k for k in t.HOSTILE_RESULTS if k != "huge"]),
+                    st.integers(1_000, 6_000), st.booleans())
+_good = st.tuples(st.just("good"), st.integers(-10**6, 10**6))
+_batch = st.lists(st.one_of(_raise, _return, _good), min_size=4, max_size=8).map(
+    lambda specs: [*specs, ("good", 7)])
+
+
+def _enqueue(spec):
+    if spec[0] == "raise":
+        _, kind, codepoints, repeat, is_async = spec
+        task = t.hostile_araise if is_async else t.hostile_raise
+        return task.using_lease(max_attempts=1).enqueue(_key("p"), kind, codepoints, repeat)
+    if spec[0] == "return":
+        _, kind, size, is_async = spec
+        task = t.hostile_areturn if is_async else t.hostile_return
+        return task.using_lease(max_attempts=1).enqueue(_key("p"), kind, size)
+    return t.add.using_lease(max_attempts=1).enqueue(spec[1], 1)
+
+
+def _check(spec, result) -> None:
+    if spec[0] == "good":
+        assert Job.objects.get(pk=result.id).result == spec[1] + 1
+        return
+    if spec[0] == "return":
+        if spec[1] == "str_subclass_reduce":
+            assert Job.objects.get(pk=result.id).result == ["fine as JSON"]
+            assert _finished_signals(int(result.id)) == [("finished:SUCCESSFUL", "")]
+            return
+        failure = _assert_failed_once(result, "builtins.TypeError")
+        assert failure.message.startswith("the task returned a value that cannot be stored")
+        return
+    _, kind, codepoints, repeat, is_async = spec
+    text = "".join(map(chr, codepoints)) * repeat
+    expected = None if kind == "unpicklable" else describe_exception(t.hostile_exception(kind, text))[1]
+    failure = _assert_failed_once(result, t.HOSTILE_EXCEPTION_PATHS[kind], expected)
+    assert ("hostile_araise" if is_async else "hostile_raise") in failure.traceback
+
+
+@workers_db
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_property_hostile_batches_never_hurt_the_worker(workers, isolation):
+    """Generated batches of hostile exceptions (any class of the list, BaseException
+    subclasses included, any code points, lone surrogates and NUL, messages up to 30 times
+    the limit), hostile return values (nesting 1,000-6,000 deep, ints of thousands of
+    digits, NaN, non-JSON objects) and good jobs, each batch run by one --burst worker:
+    it exits 0, every poison job is dead with its one failure recorded as storable text,
+    every good job succeeded, nothing half-written (6, 3)."""
+    runs = itertools.count()
+
+    @settings(max_examples=6, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(_batch)
+    def run(batch):
+        results = [_enqueue(spec) for spec in batch]
+        assert _burst(workers, f"prop-{isolation}-{next(runs)}", isolation) == 0
+        for spec, result in zip(batch, results, strict=True):
+            _check(spec, result)
+
+    run()
+
+
+# -- storable.py on its own: no worker, no database ------------------------------------
+
+_text_strategy = st.lists(_codepoint, max_size=60).map(lambda cps: "".join(map(chr, cps)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_text_strategy, st.integers(1, 80), st.sampled_from([1, 3, 400]), st.booleans())
+def test_property_storable_text_is_storable_and_keeps_what_fits(text, limit, repeat, keep_tail):
+    """Any code points, any length: the text every database stores (no NUL, valid UTF-8),
+    never over the limit, exactly the escaped text when that fits, else its head (and
+    tail) around a note (6)."""
+    text *= repeat
+    limit = limit * 10
+    stored = storable_text(text, limit, keep_tail=keep_tail)
+    assert _storable(stored) and len(stored) <= limit
+    if len(_escaped(text)) <= limit:
+        assert stored == _escaped(text)
+    else:
+        assert "characters in all" in stored or len(stored) == limit
+
+
+def test_class_paths_of_hostile_classes_are_read_past_their_metaclass():
+    """module.qualname read from type's own slots: a metaclass whose names raise, names
+    holding NUL or surrogates, a nested class, a builtin (6)."""
+    assert class_path(SystemExit) == "builtins.SystemExit"
+    assert class_path(t.Outer.InnerError) == "tests.testapp.tasks.Outer.InnerError"
+    assert class_path(t.Nameless) == "tests.testapp.tasks.Nameless"
+    assert class_path(t.BadNames) == t.HOSTILE_EXCEPTION_PATHS["BadNames"]
+    assert _storable(class_path(t.BadNames))
+
+
+def test_readable_class_paths_fall_back_to_the_nearest_importable_class():
+    """What TaskError.exception_class imports: the class itself, else its nearest base
+    that import_string() reaches, else Exception (6, issue 15)."""
+    assert readable_class_path("builtins.KeyboardInterrupt") == "builtins.KeyboardInterrupt"
+    assert readable_class_path("tests.testapp.tasks.HandlerExit") == "tests.testapp.tasks.HandlerExit"
+    assert readable_class_path("tests.testapp.tasks.Outer.InnerError") == "builtins.ValueError"
+    assert readable_class_path(t.HOSTILE_EXCEPTION_PATHS["LocalError"]) == "builtins.Exception"
+    assert readable_class_path("no_such_module.Error") == "builtins.Exception"
+    assert readable_class_path("os.path") == "builtins.Exception"  # not an exception class
+
+
+def test_describing_a_hostile_exception_never_raises():
+    """A cause/context cycle, a __str__ that raises, names that raise, a megabyte message:
+    the description is storable and within the limits (6)."""
+    for kind in t.HOSTILE_EXCEPTIONS:
+        try:
+            raise t.hostile_exception(kind, "m\x00\ud800" * 100_000)
+        except BaseException as e:  # noqa: BLE001
+            path, message, trace = describe_exception(e)
+        assert path == t.HOSTILE_EXCEPTION_PATHS[kind]
+        assert _storable(message) and len(message) <= MESSAGE_LIMIT
+        assert _storable(trace) and len(trace) <= TRACEBACK_LIMIT
+        assert "test_describing_a_hostile_exception_never_raises" in trace
+
+
+def test_contention_is_an_outage_not_a_refusal():
+    """Lock and statement timeouts, deadlocks and serialization failures, as each driver
+    raises them under Django's OperationalError, are retried like an outage; never counted
+    against the write, which would fail a job that succeeded (3). A check constraint
+    (MariaDB's 4025 is an OperationalError in the driver, IntegrityError in Django) and a
+    trigger's SIGNAL are not contention."""
+    import sqlite3
+
+    from django.db import IntegrityError, OperationalError
+
+    from django_leases.worker.dberrors import contention, refused_by_database
+
+    def wrapped(cause):
+        error = OperationalError(*cause.args)
+        error.__cause__ = cause
+        return error
+
+    busy = sqlite3.OperationalError("database is locked")
+    busy.sqlite_errorcode = 5
+    missing = sqlite3.OperationalError("no such table: x")
+    missing.sqlite_errorcode = 1
+    assert contention(wrapped(busy)) and not contention(wrapped(missing))
+    assert contention(OperationalError(1205, "Lock wait timeout exceeded"))
+    assert contention(OperationalError(1213, "Deadlock found"))
+    assert not contention(OperationalError(1644, "refused by the test trigger"))
+    assert not contention(OperationalError(1366, "Incorrect string value"))
+    try:
+        import psycopg.errors
+    except ImportError:
+        pass
+    else:
+        for cls in (psycopg.errors.LockNotAvailable, psycopg.errors.SerializationFailure,
+                    psycopg.errors.DeadlockDetected, psycopg.errors.QueryCanceled):
+            assert contention(wrapped(cls("x"))), cls
+        assert not contention(wrapped(psycopg.errors.StatementTooComplex("x")))
+    assert refused_by_database(IntegrityError("check")) and not refused_by_database(wrapped(busy))
