@@ -14,14 +14,14 @@ from django.tasks.signals import task_enqueued
 
 from . import registry
 from .conf import LeaseOptions, validate_lease, validate_max_attempts
-from .exceptions import InvalidJobArgument, InvalidLeaseOption
-from .query import (
+from .enqueue import (
     EnqueueOptions,
     JobFields,
     checked_arguments,
     insert_job,
     insert_job_rows,
 )
+from .exceptions import InvalidJobArgument, InvalidLeaseOption
 from .retry import Retry
 from .states import FailureKind, JobState, LeaseLostPolicy
 from .task import LeaseTask, UndeclaredTask

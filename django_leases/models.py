@@ -11,8 +11,10 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from .conf import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
-from .query import TASK_PATH_LENGTH, JobQuerySet, WorkerQuerySet
+from .enqueue import TASK_PATH_LENGTH
+from .query import JobQuerySet
 from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
+from .workers import WorkerQuerySet
 
 
 class Job(models.Model):

@@ -46,7 +46,7 @@ class Command(BaseCommand):
             "--heartbeat", type=float, default=None, metavar="SECONDS",
             help="Renewal period, shorter than the lease (default: the smaller of "
                  "HEARTBEAT_SECONDS and lease / 3, the lease being --lease or else "
-                 f"LEASE_SECONDS: {min(defaults.heartbeat_seconds, defaults.lease_seconds / 3):g} "
+                 f"LEASE_SECONDS: {conf.worker_heartbeat(defaults, None):g} "
                  "s without --lease). Claims whose own lease is shorter are renewed every "
                  "third of it anyway.")
         parser.add_argument(
@@ -120,7 +120,7 @@ class Command(BaseCommand):
     def _worker_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
         """Check every option before anything is claimed; raise InvalidLeaseOption naming it."""
         aliases = conf.lease_backend_aliases()
-        alias = options["backend"] or (aliases[0] if aliases else None)
+        alias = options["backend"] or conf.first_lease_backend()
         if alias is None or alias not in aliases:
             raise InvalidLeaseOption(
                 "backend", f"{alias!r} is not a django_leases backend in settings.TASKS "
@@ -132,31 +132,24 @@ class Command(BaseCommand):
         lease = options["lease"]
         if lease is not None:
             lease = conf.validate_lease(lease, "lease")
-        effective_lease = lease if lease is not None else backend.lease_seconds
         heartbeat = options["heartbeat"]
         if heartbeat is None:
-            heartbeat = min(backend.heartbeat_seconds, effective_lease / 3)
-        heartbeat = conf.validate_heartbeat(heartbeat, effective_lease, "heartbeat")
+            heartbeat = conf.worker_heartbeat(backend, lease)
+        heartbeat = conf.validate_heartbeat(
+            heartbeat, lease if lease is not None else backend.lease_seconds, "heartbeat")
+        # The ranges of the OPTIONS these override, checked by the same functions.
         concurrency = options["concurrency"]
-        concurrency = backend.concurrency if concurrency is None else concurrency
-        if concurrency < 1 or concurrency > 1000:
-            raise InvalidLeaseOption("concurrency", f"must be from 1 to 1000, got {concurrency}")
-        poll = backend.poll_seconds if options["poll"] is None else options["poll"]
-        if not 0.001 <= poll <= 3600:
-            raise InvalidLeaseOption("poll", f"must be from 0.001 to 3600 seconds, got {poll:g}")
-        grace = backend.grace_seconds if options["grace"] is None else options["grace"]
-        if not 0 <= grace <= conf.MAX_LEASE_SECONDS:
-            raise InvalidLeaseOption("grace", f"must be from 0 to {conf.MAX_LEASE_SECONDS} "
-                                              f"seconds, got {grace:g}")
+        concurrency = backend.concurrency if concurrency is None else conf.validate_concurrency(
+            concurrency, "concurrency")
+        poll = backend.poll_seconds if options["poll"] is None else conf.validate_poll(options["poll"], "poll")
+        grace = backend.grace_seconds if options["grace"] is None else conf.validate_grace(
+            options["grace"], "grace")
         max_jobs = options["max_jobs"]
         if max_jobs is not None and max_jobs < 1:
             raise InvalidLeaseOption("max_jobs", f"must be at least 1, got {max_jobs}")
-        from django.conf import settings
-
-        declared = settings.TASKS[alias].get("QUEUES")
+        declared = conf.served_queues(alias)
         # None: every queue (a claim with no queue filter).
-        queues = None if options.get("all_queues") else options["queues"] or (
-            list(declared) if declared else None)
+        queues = None if options.get("all_queues") else options["queues"] or declared
         if queues is not None and "*" in queues:
             raise InvalidLeaseOption("queue", "'*' is no wildcard here (an unquoted * is "
                                               "expanded by the shell); use --all-queues")
