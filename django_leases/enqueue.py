@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import (
     IntegrityError,
@@ -83,7 +83,7 @@ def checked_seconds(name: str, value: Any) -> float:
     return float(value)
 
 
-def _text_option(name: str, value: Any, longest: int) -> str:
+def checked_text(name: str, value: Any, longest: int) -> str:
     """A name stored in a character column: 1 to ``longest`` characters, none that a
     database refuses (PostgreSQL: NUL; any: a lone surrogate)."""
     from .exceptions import InvalidLeaseOption
@@ -141,16 +141,29 @@ class EnqueueOptions:
     def check(self, task_path: str) -> JobFields:
         """The validated fields; raise InvalidLeaseOption naming the first bad option.
         Missing lease, attempts and age come from the backend OPTIONS."""
+        return cast(JobFields, self._checked(task_path, conf.get_options(None), "lease_seconds"))
+
+    def check_declared(self, task_path: str, lease_name: str = "lease_seconds") -> None:
+        """Refuse (InvalidLeaseOption) an option given here that check() would refuse,
+        without reading the backend's defaults: a task's own options, checked when it is
+        declared (the lease named ``lease_name``, as the task names it)."""
+        self._checked(task_path, None, lease_name)
+
+    def _checked(self, task_path: str, defaults: conf.LeaseOptions | None,
+                 lease_name: str) -> JobFields | None:
         from .exceptions import InvalidLeaseOption
         from .retry import Retry
 
-        _text_option("task_path", task_path, TASK_PATH_LENGTH)
+        checked_text("task_path", task_path, TASK_PATH_LENGTH)
         self._check_choices()
-        options = conf.get_options(None)
-        lease = conf.validate_lease(
-            options.lease_seconds if self.lease_seconds is None else self.lease_seconds, "lease_seconds")
-        attempts = conf.validate_max_attempts(
-            options.max_attempts if self.max_attempts is None else self.max_attempts, "max_attempts")
+        lease, attempts = self.lease_seconds, self.max_attempts
+        if defaults is not None:
+            lease = defaults.lease_seconds if lease is None else lease
+            attempts = defaults.max_attempts if attempts is None else attempts
+        if lease is not None:
+            lease = conf.validate_lease(lease, lease_name)
+        if attempts is not None:
+            attempts = conf.validate_max_attempts(attempts, "max_attempts")
         try:
             retry = None if self.retry is None else Retry.from_json(self.retry)
         except InvalidLeaseOption:
@@ -163,9 +176,12 @@ class EnqueueOptions:
         deadline = max_age = None
         if self.deadline is not None:
             deadline = _aware("deadline", self.deadline)
-        else:
-            age = options.max_age_days * 86400 if self.max_age is None else checked_seconds("max_age", self.max_age)
-            max_age = timedelta(seconds=age)
+        elif self.max_age is not None:
+            max_age = timedelta(seconds=checked_seconds("max_age", self.max_age))
+        elif defaults is not None:
+            max_age = timedelta(seconds=defaults.max_age_days * 86400)
+        if defaults is None:
+            return None
         return JobFields(task_path, self.queue_name, self.priority, lease, attempts, retry,
                          self.on_lease_lost, self.unique_key, self.on_duplicate,
                          run_after, delay, deadline, max_age)
@@ -174,7 +190,7 @@ class EnqueueOptions:
         from .exceptions import InvalidLeaseOption
 
         queue, priority, key = self.queue_name, self.priority, self.unique_key
-        _text_option("queue_name", queue, 100)
+        checked_text("queue_name", queue, 100)
         if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
             raise InvalidLeaseOption("priority", f"must be a whole number from -100 to 100, got {shown(priority)}")
         if self.run_after is not None and self.delay is not None:
@@ -187,7 +203,32 @@ class EnqueueOptions:
         if self.on_duplicate not in ("refuse", "merge"):
             raise InvalidLeaseOption("on_duplicate", f"must be 'refuse' or 'merge', got {shown(self.on_duplicate)}")
         if key is not None:
-            _text_option("unique_key", key, 200)
+            checked_text("unique_key", key, 200)
+
+
+def check_task_options(task: Any) -> None:
+    """Refuse (InvalidLeaseOption naming the option) what a task declares (``@task(...)``,
+    ``using_lease(...)``) that an enqueue would refuse: EnqueueOptions checks every option
+    an enqueue() call also takes; ``non_retryable`` only a task has."""
+    from .exceptions import InvalidLeaseOption
+
+    non_retryable = getattr(task, "non_retryable", ())
+    if not isinstance(non_retryable, tuple | list):
+        raise InvalidLeaseOption("non_retryable", f"must be a tuple of exception classes, "
+                                                  f"got {non_retryable!r}")
+    for cls in non_retryable:
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise InvalidLeaseOption("non_retryable", f"must hold exception classes, got {cls!r}")
+    EnqueueOptions(
+        lease_seconds=getattr(task, "lease", None),
+        max_attempts=getattr(task, "max_attempts", None),
+        retry=getattr(task, "retry", None),
+        on_lease_lost=getattr(task, "on_lease_lost", LeaseLostPolicy.RETRY),
+        deadline=getattr(task, "deadline", None),
+        max_age=getattr(task, "max_age", None),
+        unique_key=getattr(task, "unique_key", None),
+        on_duplicate=getattr(task, "on_duplicate", "refuse"),
+    ).check_declared(task.module_path, lease_name="lease")
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,7 +460,7 @@ def _insert_one(model: Any, db: str, fields: JobFields, args: list[Any], kwargs:
 # the row count: the options every job of a call shares are scalars, the args and kwargs are
 # one array each. The due time and the deadline are the caller's absolute time or the
 # database clock plus an interval, as Now() + interval is on the ORM path. The statement
-# trigger of migration 0007 sends the NOTIFY, as for any INSERT.
+# trigger of migration 0002 sends the NOTIFY, as for any INSERT.
 
 _PG_ENQUEUE = """
 INSERT INTO {job} (task_path, queue_name, priority, lease_seconds, max_attempts, retry,

@@ -18,7 +18,7 @@ from django.db.models.functions import Now
 
 from . import conf
 from .enqueue import after_now, checked_seconds
-from .states import ACTIVE_STATES, DeadReason, JobState
+from .states import ACTIVE_STATES, TERMINAL_STATES, DeadReason, JobState
 
 if TYPE_CHECKING:
     from .models import Job
@@ -70,7 +70,7 @@ class OperatorVerbs:
 
     def prunable(self, older_than_days: float, *, include_dead: bool = False) -> Any:
         """Finished jobs past retention: succeeded, cancelled, and dead ones if asked."""
-        states = [JobState.SUCCEEDED, JobState.CANCELLED] + ([JobState.DEAD] if include_dead else [])
+        states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
         return self.filter(
             state__in=states, finished_at__lt=Now() - Value(timedelta(days=older_than_days)))
 

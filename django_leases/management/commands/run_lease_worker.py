@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf
+from ...enqueue import checked_text
 from ...exceptions import InvalidLeaseOption
 
 
@@ -33,7 +34,7 @@ class Command(BaseCommand):
                  "backend's QUEUES is empty or absent).")
         parser.add_argument(
             "--concurrency", type=int, default=None, metavar="N",
-            help=f"Handlers run at once (default: CONCURRENCY, {defaults.concurrency}).")
+            help=_option_help("CONCURRENCY", f"{defaults.concurrency}"))
         parser.add_argument(
             "--isolation", choices=["thread", "process"], default="thread",
             help="Run each handler in a thread (default) or in a child process that is "
@@ -51,8 +52,7 @@ class Command(BaseCommand):
                  "third of it anyway.")
         parser.add_argument(
             "--poll", type=float, default=None, metavar="SECONDS",
-            help=f"How often an idle worker looks for due jobs, with 10%% jitter (default: "
-                 f"POLL_SECONDS, {defaults.poll_seconds:g}).")
+            help=_option_help("POLL_SECONDS", f"{defaults.poll_seconds:g}; with 10%% jitter"))
         parser.add_argument(
             "--burst", action="store_true",
             help="Exit (status 0) as soon as nothing is claimable and nothing is running.")
@@ -61,8 +61,7 @@ class Command(BaseCommand):
             help="Exit after claiming N jobs and settling them.")
         parser.add_argument(
             "--grace", type=float, default=None, metavar="SECONDS",
-            help="On SIGTERM/SIGINT, how long running handlers may finish before their jobs "
-                 f"are released (default: GRACE_SECONDS, {defaults.grace_seconds:g}).")
+            help=_option_help("GRACE_SECONDS", f"{defaults.grace_seconds:g}; on SIGTERM/SIGINT"))
         parser.add_argument(
             "--worker-id", default=None,
             help="Name recorded as claimed_by and in the worker table (default: host-pid).")
@@ -153,8 +152,8 @@ class Command(BaseCommand):
         if queues is not None and "*" in queues:
             raise InvalidLeaseOption("queue", "'*' is no wildcard here (an unquoted * is "
                                               "expanded by the shell); use --all-queues")
-        if queues is not None and any(not q or len(q) > 100 for q in queues):
-            raise InvalidLeaseOption("queue", f"names must be 1-100 characters, got {queues!r}")
+        for queue in queues or ():
+            checked_text("queue", queue, 100)  # as enqueue checks a queue_name
         unknown = [q for q in queues or () if declared and q not in declared]
         if unknown:
             # No task of this backend can be enqueued there, so such a worker would idle forever.
@@ -171,6 +170,12 @@ class Command(BaseCommand):
             "notify": backend.notify,
             "connect_handlers": not options.get("skip_connection_check", False),
         }
+
+
+def _option_help(name: str, default: str) -> str:
+    """An option's --help: what the backend's OPTIONS say of it (conf.OPTIONS), and its
+    value there, which is the default here."""
+    return f"{conf.OPTIONS[name].help.removesuffix('.')} (default: {name}, {default})."
 
 
 def _require_ready_database(database: str) -> None:
