@@ -12,7 +12,7 @@ from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 
-from . import registry
+from . import conf, registry
 from .conf import LeaseOptions
 from .enqueue import (
     EnqueueOptions,
@@ -113,10 +113,8 @@ class LeaseBackend(BaseTaskBackend):
 
     @property
     def lease_options(self) -> LeaseOptions:
-        # Django builds a new backend when TASKS changes, so the instance may keep these.
-        if getattr(self, "_lease_options", None) is None:
-            self._lease_options = LeaseOptions.from_dict(self.options)
-        return self._lease_options
+        """This backend's validated OPTIONS, read where every other reader gets them."""
+        return conf.get_options(self.alias)
 
     @property
     def database(self) -> str:
