@@ -14,7 +14,7 @@ from .conf import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from .enqueue import TASK_PATH_LENGTH
 from .query import JobQuerySet
 from .states import ACTIVE_STATES, DeadReason, FailureKind, JobState, LeaseLostPolicy
-from .workers import WorkerQuerySet
+from .worker_registry import WorkerQuerySet
 
 
 class Job(models.Model):

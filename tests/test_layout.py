@@ -18,12 +18,12 @@ PACKAGE = Path(django_leases.__file__).parent
 # Modules that hold the data and the statements on it: none of them knows the worker, the
 # admin, the backend or the commands.
 DATA = {"django_leases.models", "django_leases.query", "django_leases.operators",
-        "django_leases.enqueue", "django_leases.workers", "django_leases.states",
+        "django_leases.enqueue", "django_leases.worker_registry", "django_leases.states",
         "django_leases.conf", "django_leases.exceptions", "django_leases.jsonsafe",
         "django_leases.retry", "django_leases.storable", "django_leases.deadlocks"}
 # What only the manager (models.py's Job.objects) and the backend's enqueue may use.
 STATEMENTS = {"django_leases.query", "django_leases.operators", "django_leases.enqueue",
-              "django_leases.workers"}
+              "django_leases.worker_registry"}
 CALLERS = ("django_leases.worker", "django_leases.admin", "django_leases.backends",
            "django_leases.management")
 
@@ -160,7 +160,7 @@ def test_the_backend_enqueues_through_enqueue_py_not_query_internals():
 def test_enqueue_and_operators_stand_below_query():
     """query.py composes JobQuerySet from operators.py and calls enqueue.py, never the
     other way round."""
-    for module in ("django_leases.enqueue", "django_leases.operators", "django_leases.workers"):
+    for module in ("django_leases.enqueue", "django_leases.operators", "django_leases.worker_registry"):
         assert "django_leases.query" not in GRAPH[module], module
     assert "django_leases.models" not in GRAPH["django_leases.enqueue"]
 
