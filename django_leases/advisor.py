@@ -88,8 +88,7 @@ def configured(task_path: str, seen_leases: Iterable[float], alias: str | None =
     A task no longer declared falls back to the longest lease its finished jobs carried.
     """
     options = conf.get_options(alias)
-    aliases = conf.lease_backend_aliases()
-    backend_alias = alias or (aliases[0] if aliases else None)
+    backend_alias = alias or conf.first_lease_backend()
     task = registry.lookup(backend_alias, task_path) if backend_alias else None
     if task is None and backend_alias:
         registry.discover()

@@ -12,17 +12,17 @@ from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 
-from . import registry
-from .conf import LeaseOptions, validate_lease, validate_max_attempts
-from .exceptions import InvalidJobArgument, InvalidLeaseOption
-from .query import (
+from . import conf, registry
+from .conf import LeaseOptions
+from .enqueue import (
     EnqueueOptions,
     JobFields,
+    check_task_options,
     checked_arguments,
     insert_job,
     insert_job_rows,
 )
-from .retry import Retry
+from .exceptions import InvalidJobArgument, InvalidLeaseOption
 from .states import FailureKind, JobState, LeaseLostPolicy
 from .task import LeaseTask, UndeclaredTask
 
@@ -113,10 +113,8 @@ class LeaseBackend(BaseTaskBackend):
 
     @property
     def lease_options(self) -> LeaseOptions:
-        # Django builds a new backend when TASKS changes, so the instance may keep these.
-        if getattr(self, "_lease_options", None) is None:
-            self._lease_options = LeaseOptions.from_dict(self.options)
-        return self._lease_options
+        """This backend's validated OPTIONS, read where every other reader gets them."""
+        return conf.get_options(self.alias)
 
     @property
     def database(self) -> str:
@@ -125,31 +123,7 @@ class LeaseBackend(BaseTaskBackend):
     def validate_task(self, task: Any) -> None:
         super().validate_task(task)
         try:
-            if getattr(task, "lease", None) is not None:
-                validate_lease(task.lease, "lease")
-            if getattr(task, "max_attempts", None) is not None:
-                validate_max_attempts(task.max_attempts, "max_attempts")
-            if getattr(task, "retry", None) is not None:
-                Retry.from_json(task.retry)
-            policy = getattr(task, "on_lease_lost", LeaseLostPolicy.RETRY)
-            if policy not in LeaseLostPolicy.values:
-                raise InvalidLeaseOption(
-                    "on_lease_lost", f"must be one of {LeaseLostPolicy.values}, got {policy!r}")
-            non_retryable = getattr(task, "non_retryable", ())
-            if not isinstance(non_retryable, tuple | list):
-                raise InvalidLeaseOption("non_retryable", f"must be a tuple of exception classes, "
-                                                          f"got {non_retryable!r}")
-            for cls in non_retryable:
-                if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-                    raise InvalidLeaseOption("non_retryable", f"must hold exception classes, got {cls!r}")
-            key = getattr(task, "unique_key", None)
-            if key is not None and (not isinstance(key, str) or not 0 < len(key) <= 200):
-                raise InvalidLeaseOption("unique_key", f"must be 1-200 characters, got {key!r}")
-            # on_duplicate, deadline and max_age, when set: the checks an enqueue() call gets.
-            ending = {name: getattr(task, name) for name in ("on_duplicate", "deadline", "max_age")
-                      if getattr(task, name, None) not in (None, "refuse")}
-            if ending:
-                EnqueueOptions(**ending).check(task.module_path)
+            check_task_options(task)
         except InvalidLeaseOption as e:
             raise InvalidTask(f"{task.module_path}: {e}") from e
         registry.declare(self.alias, task)

@@ -111,6 +111,18 @@ def validate_max_attempts(value: Any, name: str = "MAX_ATTEMPTS") -> int:
     return int(_number(name, value, low=1, high=1000, integer=True))
 
 
+def validate_poll(value: Any, name: str = "POLL_SECONDS") -> float:
+    return float(_number(name, value, low=0.001, high=3600))
+
+
+def validate_concurrency(value: Any, name: str = "CONCURRENCY") -> int:
+    return int(_number(name, value, low=1, high=1000, integer=True))
+
+
+def validate_grace(value: Any, name: str = "GRACE_SECONDS") -> float:
+    return float(_number(name, value, low=0, high=MAX_LEASE_SECONDS))
+
+
 @dataclass(frozen=True)
 class LeaseOptions:
     """One backend's validated options."""
@@ -184,9 +196,9 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
         ("RETENTION_DAYS", lambda v: _number("RETENTION_DAYS", v, low=1 / 24, high=3650)),
         ("MAX_AGE_DAYS", lambda v: _number("MAX_AGE_DAYS", v, low=1 / 1440, high=3650)),
         ("RETRY", _validate_retry),
-        ("POLL_SECONDS", lambda v: _number("POLL_SECONDS", v, low=0.001, high=3600)),
-        ("CONCURRENCY", lambda v: _number("CONCURRENCY", v, low=1, high=1000, integer=True)),
-        ("GRACE_SECONDS", lambda v: _number("GRACE_SECONDS", v, low=0, high=MAX_LEASE_SECONDS)),
+        ("POLL_SECONDS", validate_poll),
+        ("CONCURRENCY", validate_concurrency),
+        ("GRACE_SECONDS", validate_grace),
     ]
     for name, check in checks:
         try:
@@ -309,11 +321,14 @@ def _read_queues(database: str) -> frozenset[str] | None:
     return frozenset(names) if found else None
 
 
-def lease_backend_aliases() -> list[str]:
-    """Aliases in settings.TASKS whose backend is django_leases' LeaseBackend."""
-    from django.utils.module_loading import import_string
+# The backend class, named rather than imported: backends.py imports this module.
+LEASE_BACKEND = "django_leases.backends.LeaseBackend"
 
-    from .backends import LeaseBackend
+
+def lease_backend_aliases() -> list[str]:
+    """Aliases in settings.TASKS whose backend is django_leases' LeaseBackend (or a
+    subclass of it)."""
+    from django.utils.module_loading import import_string
 
     aliases = []
     for alias, params in getattr(settings, "TASKS", {}).items():
@@ -321,9 +336,29 @@ def lease_backend_aliases() -> list[str]:
             cls = import_string(params.get("BACKEND", ""))
         except ImportError:
             continue
-        if isinstance(cls, type) and issubclass(cls, LeaseBackend):
+        if isinstance(cls, type) and any(f"{k.__module__}.{k.__qualname__}" == LEASE_BACKEND
+                                         for k in cls.__mro__):
             aliases.append(alias)
     return aliases
+
+
+def first_lease_backend() -> str | None:
+    """The alias a command, the advisor or the test helpers serve when given none: the
+    first lease backend in settings.TASKS (None if there is none)."""
+    aliases = lease_backend_aliases()
+    return aliases[0] if aliases else None
+
+
+def served_queues(alias: str) -> list[str] | None:
+    """The queues a worker of backend ``alias`` serves by default: its QUEUES, or None
+    (every queue) when it lists none."""
+    return list(settings.TASKS[alias].get("QUEUES") or []) or None
+
+
+def worker_heartbeat(options: LeaseOptions, lease: float | None) -> float:
+    """A worker's renewal period: the smaller of HEARTBEAT_SECONDS and a third of the
+    lease it grants (``lease``, else LEASE_SECONDS)."""
+    return min(options.heartbeat_seconds, (options.lease_seconds if lease is None else lease) / 3)
 
 
 _options_cache: dict[str | None, LeaseOptions] = {}
@@ -350,8 +385,7 @@ def get_options(alias: str | None = None) -> LeaseOptions:
 def _read_options(alias: str | None) -> LeaseOptions:
     tasks = getattr(settings, "TASKS", {})
     if alias is None:
-        aliases = lease_backend_aliases()
-        alias = aliases[0] if aliases else None
+        alias = first_lease_backend()
     if alias is None:
         return LeaseOptions.from_dict({})
     if alias not in tasks:

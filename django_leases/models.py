@@ -11,8 +11,10 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from .conf import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
-from .query import TASK_PATH_LENGTH, JobQuerySet, WorkerQuerySet
-from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
+from .enqueue import TASK_PATH_LENGTH
+from .query import JobQuerySet
+from .states import ACTIVE_STATES, DeadReason, FailureKind, JobState, LeaseLostPolicy
+from .worker_registry import WorkerQuerySet
 
 
 class Job(models.Model):
@@ -59,7 +61,7 @@ class Job(models.Model):
     # NULL, not "", means "no key": only keyed active jobs may collide on active_key.
     unique_key = models.CharField(_("unique key"), max_length=200, null=True, blank=True)  # noqa: DJ001
     active_key = models.GeneratedField(
-        expression=Case(When(state__in=[JobState.PENDING, JobState.CLAIMED], then=F("unique_key"))),
+        expression=Case(When(state__in=list(ACTIVE_STATES), then=F("unique_key"))),
         output_field=models.CharField(max_length=200, null=True),
         db_persist=True,
         unique=True,

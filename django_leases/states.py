@@ -20,8 +20,9 @@ class JobState(TextChoices):
     CANCELLED = "cancelled", pgettext_lazy("Job state", "Cancelled")
 
 
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED})
-ACTIVE_STATES = frozenset({JobState.PENDING, JobState.CLAIMED})
+# In a fixed order, so that a statement filtering on them is the same text every time.
+TERMINAL_STATES = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+ACTIVE_STATES = (JobState.PENDING, JobState.CLAIMED)
 
 
 class FailureKind(TextChoices):

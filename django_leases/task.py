@@ -7,7 +7,7 @@ Django 6.0's decorator passes no extra arguments, so there the options come from
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -49,12 +49,15 @@ class LeaseTask(Task):
         """A copy with other lease options (lease, max_attempts, retry, on_lease_lost,
         non_retryable, unique_key, on_duplicate, deadline, max_age); validated at once,
         like ``using()``."""
-        allowed = {"lease", "max_attempts", "retry", "on_lease_lost", "non_retryable",
-                   "unique_key", "on_duplicate", "deadline", "max_age"}
+        allowed = LEASE_OPTIONS
         unknown = set(changes) - allowed
         if unknown:
             raise TypeError(f"using_lease() got unknown options {sorted(unknown)}; use {sorted(allowed)}")
         return replace(self, **changes)
+
+
+# The options using_lease() changes: the fields LeaseTask adds to Django's Task.
+LEASE_OPTIONS = frozenset({f.name for f in fields(LeaseTask)} - {f.name for f in fields(Task)})
 
 
 def _not_runnable(*args: Any, **kwargs: Any) -> Any:

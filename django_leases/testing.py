@@ -47,19 +47,15 @@ def run_burst(*, backend: str | None = None, queues: list[str] | None = None,
     """Run a worker in this process until nothing is claimable (``--burst``): every due job
     is claimed, run on a handler thread under a renewed lease and acknowledged or failed,
     exactly as run_lease_worker would. Jobs whose retry is due later stay pending."""
-    from django.conf import settings
-
     from . import conf
     from .worker import Worker
 
-    aliases = conf.lease_backend_aliases()
-    alias = backend or aliases[0]
+    alias = backend or conf.first_lease_backend()
     options = conf.get_options(alias)
     Worker(alias=alias, database=options.database,
            # As run_lease_worker: the backend's QUEUES, or every queue when it lists none.
-           queues=queues or (list(settings.TASKS[alias].get("QUEUES") or []) or None),
-           concurrency=1, lease=lease, heartbeat=min(options.heartbeat_seconds,
-                                                     (lease or options.lease_seconds) / 3),
+           queues=queues or conf.served_queues(alias),
+           concurrency=1, lease=lease, heartbeat=conf.worker_heartbeat(options, lease),
            poll=0.05, burst=True, max_jobs=max_jobs, grace=0, worker_id=worker_id,
            notify=False, connect_handlers=False).run()
 

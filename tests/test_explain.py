@@ -85,9 +85,9 @@ def pg_claim_statement(worker, queues, limit):
     """The claim statement as Job.objects.claim() sends it on PostgreSQL: query.py's own
     _PG_CLAIM rendered by its own helper, with the parameters bound client-side (Django's
     default on psycopg 3, so this is the text the server receives)."""
-    from django_leases.query import _PG_CLAIM, _pg_sql
+    from django_leases.query import JobQuerySet, _pg_sql
 
-    sql = _pg_sql(_PG_CLAIM, Job, connection.alias, all_queues=queues is None)
+    sql = _pg_sql(JobQuerySet._PG_CLAIM, Job, connection.alias, all_queues=queues is None)
     params = {"worker": worker, "queues": queues, "limit": limit, "lease": None}
     return connection.ops.compose_sql(sql, params)
 

@@ -12,11 +12,12 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_leases import query
+from django_leases import enqueue as inserts
 from django_leases.exceptions import InvalidJobArgument, InvalidLeaseOption
 from django_leases.jsonsafe import ensure_json
 from django_leases.models import Job, JobFailure
 from django_leases.states import FailureKind, JobState
+from django_leases.worker.listener import listen
 
 pytestmark = pytest.mark.django_db
 
@@ -166,11 +167,11 @@ def test_the_postgresql_insert_writes_the_row_the_orm_writes(options):
     """Every column but id and enqueued_at is the same, and the times counted from the
     database clock (delay, max_age, MAX_AGE_DAYS) are the same distance from the INSERT's
     own clock; the returned job holds the row as stored."""
-    fields = query.EnqueueOptions(**options).check(TASK)
+    fields = inserts.EnqueueOptions(**options).check(TASK)
     args, kwargs = ensure_json(ARGS, "args"), ensure_json(KWARGS, "kwargs")
     fast, orm, job = insert_both_ways(
-        lambda: query._pg_insert_one(Job, "default", fields, args, kwargs),
-        lambda: query._insert_one(Job, "default", fields, args, kwargs), options)
+        lambda: inserts._pg_insert_one(Job, "default", fields, args, kwargs),
+        lambda: inserts._insert_one(Job, "default", fields, args, kwargs), options)
     assert fast == orm
     assert job.state == JobState.PENDING and job.args[1] == ARGS[1] and job.kwargs["t"] == [3, 4]
 
@@ -178,14 +179,14 @@ def test_the_postgresql_insert_writes_the_row_the_orm_writes(options):
 @on_postgres
 @pytest.mark.parametrize("options", [o for o in OPTIONS if "unique_key" not in o])
 def test_the_postgresql_bulk_insert_writes_the_rows_bulk_create_writes(options):
-    fields = query.EnqueueOptions(**options).check(TASK)
-    calls = query._checked_calls([([i, *ARGS], {**KWARGS, "i": i}) for i in range(5)])
+    fields = inserts.EnqueueOptions(**options).check(TASK)
+    calls = inserts._checked_calls([([i, *ARGS], {**KWARGS, "i": i}) for i in range(5)])
 
     def rows_of(jobs):
         return [stored(j.pk, options) for j in jobs]
 
-    fast = query.insert_jobs(Job, "default", fields, calls, batch_size=2)
-    orm = query._insert_many(Job, "default", fields, calls, batch_size=2)
+    fast = inserts.insert_jobs(Job, "default", fields, calls, batch_size=2)
+    orm = inserts._insert_many(Job, "default", fields, calls, batch_size=2)
     assert rows_of(fast) == rows_of(orm)
     assert [j.args[0] for j in fast] == list(range(5))  # in the order of the calls
     assert [in_memory(j) for j in fast] == [as_stored(j) for j in fast]
@@ -194,8 +195,8 @@ def test_the_postgresql_bulk_insert_writes_the_rows_bulk_create_writes(options):
 def test_the_rows_a_bulk_enqueue_answers_are_the_stored_ones():
     """What the Django Tasks backend reads back from a bulk enqueue (id, enqueued_at, args,
     kwargs), in the order of the calls, without model instances."""
-    fields = query.EnqueueOptions(delay=5).check(TASK)
-    rows = query.insert_job_rows(Job, "default", fields, [([i], {"k": (i,)}) for i in range(5)], batch_size=2)
+    fields = inserts.EnqueueOptions(delay=5).check(TASK)
+    rows = inserts.insert_job_rows(Job, "default", fields, [([i], {"k": (i,)}) for i in range(5)], batch_size=2)
     assert [(pk, enqueued_at) for pk, enqueued_at, _, _ in rows] == list(
         Job.objects.order_by("pk").values_list("pk", "enqueued_at"))
     assert [(args, kwargs) for _, _, args, kwargs in rows] == [([i], {"k": [i]}) for i in range(5)]
@@ -282,7 +283,7 @@ def test_a_held_unique_key_leaves_the_callers_transaction_usable_without_a_savep
 def test_both_postgresql_inserts_still_wake_listeners():
     """The statement trigger (migration 0007) sends one NOTIFY per queue and INSERT, whether
     one job or a bulk enqueue wrote it, when the inserting transaction commits."""
-    listener = Job.objects.listen()
+    listener = listen("default")
     try:
         with transaction.atomic():
             # Two INSERTs of one queue in one transaction: PostgreSQL folds their NOTIFYs.
@@ -511,8 +512,10 @@ def test_lease_views_split_claimed_jobs_into_healthy_stalled_and_expired():
     a, b, c = Job.objects.claim("w", limit=3)
     Job.objects.filter(pk=b.pk).update(heartbeat_at=Now() - timedelta(seconds=25))
     Job.objects.filter(pk=c.pk).expire_now()
-    assert set(Job.objects.healthy(silent_for=20).values_list("pk", flat=True)) == {a.pk}
-    assert set(Job.objects.stalled(silent_for=20).values_list("pk", flat=True)) == {b.pk}
+    # Heartbeat every 10 s: b, silent for 25 s, is stalled (more than two periods).
+    status = dict(Job.objects.with_lease_status(heartbeat_seconds=10).values_list("pk", "lease_status"))
+    assert status == {a.pk: "healthy", b.pk: "stalled", c.pk: "expired"}
+    assert set(Job.objects.stalled_claims(heartbeat_seconds=10).values_list("pk", flat=True)) == {b.pk}
     assert set(Job.objects.expired().values_list("pk", flat=True)) == {c.pk}
 
 

@@ -19,7 +19,10 @@ import signal
 import threading
 from typing import Any
 
-from .executors import KILL_GRACE_SECONDS, connect_before_handler
+from .dberrors import connect_before_handler
+
+# How long a child whose claim is lost may take to stop on its own before SIGKILL.
+KILL_GRACE_SECONDS = 1.0
 
 
 def _ignore_stop_signal(signum: int, frame: Any) -> None:

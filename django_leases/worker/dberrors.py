@@ -9,8 +9,16 @@ instead (loop.py), or it would retry a poison write forever.
 
 from __future__ import annotations
 
-from django.db import DatabaseError, InterfaceError, OperationalError
+import contextlib
+from typing import TYPE_CHECKING
 
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
+
+if TYPE_CHECKING:
+    from .claims import Outcome
+
+# Every error a statement can end with: an outage or a refusal, told apart below.
+DB_ERRORS = (DatabaseError, InterfaceError)
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 # Contention, which passes: PostgreSQL's transaction rollbacks (40xxx: serialization
@@ -37,3 +45,24 @@ def contention(error: BaseException) -> bool:
     if isinstance(code, int):
         return code & 0xFF in _SQLITE_TRANSIENT  # the primary code of an extended one
     return bool(error.args) and error.args[0] in _MYSQL_TRANSIENT
+
+
+def first_line(error: Exception) -> str:
+    """The first line of ``error``'s message (its class name if it has none), for a log line."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def connect_before_handler(database: str) -> Outcome | None:
+    """Open this thread's connection to the job's database before the handler runs; an
+    "unconnected" outcome if the database refuses it (too many connections, unreachable).
+    The worker then releases the job, the attempt not counted: the handler never ran, and
+    the worker's own over-subscription is no failure of the job."""
+    from .claims import Outcome
+
+    try:
+        connections[database].ensure_connection()
+    except DB_ERRORS as e:
+        with contextlib.suppress(*DB_ERRORS):
+            connections[database].close()
+        return Outcome("unconnected", message=first_line(e))
+    return None

@@ -10,7 +10,6 @@ and fenced() writes go out on its own connection).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -24,15 +23,14 @@ from typing import Any
 from django.db import connections
 
 from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
+from .child import KILL_GRACE_SECONDS
 from .claims import RELEASING, Claim, Outcome
+from .dberrors import connect_before_handler
 from .running import run_task
 
 logger = logging.getLogger("django_leases.worker")
 
 Done = Callable[[Claim, Outcome], None]
-
-# How long a child whose claim is lost may take to stop on its own before SIGKILL.
-KILL_GRACE_SECONDS = 1.0
 
 
 class _Slots:
@@ -242,22 +240,6 @@ def _kill(process: Any) -> None:
     """SIGKILL: the child ignores SIGTERM (child.py), and has had its grace already."""
     process.kill()
     process.join()
-
-
-def connect_before_handler(database: str) -> Outcome | None:
-    """Open this thread's connection to the job's database before the handler runs; an
-    "unconnected" outcome if the database refuses it (too many connections, unreachable).
-    The worker then releases the job, the attempt not counted: the handler never ran, and
-    the worker's own over-subscription is no failure of the job."""
-    from .heartbeat import DB_ERRORS, _first_line
-
-    try:
-        connections[database].ensure_connection()
-    except DB_ERRORS as e:
-        with contextlib.suppress(*DB_ERRORS):
-            connections[database].close()
-        return Outcome("unconnected", message=_first_line(e))
-    return None
 
 
 def _drop_broken_connections() -> None:

@@ -15,16 +15,16 @@ import logging
 import time
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import connections
 
 from .claims import ClaimBook
+from .dberrors import DB_ERRORS, first_line
 from .logs import claim_fields
 from .vital import VitalThread
 from .waker import Waker
 
 logger = logging.getLogger("django_leases.worker")
 
-DB_ERRORS = (DatabaseError, InterfaceError)
 
 # Longest the heartbeat thread sleeps before looking at the claims it must renew again.
 _SLICE = 0.25
@@ -63,9 +63,9 @@ class Heartbeat(VitalThread):
                 except Exception as e:  # noqa: BLE001 -- renewals must outlive any one error
                     if isinstance(e, DB_ERRORS):
                         logger.warning("Renewal failed worker=%s error=%s; retrying",
-                                       self.worker_id, _first_line(e),
+                                       self.worker_id, first_line(e),
                                        extra={"event": "renewal_failed", "worker": self.worker_id,
-                                              "error": _first_line(e)})
+                                              "error": first_line(e)})
                     else:
                         self.round_failed(e)
                     _reset(self.database)
@@ -151,10 +151,6 @@ class Watchdog(VitalThread):
                                claim.pk, claim.job.fence, self.worker_id,
                                now - claim.stamp.value, claim.lease,
                                extra=claim_fields(claim.job, self.worker_id, "lost"))
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _reset(database: str) -> None:

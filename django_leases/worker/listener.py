@@ -11,9 +11,33 @@ import logging
 import threading
 from typing import Any
 
+from django.db import connections
+
 from .waker import Waker
 
 logger = logging.getLogger("django_leases.worker")
+
+# Enqueue wake-ups on PostgreSQL (sent by the trigger of migration 0002): the payload is the
+# queue name.
+NOTIFY_CHANNEL = "django_leases"
+
+
+def listen(database: str) -> Any:
+    """Open a dedicated autocommit connection that LISTENs for enqueue wake-ups.
+
+    Return the psycopg connection (iterate ``.notifies(timeout=...)``; payloads are
+    queue names; ``.close()`` it when done), or None unless the database is PostgreSQL.
+    It stands apart from Django's connections, so CONN_MAX_AGE and transactions never
+    touch it.
+    """
+    if connections[database].vendor != "postgresql":
+        return None
+    wrapper = connections.create_connection(database)
+    wrapper.ensure_connection()
+    raw = wrapper.connection
+    raw.autocommit = True
+    raw.execute(f'LISTEN "{NOTIFY_CHANNEL}"')
+    return raw
 
 
 class Listener(threading.Thread):
@@ -32,12 +56,10 @@ class Listener(threading.Thread):
         self._stop_event.set()
 
     def run(self) -> None:
-        from ..models import Job
-
         backoff = 0.5
         while not self._stop_event.is_set():
             try:
-                self._conn = Job.objects.using(self.database).listen()
+                self._conn = listen(self.database)
                 if self._conn is None:
                     return
                 logger.debug("Listening for wake-ups worker=%s", self.worker_id,

@@ -27,10 +27,11 @@ from ..storable import (
     class_path,
     storable_text,
 )
+from .child import KILL_GRACE_SECONDS
 from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
-from .dberrors import contention, refused_by_database
-from .executors import KILL_GRACE_SECONDS, ProcessExecutor, ThreadExecutor
-from .heartbeat import DB_ERRORS, Heartbeat, Watchdog
+from .dberrors import DB_ERRORS, contention, first_line, refused_by_database
+from .executors import ProcessExecutor, ThreadExecutor
+from .heartbeat import Heartbeat, Watchdog
 from .listener import Listener
 from .logs import claim_fields
 from .running import task_context
@@ -445,7 +446,7 @@ class Worker:
                 raise
             if len(oks) > 1:
                 logger.warning("Ack of %d jobs refused worker=%s error=%s; acknowledging them "
-                               "one by one", len(oks), self.worker_id, _first_line(e))
+                               "one by one", len(oks), self.worker_id, first_line(e))
                 while oks:
                     self._ack_or_refuse(oks[:1], others)
                     oks.pop(0)
@@ -453,7 +454,7 @@ class Worker:
             claim = oks[0][0]
             logger.warning("Ack refused job=%s fence=%s worker=%s error=%s; failing the "
                            "attempt instead", claim.pk, claim.job.fence, self.worker_id,
-                           _first_line(e))
+                           first_line(e))
             claim.write_strikes = 0
             others.append((claim, _refusal(e, "the database refused the result")))
         oks.clear()
@@ -470,12 +471,12 @@ class Worker:
                 raise
             logger.warning("Failure record refused job=%s fence=%s worker=%s error=%s; "
                            "recording a minimal one", claim.pk, claim.job.fence,
-                           self.worker_id, _first_line(e))
+                           self.worker_id, first_line(e))
             minimal = replace(
                 outcome, traceback="",
                 exception_class_path=ascii_text(outcome.exception_class_path, CLASS_PATH_LIMIT),
                 message=ascii_text(f"the database refused the failure record "
-                                   f"({class_path(type(e))}: {_first_line(e)}); the message "
+                                   f"({class_path(type(e))}: {first_line(e)}); the message "
                                    f"began: {outcome.message[:500]}", MESSAGE_LIMIT))
         try:
             self._fail(claim, minimal)
@@ -486,7 +487,7 @@ class Worker:
             logger.error("Could not record the failure of job=%s fence=%s worker=%s: the "
                          "database refused even a minimal record (%s); dropping the claim, "
                          "whose lease runs out", claim.pk, claim.job.fence, self.worker_id,
-                         _first_line(e))
+                         first_line(e))
 
     def _refused(self, error: Exception, claim: Claim | None = None) -> bool:
         """Whether the database refused an owner's write itself, so that sending it again
@@ -605,7 +606,7 @@ class Worker:
             except DB_ERRORS as e:
                 if refused_by_database(e):
                     logger.error("The database refused %s worker=%s error=%s", what,
-                                 self.worker_id, _first_line(e))
+                                 self.worker_id, first_line(e))
                     return None
                 self._db_trouble(what, e, wait=not self.stop_request.hurry)
         return None
@@ -662,10 +663,6 @@ class Worker:
             connections[self.database].close()
         if wait:
             self.waker.wait(delay)
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _refusal(error: Exception, what: str) -> Outcome:

@@ -12,7 +12,7 @@ import time
 
 from django.db import connections
 
-from .heartbeat import DB_ERRORS, _first_line
+from .dberrors import DB_ERRORS, first_line
 from .loop import Backoff
 from .shutdown import StopRequest
 from .waker import Waker
@@ -41,9 +41,9 @@ def wait_for_database(database: str, worker_id: str) -> bool:
                 delay = backoff.next()
                 logger.warning(
                     "Database %r not answering at start worker=%s attempt=%d error=%s; "
-                    "retrying in %.1fs", database, worker_id, attempt, _first_line(e), delay,
+                    "retrying in %.1fs", database, worker_id, attempt, first_line(e), delay,
                     extra={"event": "db_wait", "worker": worker_id, "attempt": attempt,
-                           "error": _first_line(e)})
+                           "error": first_line(e)})
                 with contextlib.suppress(*DB_ERRORS):
                     connections[database].close()
                 waker.wait(delay)

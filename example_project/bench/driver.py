@@ -147,13 +147,13 @@ def cmd_enqueue_breakdown(a) -> dict:
     from limit import INSERT as LIMIT_INSERT
     from psycopg.types.json import Jsonb
 
-    from django_leases import query
+    from django_leases import enqueue
     from django_leases.models import Job
 
     task = _tasks().noop
     fields = task.get_backend()._job_fields(task)
     params = {**fields.pg_params(), "args": "[]", "kwargs": "{}"}
-    ours = query._pg_enqueue_sql(Job, "default", query._PG_ONE_ROW, False)
+    ours = enqueue._pg_enqueue_sql(Job, "default", enqueue._PG_ONE_ROW, False)
     limit = psycopg.connect(dsn("bench_limit"), autocommit=True)
     own = psycopg.connect(dsn(os.environ["BENCH_DB"]), autocommit=True)
     prepared, client = own.cursor(), psycopg.ClientCursor(own)

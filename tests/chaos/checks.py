@@ -63,7 +63,7 @@ PATTERNS = {
 # How far past the bound a stop may land on a loaded 2-core machine (scheduling, the
 # statement that tells the worker, the log write).
 SLACK = 1.0
-KILL_GRACE = 1.0  # django_leases.worker.executors.KILL_GRACE_SECONDS
+KILL_GRACE = 1.0  # django_leases.worker.child.KILL_GRACE_SECONDS
 
 
 def install_audit() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf
+from ...enqueue import checked_text
 from ...exceptions import InvalidLeaseOption
 
 
@@ -33,7 +34,7 @@ class Command(BaseCommand):
                  "backend's QUEUES is empty or absent).")
         parser.add_argument(
             "--concurrency", type=int, default=None, metavar="N",
-            help=f"Handlers run at once (default: CONCURRENCY, {defaults.concurrency}).")
+            help=_option_help("CONCURRENCY", f"{defaults.concurrency}"))
         parser.add_argument(
             "--isolation", choices=["thread", "process"], default="thread",
             help="Run each handler in a thread (default) or in a child process that is "
@@ -46,13 +47,12 @@ class Command(BaseCommand):
             "--heartbeat", type=float, default=None, metavar="SECONDS",
             help="Renewal period, shorter than the lease (default: the smaller of "
                  "HEARTBEAT_SECONDS and lease / 3, the lease being --lease or else "
-                 f"LEASE_SECONDS: {min(defaults.heartbeat_seconds, defaults.lease_seconds / 3):g} "
+                 f"LEASE_SECONDS: {conf.worker_heartbeat(defaults, None):g} "
                  "s without --lease). Claims whose own lease is shorter are renewed every "
                  "third of it anyway.")
         parser.add_argument(
             "--poll", type=float, default=None, metavar="SECONDS",
-            help=f"How often an idle worker looks for due jobs, with 10%% jitter (default: "
-                 f"POLL_SECONDS, {defaults.poll_seconds:g}).")
+            help=_option_help("POLL_SECONDS", f"{defaults.poll_seconds:g}; with 10%% jitter"))
         parser.add_argument(
             "--burst", action="store_true",
             help="Exit (status 0) as soon as nothing is claimable and nothing is running.")
@@ -61,8 +61,7 @@ class Command(BaseCommand):
             help="Exit after claiming N jobs and settling them.")
         parser.add_argument(
             "--grace", type=float, default=None, metavar="SECONDS",
-            help="On SIGTERM/SIGINT, how long running handlers may finish before their jobs "
-                 f"are released (default: GRACE_SECONDS, {defaults.grace_seconds:g}).")
+            help=_option_help("GRACE_SECONDS", f"{defaults.grace_seconds:g}; on SIGTERM/SIGINT"))
         parser.add_argument(
             "--worker-id", default=None,
             help="Name recorded as claimed_by and in the worker table (default: host-pid).")
@@ -120,7 +119,7 @@ class Command(BaseCommand):
     def _worker_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
         """Check every option before anything is claimed; raise InvalidLeaseOption naming it."""
         aliases = conf.lease_backend_aliases()
-        alias = options["backend"] or (aliases[0] if aliases else None)
+        alias = options["backend"] or conf.first_lease_backend()
         if alias is None or alias not in aliases:
             raise InvalidLeaseOption(
                 "backend", f"{alias!r} is not a django_leases backend in settings.TASKS "
@@ -132,36 +131,29 @@ class Command(BaseCommand):
         lease = options["lease"]
         if lease is not None:
             lease = conf.validate_lease(lease, "lease")
-        effective_lease = lease if lease is not None else backend.lease_seconds
         heartbeat = options["heartbeat"]
         if heartbeat is None:
-            heartbeat = min(backend.heartbeat_seconds, effective_lease / 3)
-        heartbeat = conf.validate_heartbeat(heartbeat, effective_lease, "heartbeat")
+            heartbeat = conf.worker_heartbeat(backend, lease)
+        heartbeat = conf.validate_heartbeat(
+            heartbeat, lease if lease is not None else backend.lease_seconds, "heartbeat")
+        # The ranges of the OPTIONS these override, checked by the same functions.
         concurrency = options["concurrency"]
-        concurrency = backend.concurrency if concurrency is None else concurrency
-        if concurrency < 1 or concurrency > 1000:
-            raise InvalidLeaseOption("concurrency", f"must be from 1 to 1000, got {concurrency}")
-        poll = backend.poll_seconds if options["poll"] is None else options["poll"]
-        if not 0.001 <= poll <= 3600:
-            raise InvalidLeaseOption("poll", f"must be from 0.001 to 3600 seconds, got {poll:g}")
-        grace = backend.grace_seconds if options["grace"] is None else options["grace"]
-        if not 0 <= grace <= conf.MAX_LEASE_SECONDS:
-            raise InvalidLeaseOption("grace", f"must be from 0 to {conf.MAX_LEASE_SECONDS} "
-                                              f"seconds, got {grace:g}")
+        concurrency = backend.concurrency if concurrency is None else conf.validate_concurrency(
+            concurrency, "concurrency")
+        poll = backend.poll_seconds if options["poll"] is None else conf.validate_poll(options["poll"], "poll")
+        grace = backend.grace_seconds if options["grace"] is None else conf.validate_grace(
+            options["grace"], "grace")
         max_jobs = options["max_jobs"]
         if max_jobs is not None and max_jobs < 1:
             raise InvalidLeaseOption("max_jobs", f"must be at least 1, got {max_jobs}")
-        from django.conf import settings
-
-        declared = settings.TASKS[alias].get("QUEUES")
+        declared = conf.served_queues(alias)
         # None: every queue (a claim with no queue filter).
-        queues = None if options.get("all_queues") else options["queues"] or (
-            list(declared) if declared else None)
+        queues = None if options.get("all_queues") else options["queues"] or declared
         if queues is not None and "*" in queues:
             raise InvalidLeaseOption("queue", "'*' is no wildcard here (an unquoted * is "
                                               "expanded by the shell); use --all-queues")
-        if queues is not None and any(not q or len(q) > 100 for q in queues):
-            raise InvalidLeaseOption("queue", f"names must be 1-100 characters, got {queues!r}")
+        for queue in queues or ():
+            checked_text("queue", queue, 100)  # as enqueue checks a queue_name
         unknown = [q for q in queues or () if declared and q not in declared]
         if unknown:
             # No task of this backend can be enqueued there, so such a worker would idle forever.
@@ -178,6 +170,12 @@ class Command(BaseCommand):
             "notify": backend.notify,
             "connect_handlers": not options.get("skip_connection_check", False),
         }
+
+
+def _option_help(name: str, default: str) -> str:
+    """An option's --help: what the backend's OPTIONS say of it (conf.OPTIONS), and its
+    value there, which is the default here."""
+    return f"{conf.OPTIONS[name].help.removesuffix('.')} (default: {name}, {default})."
 
 
 def _require_ready_database(database: str) -> None:

@@ -1,0 +1,583 @@
+"""Enqueue: the one validator of a call's options, and the insert paths.
+
+``EnqueueOptions.check()`` turns the options of an enqueue (the manager's, the backend's,
+a task's own) into the ``JobFields`` every job of the call gets; ``insert_job()`` and
+``insert_jobs()`` write them, through the ORM or, on PostgreSQL, one constant statement.
+Every time written comes from the database clock or is the caller's own absolute time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, cast
+
+from django.db import (
+    IntegrityError,
+    OperationalError,
+    ProgrammingError,
+    connections,
+    transaction,
+)
+from django.db.models import Value
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from . import conf
+from .jsonsafe import ensure_json, shown
+from .states import ACTIVE_STATES, JobState, LeaseLostPolicy
+
+if TYPE_CHECKING:
+    from .models import Job
+
+
+def on_postgresql(db: str) -> bool:
+    """Whether ``db`` takes the single-statement PostgreSQL paths."""
+    return connections[db].vendor == "postgresql"
+
+
+def json_param(value: Any) -> str | None:
+    """``value`` as the JSON text a ``::jsonb`` parameter takes (None stays NULL)."""
+    return None if value is None else json.dumps(value)
+
+
+def after_now(interval: timedelta) -> Any:
+    """Now() + ``interval``: a time on the database clock."""
+    return Now() + Value(interval)
+
+
+def _aware(name: str, value: Any) -> datetime:
+    """``value`` in UTC, if it is an aware datetime within what every supported database
+    stores (conf.EARLIEST_TIME to conf.LATEST_TIME: MySQL's DATETIME range), else
+    InvalidLeaseOption."""
+    from .exceptions import InvalidLeaseOption
+
+    if not isinstance(value, datetime) or timezone.is_naive(value):
+        raise InvalidLeaseOption(name, f"must be an aware datetime, got {shown(value)}")
+    try:
+        utc = value.astimezone(UTC)
+    except OverflowError:
+        utc = None
+    if utc is None or not conf.EARLIEST_TIME <= utc <= conf.LATEST_TIME:
+        raise InvalidLeaseOption(name, f"must lie from {conf.EARLIEST_TIME:%Y-%m-%d} to "
+                                       f"{conf.LATEST_TIME:%Y-%m-%d} (UTC), got {shown(value)}")
+    # In UTC: PostgreSQL refuses a UTC offset past 15:59, which Python allows.
+    return utc
+
+
+def checked_seconds(name: str, value: Any) -> float:
+    """A duration in seconds (a number or a timedelta) from 0 to conf.MAX_INTERVAL_SECONDS,
+    so that Now() plus it is a time every supported database stores."""
+    from .exceptions import InvalidLeaseOption
+
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    # Compared as it is: math.isfinite() of an int past a float's range raises OverflowError.
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not 0 <= value <= conf.MAX_INTERVAL_SECONDS):
+        raise InvalidLeaseOption(name, f"must be from 0 to {conf.MAX_INTERVAL_DAYS:,} days "
+                                       f"({conf.MAX_INTERVAL_SECONDS:,} seconds), got {shown(value)}")
+    return float(value)
+
+
+def checked_text(name: str, value: Any, longest: int) -> str:
+    """A name stored in a character column: 1 to ``longest`` characters, none that a
+    database refuses (PostgreSQL: NUL; any: a lone surrogate)."""
+    from .exceptions import InvalidLeaseOption
+
+    if not isinstance(value, str) or not 0 < len(value) <= longest:
+        raise InvalidLeaseOption(name, f"must be 1-{longest} characters, got {shown(value)}")
+    if "\x00" in value:
+        raise InvalidLeaseOption(name, "contains a NUL character, which PostgreSQL cannot store")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidLeaseOption(name, f"is not valid Unicode, got {shown(value)}") from None
+    return value
+
+
+# -- enqueue: the options of one call, checked once ----------------------------------------
+
+# The length of Job.task_path (models.py uses it): a longer path would be refused by the
+# database, which would also abort the caller's transaction.
+TASK_PATH_LENGTH = 255
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueOptions:
+    """The keyword options of ``enqueue()`` (``enqueue_many()`` takes them all but
+    ``unique_key``). ``check()`` turns them into the JobFields every job of the call gets,
+    so a bulk enqueue validates its options once, not once per row."""
+
+    queue_name: str = "default"
+    priority: int = 0
+    run_after: datetime | None = None
+    delay: float | timedelta | None = None
+    lease_seconds: float | None = None
+    max_attempts: int | None = None
+    retry: Any = None
+    on_lease_lost: str = LeaseLostPolicy.RETRY
+    deadline: datetime | None = None
+    max_age: float | timedelta | None = None
+    unique_key: str | None = None
+    on_duplicate: str = "refuse"
+
+    @classmethod
+    def of(cls, options: dict[str, Any]) -> EnqueueOptions:
+        """The options of a call given as keywords; an unknown one is a TypeError naming it,
+        as for any Python call, with the known ones."""
+        try:
+            return cls(**options)
+        except TypeError:
+            from dataclasses import fields
+
+            known = [f.name for f in fields(cls)]
+            unknown = sorted(str(name) for name in options if name not in known)
+            raise TypeError(f"enqueue() got unknown options {unknown}; use {', '.join(known)}") from None
+
+    def check(self, task_path: str) -> JobFields:
+        """The validated fields; raise InvalidLeaseOption naming the first bad option.
+        Missing lease, attempts and age come from the backend OPTIONS."""
+        return cast(JobFields, self._checked(task_path, conf.get_options(None), "lease_seconds"))
+
+    def check_declared(self, task_path: str, lease_name: str = "lease_seconds") -> None:
+        """Refuse (InvalidLeaseOption) an option given here that check() would refuse,
+        without reading the backend's defaults: a task's own options, checked when it is
+        declared (the lease named ``lease_name``, as the task names it)."""
+        self._checked(task_path, None, lease_name)
+
+    def _checked(self, task_path: str, defaults: conf.LeaseOptions | None,
+                 lease_name: str) -> JobFields | None:
+        from .exceptions import InvalidLeaseOption
+        from .retry import Retry
+
+        checked_text("task_path", task_path, TASK_PATH_LENGTH)
+        self._check_choices()
+        lease, attempts = self.lease_seconds, self.max_attempts
+        if defaults is not None:
+            lease = defaults.lease_seconds if lease is None else lease
+            attempts = defaults.max_attempts if attempts is None else attempts
+        if lease is not None:
+            lease = conf.validate_lease(lease, lease_name)
+        if attempts is not None:
+            attempts = conf.validate_max_attempts(attempts, "max_attempts")
+        try:
+            retry = None if self.retry is None else Retry.from_json(self.retry)
+        except InvalidLeaseOption:
+            raise
+        except (TypeError, ValueError, OverflowError) as e:  # e.g. {"delays": 5}, {"base": 1, "cap": None, "x": ...}
+            raise InvalidLeaseOption("retry", f"is not a Retry, a list of delays or a dict of "
+                                              f"base/factor/cap/jitter: {e}") from None
+        run_after = None if self.run_after is None else _aware("run_after", self.run_after)
+        delay = None if self.delay is None else timedelta(seconds=checked_seconds("delay", self.delay))
+        deadline = max_age = None
+        if self.deadline is not None:
+            deadline = _aware("deadline", self.deadline)
+        elif self.max_age is not None:
+            max_age = timedelta(seconds=checked_seconds("max_age", self.max_age))
+        elif defaults is not None:
+            max_age = timedelta(seconds=defaults.max_age_days * 86400)
+        if defaults is None:
+            return None
+        return JobFields(task_path, self.queue_name, self.priority, lease, attempts, retry,
+                         self.on_lease_lost, self.unique_key, self.on_duplicate,
+                         run_after, delay, deadline, max_age)
+
+    def _check_choices(self) -> None:
+        from .exceptions import InvalidLeaseOption
+
+        queue, priority, key = self.queue_name, self.priority, self.unique_key
+        checked_text("queue_name", queue, 100)
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+            raise InvalidLeaseOption("priority", f"must be a whole number from -100 to 100, got {shown(priority)}")
+        if self.run_after is not None and self.delay is not None:
+            raise InvalidLeaseOption("run_after", "give run_after or delay, not both")
+        if self.deadline is not None and self.max_age is not None:
+            raise InvalidLeaseOption("deadline", "give deadline or max_age, not both")
+        if self.on_lease_lost not in LeaseLostPolicy.values:
+            raise InvalidLeaseOption(
+                "on_lease_lost", f"must be one of {LeaseLostPolicy.values}, got {shown(self.on_lease_lost)}")
+        if self.on_duplicate not in ("refuse", "merge"):
+            raise InvalidLeaseOption("on_duplicate", f"must be 'refuse' or 'merge', got {shown(self.on_duplicate)}")
+        if key is not None:
+            checked_text("unique_key", key, 200)
+
+
+def check_task_options(task: Any) -> None:
+    """Refuse (InvalidLeaseOption naming the option) what a task declares (``@task(...)``,
+    ``using_lease(...)``) that an enqueue would refuse: EnqueueOptions checks every option
+    an enqueue() call also takes; ``non_retryable`` only a task has."""
+    from .exceptions import InvalidLeaseOption
+
+    non_retryable = getattr(task, "non_retryable", ())
+    if not isinstance(non_retryable, tuple | list):
+        raise InvalidLeaseOption("non_retryable", f"must be a tuple of exception classes, "
+                                                  f"got {non_retryable!r}")
+    for cls in non_retryable:
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise InvalidLeaseOption("non_retryable", f"must hold exception classes, got {cls!r}")
+    EnqueueOptions(
+        lease_seconds=getattr(task, "lease", None),
+        max_attempts=getattr(task, "max_attempts", None),
+        retry=getattr(task, "retry", None),
+        on_lease_lost=getattr(task, "on_lease_lost", LeaseLostPolicy.RETRY),
+        deadline=getattr(task, "deadline", None),
+        max_age=getattr(task, "max_age", None),
+        unique_key=getattr(task, "unique_key", None),
+        on_duplicate=getattr(task, "on_duplicate", "refuse"),
+    ).check_declared(task.module_path, lease_name="lease")
+
+
+@dataclass(frozen=True, slots=True)
+class JobFields:
+    """The checked columns of one enqueue call's jobs. The due time and the deadline are
+    either the caller's own absolute time or an interval that the INSERT adds to the
+    database clock: nothing here holds a "now" computed in Python."""
+
+    task_path: str
+    queue_name: str
+    priority: int
+    lease_seconds: float
+    max_attempts: int
+    retry: Any  # a Retry, or None for the default ladder
+    on_lease_lost: str
+    unique_key: str | None
+    on_duplicate: str
+    run_after: datetime | None
+    delay: timedelta | None  # None with no run_after: due at Now()
+    deadline: datetime | None
+    max_age: timedelta | None  # set exactly when deadline is None
+
+    def columns(self) -> dict[str, Any]:
+        """The columns every job of the call shares (retry as its own fresh JSON)."""
+        return {"task_path": self.task_path, "queue_name": self.queue_name, "priority": self.priority,
+                "lease_seconds": self.lease_seconds, "max_attempts": self.max_attempts,
+                "retry": self.retry_json(), "on_lease_lost": self.on_lease_lost,
+                "unique_key": self.unique_key, "run_after": self.run_after}
+
+    def retry_json(self) -> dict[str, Any] | None:
+        return None if self.retry is None else self.retry.to_json()
+
+    def new_job(self, model: Any, args: list[Any], kwargs: dict[str, Any]) -> Job:
+        """An unsaved job for the ORM path, its intervals as Now() + interval."""
+        timing: dict[str, Any] = {"deadline": self.deadline if self.max_age is None else after_now(self.max_age)}
+        if self.run_after is not None:
+            timing["available_at"] = self.run_after
+        elif self.delay is not None:
+            timing["available_at"] = after_now(self.delay)
+        return model(args=args, kwargs=kwargs, **self.columns(), **timing)
+
+    def pg_params(self) -> dict[str, Any]:
+        """Parameters of _PG_ENQUEUE but the per-row args and kwargs."""
+        params = self.columns()
+        params["retry"] = json_param(params["retry"])
+        params.update(run_after=self.run_after, delay=self.delay or timedelta(0),
+                      deadline=self.deadline, max_age=self.max_age)
+        return params
+
+
+def checked_arguments(args: Any, kwargs: Any, path: str = "") -> tuple[list, dict]:
+    """JSON-safe copies of one call's ``args`` (a list or tuple) and ``kwargs`` (a dict with
+    str keys, or None); InvalidJobArgument names the argument, prefixed by ``path``."""
+    from .exceptions import InvalidJobArgument
+
+    if not isinstance(args, list | tuple):
+        # A string or a dict is iterable too, and list() would quietly store its characters
+        # or keys as the arguments.
+        raise InvalidJobArgument(f"{path}args", f"must be a list or tuple of arguments, got {shown(args)}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise InvalidJobArgument(f"{path}kwargs", f"must be a dict of keyword arguments, got {shown(kwargs)}")
+    return ensure_json(args, f"{path}args"), ensure_json(kwargs or {}, f"{path}kwargs")
+
+
+def _checked_calls(calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
+                   batch_size: int | None = None,
+                   fits: Callable[[list, dict, str], None] | None = None) -> list[tuple[list, dict]]:
+    """Every call's (args, kwargs) as JSON-safe copies; InvalidJobArgument names the call.
+    A ``batch_size`` that bulk_create would refuse is refused first. ``fits(args, kwargs,
+    path)`` may refuse a call's checked arguments too (the backend: the task's signature)."""
+    from .exceptions import InvalidJobArgument
+
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    if isinstance(calls, str | bytes | dict) or not isinstance(calls, Iterable):
+        raise InvalidJobArgument("calls", f"must be an iterable of (args, kwargs) pairs, got {shown(calls)}")
+    checked = []
+    for i, call in enumerate(calls):
+        if not isinstance(call, list | tuple) or len(call) != 2:
+            raise InvalidJobArgument(f"calls[{i}]", f"must be an (args, kwargs) pair, got {shown(call)}")
+        checked.append(checked_arguments(*call, path=f"calls[{i}]."))
+        if fits is not None:
+            fits(*checked[-1], f"calls[{i}].")
+    return checked
+
+
+def check_queue(queue_name: Any, db: str) -> None:
+    """Refuse (InvalidLeaseOption naming ``queue_name``) a queue that no lease backend on
+    ``db`` accepts: no worker could serve its jobs (run_lease_worker serves only its
+    backend's QUEUES)."""
+    from .exceptions import InvalidLeaseOption
+
+    allowed = conf.queues_served_on(db)
+    if allowed is not None and queue_name not in allowed:
+        raise InvalidLeaseOption(
+            "queue_name", f"{shown(queue_name)} is not in the QUEUES of the task backends on database "
+                          f"{db!r} ({', '.join(sorted(allowed))}), so no worker would serve it")
+
+
+# What each database says when a table or column a migration adds is missing: PostgreSQL's
+# SQLSTATEs, MySQL's error numbers, SQLite's words.
+_PG_UNDEFINED = {"42P01", "42703"}
+_MYSQL_UNDEFINED = {1146, 1054}
+_SQLITE_UNDEFINED = ("no such table", "no such column", "has no column named")
+
+
+@contextmanager
+def migrated(model: Any, db: str) -> Iterator[None]:
+    """Turn the database's "no such table/column" into the same error saying what to run."""
+    try:
+        yield
+    except (ProgrammingError, OperationalError) as e:
+        cause = e.__cause__
+        undefined = (getattr(cause, "sqlstate", None) in _PG_UNDEFINED
+                     or (connections[db].vendor == "mysql" and e.args and e.args[0] in _MYSQL_UNDEFINED)
+                     or any(words in str(e) for words in _SQLITE_UNDEFINED))
+        if not undefined:
+            raise
+        raise type(e)(
+            f"The job table {model._meta.db_table!r} is missing or out of date on database "
+            f"{db!r} ({str(e).strip().splitlines()[0]}): run `python manage.py migrate django_leases "
+            f"--database {db}`."
+        ) from e
+
+
+def insert_job(model: Any, db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job:
+    """Insert one job of checked ``fields`` and JSON-safe arguments (see JobQuerySet.enqueue);
+    a held unique key is refused (DuplicateJob) or merged per ``fields.on_duplicate``."""
+    with migrated(model, db):
+        return _insert_job(model, db, fields, args, kwargs)
+
+
+def _insert_job(model: Any, db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job:
+    insert = _pg_insert_one if on_postgresql(db) else _insert_one
+    if fields.unique_key is None:
+        return insert(model, db, fields, args, kwargs)
+    from .exceptions import DuplicateJob
+
+    for _ in range(3):
+        job = insert(model, db, fields, args, kwargs)
+        if job is not None:
+            return job
+        # The key is held; unless its holder finished in the meantime, that is the answer.
+        holder = model._default_manager.using(db).filter(
+            unique_key=fields.unique_key, state__in=ACTIVE_STATES).first()
+        if holder is not None:
+            if fields.on_duplicate == "merge":
+                return holder
+            raise DuplicateJob(fields.unique_key, holder.pk)
+    raise IntegrityError(f"unique_key {fields.unique_key!r} kept conflicting; try again")
+
+
+def insert_jobs(model: Any, db: str, fields: JobFields,
+                calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
+                batch_size: int | None) -> list[Job]:
+    """Insert one job per call, all or none, ``batch_size`` rows per INSERT (see
+    JobQuerySet.enqueue_many); every call is checked before the first INSERT."""
+    checked = _checked_calls(calls, batch_size)
+    with migrated(model, db):
+        if not on_postgresql(db):
+            return _insert_many(model, db, fields, checked, batch_size)
+        return _saved_jobs(model, db, fields, checked, _pg_insert_many(model, db, fields, checked, batch_size))
+
+
+def insert_job_rows(model: Any, db: str, fields: JobFields,
+                    calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
+                    batch_size: int | None,
+                    fits: Callable[[list, dict, str], None] | None = None) -> list[tuple[Any, datetime, list, dict]]:
+    """insert_jobs(), answering (id, enqueued_at, args, kwargs) for each job: what a
+    TaskResult needs. On PostgreSQL no model instance is built, which is most of the time
+    a bulk enqueue of thousands of jobs would otherwise take. ``fits`` as for
+    _checked_calls."""
+    checked = _checked_calls(calls, batch_size, fits)
+    with migrated(model, db):
+        if not on_postgresql(db):
+            return [(j.pk, j.enqueued_at, j.args, j.kwargs)
+                    for j in _insert_many(model, db, fields, checked, batch_size)]
+        rows = _pg_insert_many(model, db, fields, checked, batch_size)
+    return [(row[0], row[1], args, kwargs) for (args, kwargs), row in zip(checked, rows, strict=True)]
+
+
+def _insert_many(model: Any, db: str, fields: JobFields, calls: list[tuple[list, dict]],
+                 batch_size: int | None) -> list[Job]:
+    """The ORM path (SQLite, MariaDB, MySQL): bulk_create, itself all or nothing."""
+    manager = model._default_manager.using(db)
+    jobs = [fields.new_job(model, args, kwargs) for args, kwargs in calls]
+    if connections[db].features.can_return_rows_from_bulk_insert:
+        return manager.bulk_create(jobs, batch_size=batch_size)
+    # MySQL has no RETURNING: bulk_create would leave every id unset. One INSERT per job
+    # (its id comes back as the last insert id), in one transaction, then one read of the
+    # times the database gave them.
+    with transaction.atomic(using=db):
+        for job in jobs:
+            job.save(using=db, force_insert=True)
+    times = {pk: row for pk, *row in manager.filter(pk__in=[j.pk for j in jobs]).values_list(
+        "pk", *_INSERT_CLOCK_FIELDS)}
+    for job in jobs:
+        for name, value in zip(_INSERT_CLOCK_FIELDS, times[job.pk], strict=True):
+            setattr(job, name, value)
+    return jobs
+
+
+# What an INSERT leaves to the database clock (db_default Now(), Now() + an interval).
+_INSERT_CLOCK_FIELDS = ("enqueued_at", "available_at", "deadline")
+
+
+def _insert_one(model: Any, db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job | None:
+    """The ORM path (SQLite, MariaDB): save(); None when the unique key is held."""
+    job = fields.new_job(model, args, kwargs)
+    if fields.unique_key is None:
+        job.save(using=db, force_insert=True)
+        return job
+    try:
+        # A savepoint, so a refused insert leaves the caller's transaction usable.
+        with transaction.atomic(using=db):
+            job.save(using=db, force_insert=True)
+    except IntegrityError:
+        return None
+    return job
+
+
+# Fields whose new values the claim sets on the database clock; dropped from the returned
+
+
+# -- PostgreSQL: enqueue in one constant statement ------------------------------------------
+# The ORM's INSERT is compiled anew for every row (and for every batch of a bulk_create, a
+# statement with one placeholder per row and column); this one is a constant string whatever
+# the row count: the options every job of a call shares are scalars, the args and kwargs are
+# one array each. The due time and the deadline are the caller's absolute time or the
+# database clock plus an interval, as Now() + interval is on the ORM path. The statement
+# trigger of migration 0002 sends the NOTIFY, as for any INSERT.
+
+_PG_ENQUEUE = """
+INSERT INTO {job} (task_path, queue_name, priority, lease_seconds, max_attempts, retry,
+                   on_lease_lost, unique_key, run_after, available_at, deadline,
+                   state, fence, attempts, leases_lost, claimed_by, dead_reason, args, kwargs)
+{rows}
+{on_conflict}RETURNING id, enqueued_at, available_at, deadline, active_key
+"""
+# What every job of one call gets: the call's options, the due time and deadline from the
+# caller's own time or the database clock plus an interval, the model's defaults.
+_PG_SHARED = f"""%(task_path)s::varchar, %(queue_name)s::varchar, %(priority)s::smallint,
+    %(lease_seconds)s::float8, %(max_attempts)s::integer, %(retry)s::jsonb,
+    %(on_lease_lost)s::varchar, %(unique_key)s::varchar, %(run_after)s::timestamptz,
+    COALESCE(%(run_after)s::timestamptz, statement_timestamp() + %(delay)s::interval),
+    COALESCE(%(deadline)s::timestamptz, statement_timestamp() + %(max_age)s::interval),
+    '{JobState.PENDING.value}', 0, 0, 0, '', ''"""
+# One job: plain VALUES, which the server plans in half the time of a SELECT.
+_PG_ONE_ROW = f"VALUES ({_PG_SHARED}, %(args)s::jsonb, %(kwargs)s::jsonb)"
+# Many: unnest() yields the rows in array order.
+_PG_ROWS = f"""SELECT {_PG_SHARED}, v.args, v.kwargs
+FROM unnest(%(args)s::jsonb[], %(kwargs)s::jsonb[]) AS v(args, kwargs)"""
+# ... answered in one row: the ids, drawn from the sequence in the order of insertion, and
+# the times, which are the same for every row of one statement (statement_timestamp() and
+# the call's own options), so that the client parses one row, not three times per job.
+_PG_MANY = """WITH inserted AS ({insert})
+SELECT array_agg(id ORDER BY id), min(enqueued_at), min(available_at), min(deadline) FROM inserted"""
+# A held unique key inserts nothing and returns no row: no error, so no savepoint either.
+_PG_KEY_HELD = "ON CONFLICT (active_key) DO NOTHING\n"
+# The columns of Job the INSERT returns, in the order of its RETURNING.
+_RETURNED = ("id", "enqueued_at", "available_at", "deadline", "active_key")
+
+_pg_enqueue_cache: dict[tuple[str, str, bool], str] = {}
+
+
+def _pg_enqueue_sql(model: Any, db: str, rows: str, unique: bool) -> str:
+    key = (model._meta.db_table, rows, unique)
+    if key not in _pg_enqueue_cache:
+        table = connections[db].ops.quote_name(model._meta.db_table)
+        insert = _PG_ENQUEUE.format(job=table, rows=rows, on_conflict=_PG_KEY_HELD if unique else "")
+        _pg_enqueue_cache[key] = insert if rows == _PG_ONE_ROW else _PG_MANY.format(insert=insert)
+    return _pg_enqueue_cache[key]
+
+
+
+def _pg_insert_one(model: Any, db: str, fields: JobFields, args: list[Any],
+                   kwargs: dict[str, Any]) -> Job | None:
+    """One INSERT ... RETURNING; None when an active job holds the unique key."""
+    params = fields.pg_params()
+    params["args"], params["kwargs"] = json_param(args), json_param(kwargs)
+    sql = _pg_enqueue_sql(model, db, _PG_ONE_ROW, fields.unique_key is not None)
+    with connections[db].cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return None if row is None else _saved_jobs(model, db, fields, [(args, kwargs)], [row])[0]
+
+
+def _pg_insert_many(model: Any, db: str, fields: JobFields, calls: list[tuple[list, dict]],
+                    batch_size: int | None) -> list[tuple]:
+    """One INSERT ... SELECT FROM unnest(args[], kwargs[]) per ``batch_size`` calls, in one
+    transaction (as bulk_create): all the jobs or none. Answer the RETURNING columns of
+    each job, in the order of the calls."""
+    if not calls:
+        return []
+    sql = _pg_enqueue_sql(model, db, _PG_ROWS, False)
+    params = fields.pg_params()
+    rows: list[tuple] = []
+    with transaction.atomic(using=db, savepoint=False), connections[db].cursor() as cursor:
+        for batch in _batches(calls, batch_size):
+            params["args"] = [json_param(args) for args, _ in batch]
+            params["kwargs"] = [json_param(kwargs) for _, kwargs in batch]
+            cursor.execute(sql, params)
+            ids, enqueued_at, available_at, deadline = cursor.fetchone()
+            rows.extend((pk, enqueued_at, available_at, deadline, None) for pk in ids)
+    return rows
+
+
+def _batches(calls: list[tuple[list, dict]], batch_size: int | None) -> Iterable[list[tuple[list, dict]]]:
+    """``calls`` in slices of ``batch_size`` (None: one slice), as bulk_create takes it."""
+    size = batch_size or len(calls)
+    return (calls[start:start + size] for start in range(0, len(calls), size))
+
+
+def _saved_jobs(model: Any, db: str, fields: JobFields, calls: list[tuple[list, dict]],
+                rows: list[tuple]) -> list[Job]:
+    """The jobs as saved, without a second query: what the call wrote, the model's defaults
+    for the columns it left alone, and what the database computed (RETURNING)."""
+    layout = _job_layout(model)
+    template = [*layout.defaults]
+    for name, value in fields.columns().items():
+        template[layout.slot[name]] = value
+    jobs = []
+    for (args, kwargs), row in zip(calls, rows, strict=True):
+        values = template.copy()
+        for slot, value in zip(layout.per_row, (args, kwargs, fields.retry_json(), *row), strict=True):
+            values[slot] = value
+        jobs.append(model.from_db(db, layout.names, values))
+    return jobs
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A model's concrete columns in order, their defaults, the position of each, and where
+    each job's own values go (args, kwargs, its fresh retry JSON, the RETURNING columns)."""
+
+    names: list[str]
+    defaults: list[Any]  # callable defaults (args, kwargs) are always replaced
+    slot: dict[str, int]
+    per_row: tuple[int, ...]
+
+
+_layouts: dict[Any, _Layout] = {}
+
+
+def _job_layout(model: Any) -> _Layout:
+    if model not in _layouts:
+        fields = model._meta.concrete_fields
+        slot = {f.attname: i for i, f in enumerate(fields)}
+        _layouts[model] = _Layout([f.attname for f in fields], [f.get_default() for f in fields], slot,
+                                  tuple(slot[n] for n in ("args", "kwargs", "retry", *_RETURNED)))
+    return _layouts[model]

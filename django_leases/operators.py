@@ -1,0 +1,153 @@
+"""Operator verbs and the reads of the admin, the backend and the advisor.
+
+Operator verbs are conditional on state and answer how many jobs changed; none of them
+needs a claim token. The reads never write. Every comparison uses the database clock.
+JobQuerySet (query.py) is composed from these and the owner's verbs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, models
+from django.db.models import Case, F, Value, When
+from django.db.models.functions import Now
+
+from . import conf
+from .enqueue import after_now, checked_seconds
+from .states import ACTIVE_STATES, TERMINAL_STATES, DeadReason, JobState
+
+if TYPE_CHECKING:
+    from .models import Job
+
+
+class OperatorVerbs:
+    """What people and maintenance commands do to jobs, and what the admin, the backend and
+    the advisor read (a mixin of JobQuerySet)."""
+
+    # -- operator actions: conditional on state, answering how many changed -------------
+
+    def cancel(self) -> int:
+        """Cancel pending and claimed jobs; a running handler learns at its next renewal."""
+        return self.filter(state__in=ACTIVE_STATES).update(
+            state=JobState.CANCELLED, finished_at=Now(), claim_token=None, lease_expires_at=None)
+
+    def requeue(self, *, reset_attempts: bool = True, max_age: float | None = None) -> int:
+        """Put dead and cancelled jobs back to pending, due now, with a fresh deadline
+        (``max_age`` seconds, default the backend's MAX_AGE_DAYS, from the database's Now()).
+
+        A job whose unique key is held by another active job stays where it is.
+        """
+        age = conf.get_options(None).max_age_days * 86400 if max_age is None else checked_seconds("max_age", max_age)
+        changes: dict[str, Any] = {"attempts": 0} if reset_attempts else {
+            # Keep the count but leave room for one more try.
+            "max_attempts": Case(When(attempts__gte=F("max_attempts"), then=F("attempts") + 1),
+                                 default=F("max_attempts"),
+                                 output_field=models.PositiveIntegerField())}
+        taken = list(self.model._default_manager.using(self.db).filter(
+            active_key__isnull=False).values_list("active_key", flat=True))
+        return self.filter(state__in=[JobState.DEAD, JobState.CANCELLED]).exclude(
+            unique_key__in=taken).update(
+            state=JobState.PENDING, available_at=Now(), finished_at=None, dead_reason="",
+            deadline=after_now(timedelta(seconds=age)), **changes)
+
+    def retry_now(self) -> int:
+        """Make pending jobs due now, parked ones included."""
+        return self.filter(state=JobState.PENDING).update(available_at=Now())
+
+    def expire_now(self) -> int:
+        """End the lease of claimed jobs (a second ago, DB clock) so any worker may take them."""
+        return self.filter(state=JobState.CLAIMED).update(
+            lease_expires_at=Now() - Value(timedelta(seconds=1)))
+
+    def expire_stalled_now(self, heartbeat_seconds: float) -> int:
+        """End the lease of stalled claims only; the same UPDATE re-checks that each is stalled,
+        so a claim whose worker renewed in the meantime keeps its lease."""
+        return self.stalled_claims(heartbeat_seconds).expire_now()
+
+    def prunable(self, older_than_days: float, *, include_dead: bool = False) -> Any:
+        """Finished jobs past retention: succeeded, cancelled, and dead ones if asked."""
+        states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
+        return self.filter(
+            state__in=states, finished_at__lt=Now() - Value(timedelta(days=older_than_days)))
+
+    def prune(self, older_than_days: float, *, include_dead: bool = False,
+              batch_size: int = 1000) -> int:
+        """Delete finished jobs (succeeded and cancelled, and dead ones if asked) that finished
+        more than N days ago on the database clock, ``batch_size`` at a time so no statement
+        holds locks for long; return how many jobs were deleted."""
+        old = self.prunable(older_than_days, include_dead=include_dead)
+        manager = self.model._default_manager.using(self.db)
+        deleted = 0
+        while True:
+            ids = list(old.order_by("pk").values_list("pk", flat=True)[:batch_size])
+            if not ids:
+                return deleted
+            _, per_model = manager.filter(pk__in=ids).delete()
+            deleted += per_model.get(self.model._meta.label, 0)
+
+    def dead_letter_past_deadline(self, *, batch_size: int = 1000) -> int:
+        """Dead-letter pending jobs whose deadline passed (database clock) although no claim
+        came to settle them: parked jobs, jobs of a queue no worker serves, jobs scheduled
+        past their own deadline. Return how many ended."""
+        manager = self.model._default_manager.using(self.db)
+        late = self.filter(state=JobState.PENDING, deadline__lt=Now())
+        ended = 0
+        while True:
+            ids = list(late.order_by("pk").values_list("pk", flat=True)[:batch_size])
+            if not ids:
+                return ended
+            # Conditional again: a job claimed since the read keeps running.
+            ended += manager.filter(pk__in=ids, state=JobState.PENDING, deadline__lt=Now()).update(
+                state=JobState.DEAD, dead_reason=DeadReason.DEADLINE, finished_at=Now())
+
+    def purge_finished(self) -> int:
+        """Delete succeeded and cancelled jobs (with their failure rows); return jobs deleted."""
+        _, per_model = self.filter(
+            state__in=[JobState.SUCCEEDED, JobState.CANCELLED]).delete()
+        return per_model.get(self.model._meta.label, 0)
+
+    # -- reads: the admin's, the backend's, the advisor's --------------------------------
+
+    def census(self) -> list[dict[str, Any]]:
+        """Count jobs per (queue, task, state) in one GROUP BY: the admin's header and filters."""
+        return list(
+            self.order_by().values("queue_name", "task_path", "state")
+            .annotate(n=models.Count("*")).order_by()
+        )
+
+    def estimated_count(self) -> int | None:
+        """The planner's row estimate for this queryset on PostgreSQL (None elsewhere).
+
+        COUNT(*) reads every matching row; EXPLAIN reads statistics only, which is what a
+        paginator over a million jobs can afford.
+        """
+        if connections[self.db].vendor != "postgresql":
+            return None
+        plan = json.loads(self.order_by().values("pk").explain(format="json"))
+        if isinstance(plan, list):
+            plan = plan[0]
+        return int(plan["Plan"]["Plan Rows"])
+
+    def with_failures(self, ids: Iterable[Any]) -> list[Job]:
+        """The jobs ``ids`` with their failures loaded: what the Django Tasks backend turns
+        into TaskResults, for any number of jobs in two statements."""
+        return list(self.filter(pk__in=list(ids)).prefetch_related("failures"))
+
+    def handler_durations(self, since_days: float | None = None) -> models.QuerySet:
+        """(task_path, lease_seconds, duration) of succeeded jobs, finished in the last
+        ``since_days`` days if given. ``duration`` is finished_at - last_attempted_at, the
+        last attempt from claim to acknowledgement: both stamps come from the database
+        clock, so the difference holds whatever the workers' clocks say."""
+        finished = self.filter(state=JobState.SUCCEEDED, last_attempted_at__isnull=False,
+                               finished_at__isnull=False)
+        if since_days is not None:
+            finished = finished.filter(
+                finished_at__gte=Now() - Value(timedelta(days=checked_seconds("since_days", since_days))))
+        return finished.order_by().annotate(
+            duration=models.ExpressionWrapper(F("finished_at") - F("last_attempted_at"),
+                                              output_field=models.DurationField()),
+        ).values_list("task_path", "lease_seconds", "duration")

@@ -1,0 +1,60 @@
+"""The worker processes' registry: each run_lease_worker's row, and who looks gone."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.apps import apps
+from django.db import models
+from django.db.models import Case, Q, Value, When
+from django.db.models.functions import Now
+
+from .states import JobState
+
+
+class WorkerQuerySet(models.QuerySet):
+    """The worker processes' own rows (times on the database clock)."""
+
+    def register(self, worker_id: str, *, hostname: str, pid: int, queues: list[str]) -> None:
+        self.update_or_create(
+            worker_id=worker_id,
+            defaults={"hostname": hostname, "pid": pid, "queues": queues,
+                      "started_at": Now(), "last_seen_at": Now(), "stopped_at": None},
+        )
+
+    def seen(self, worker_id: str) -> int:
+        return self.filter(worker_id=worker_id).update(last_seen_at=Now())
+
+    def stopped(self, worker_id: str) -> int:
+        return self.filter(worker_id=worker_id).update(last_seen_at=Now(), stopped_at=Now())
+
+    # -- admin views -------------------------------------------------------------------
+
+    def _gone_q(self, heartbeat_seconds: float) -> Q:
+        return Q(stopped_at__isnull=False) | Q(
+            last_seen_at__lt=Now() - Value(timedelta(seconds=2 * heartbeat_seconds)))
+
+    def gone(self, heartbeat_seconds: float) -> WorkerQuerySet:
+        """Stopped, or not seen for more than two heartbeat periods (database clock)."""
+        return self.filter(self._gone_q(heartbeat_seconds))
+
+    def with_claims(self, heartbeat_seconds: float) -> WorkerQuerySet:
+        """Annotate ``db_now``, ``claims_held``, ``claims_expired`` and ``looks_gone``."""
+        from django.db.models.functions import Coalesce
+
+        Job = apps.get_model("django_leases", "Job")
+
+        def count(**lookups: Any) -> Any:
+            held = (Job.objects.using(self.db)
+                    .filter(state=JobState.CLAIMED, claimed_by=models.OuterRef("worker_id"), **lookups)
+                    .order_by().values("claimed_by").annotate(n=models.Count("*")).values("n"))
+            return Coalesce(models.Subquery(held), 0)
+
+        return self.annotate(
+            db_now=Now(),
+            claims_held=count(),
+            claims_expired=count(lease_expires_at__lt=Now()),
+            looks_gone=Case(When(self._gone_q(heartbeat_seconds), then=Value(True)),
+                            default=Value(False), output_field=models.BooleanField()),
+        )
