@@ -7,7 +7,8 @@ gives the real answer (usually 0 rows: the takeover won). Without this the stale
 handler would see an OperationalError instead of LeaseLost.
 
 Only a write outside any atomic block is retried: inside one, the rollback took the caller's
-earlier statements with it, and only the caller can redo those.
+earlier statements with it, and only the caller can redo those. Operator verbs that are one
+UPDATE (cancel, expire_now, retry_now) race claims the same way and are retried alike.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from django.db.models import Case, F, Value, When
 from django.db.models.functions import Now
 
 from . import conf
+from .deadlocks import retry_deadlock_victims
 from .enqueue import after_now, checked_seconds
 from .states import ACTIVE_STATES, TERMINAL_STATES, DeadReason, JobState
 
@@ -30,6 +31,7 @@ class OperatorVerbs:
 
     # -- operator actions: conditional on state, answering how many changed -------------
 
+    @retry_deadlock_victims
     def cancel(self) -> int:
         """Cancel pending and claimed jobs; a running handler learns at its next renewal."""
         return self.filter(state__in=ACTIVE_STATES).update(
@@ -54,10 +56,12 @@ class OperatorVerbs:
             state=JobState.PENDING, available_at=Now(), finished_at=None, dead_reason="",
             deadline=after_now(timedelta(seconds=age)), **changes)
 
+    @retry_deadlock_victims
     def retry_now(self) -> int:
         """Make pending jobs due now, parked ones included."""
         return self.filter(state=JobState.PENDING).update(available_at=Now())
 
+    @retry_deadlock_victims
     def expire_now(self) -> int:
         """End the lease of claimed jobs (a second ago, DB clock) so any worker may take them."""
         return self.filter(state=JobState.CLAIMED).update(
