@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
@@ -29,7 +29,20 @@ from django.utils.translation import ngettext
 
 from . import conf
 from .models import Job, WorkerProcess
+from .query import JobQuerySet
 from .states import JobState
+from .worker_registry import WorkerQuerySet
+
+if TYPE_CHECKING:
+    from django.utils.functional import _StrOrPromise
+
+    # Generic in django-stubs, plain classes at run time.
+    _JobPaginatorBase = Paginator[Job]
+    _JobAdminBase = admin.ModelAdmin[Job]
+    _WorkerAdminBase = admin.ModelAdmin[WorkerProcess]
+else:
+    _JobPaginatorBase = Paginator
+    _JobAdminBase = _WorkerAdminBase = admin.ModelAdmin
 
 EMPTY = "—"
 
@@ -72,7 +85,7 @@ def lease_text(job: Job, period: float) -> str:
     return f"expires in {remaining}"
 
 
-class LeaseAdminPaginator(Paginator):
+class LeaseAdminPaginator(_JobPaginatorBase):
     """Count exactly up to ``exact_limit`` rows and estimate beyond.
 
     COUNT(*) over a million jobs costs more than the rest of the page together. A bounded
@@ -84,14 +97,15 @@ class LeaseAdminPaginator(Paginator):
     is_estimate = False
 
     @cached_property
-    def count(self) -> int:  # type: ignore[override]
+    def count(self) -> int:
         qs = self.object_list
         if not isinstance(qs, QuerySet):
             return len(qs)
         bounded = qs.order_by().values("pk")[: self.exact_limit + 1].count()
         if bounded <= self.exact_limit:
             return bounded
-        estimate = qs.estimated_count()
+        # The paginator of JobAdmin: its object_list is the admin's JobQuerySet.
+        estimate = cast(JobQuerySet, qs).estimated_count()
         if estimate is None:
             return qs.count()
         self.is_estimate = True
@@ -112,7 +126,7 @@ class CensusFilter(admin.SimpleListFilter):
     def extra_values(self) -> set[str]:
         return set()
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         if self.value():
             return queryset.filter(**{self.field: self.value()})
         return None
@@ -156,14 +170,15 @@ class LeaseFilter(admin.SimpleListFilter):
             ("stalled", _("stalled (lease valid, renewals stopped or worker gone)")),
         ]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         value = self.value()
+        jobs = cast(JobQuerySet, queryset)  # JobAdmin's own queryset
         if value == "claimed":
-            return queryset.lease_valid()
+            return jobs.lease_valid()
         if value == "expired":
-            return queryset.expired()
+            return jobs.expired()
         if value == "stalled":
-            return queryset.stalled_claims(heartbeat_seconds())
+            return jobs.stalled_claims(heartbeat_seconds())
         return None
 
 
@@ -195,7 +210,7 @@ def _watched(job: Job) -> tuple[Any, ...]:
     return tuple(getattr(job, name) for name in _WATCHED)
 
 
-def after_count(selection: QuerySet, verb: str) -> int:
+def after_count(selection: JobQuerySet, verb: str) -> int:
     """Selected jobs a verb had to leave in place: for requeue, the dead or cancelled jobs
     still dead or cancelled afterwards (their unique key is held by an active job)."""
     if verb == "requeue":
@@ -204,7 +219,7 @@ def after_count(selection: QuerySet, verb: str) -> int:
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(_JobAdminBase):
     """Jobs, read-only; operator actions call the conditional verbs of JobQuerySet."""
 
     list_display = ["id", "task_path", "queue_name", "state", "lease", "attempts_of_max",
@@ -232,7 +247,8 @@ class JobAdmin(admin.ModelAdmin):
                                       "started_at", "last_attempted_at", "finished_at"]}),
         (_("Error history"), {"fields": ["error_history"]}),
     ]
-    readonly_fields = [name for _title, opts in fieldsets for name in opts["fields"]]
+    # Every fieldset above lists plain field names (no nested rows).
+    readonly_fields = [name for _title, opts in fieldsets for name in cast("list[str]", opts["fields"])]
 
     def get_search_fields(self, request: HttpRequest) -> list[str]:
         # A number is a job id: searching the task names for it too would turn an index
@@ -256,14 +272,17 @@ class JobAdmin(admin.ModelAdmin):
 
     # -- reading -------------------------------------------------------------------
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).with_lease_status(heartbeat_seconds())
+    def get_queryset(self, request: HttpRequest) -> JobQuerySet:
+        # Job's default manager is a JobQuerySet's.
+        return cast(JobQuerySet, super().get_queryset(request)).with_lease_status(heartbeat_seconds())
 
     def census(self, request: HttpRequest) -> list[dict[str, Any]]:
         """Counts per (queue, task, state), computed once per request."""
         if not hasattr(request, "_leases_census"):
+            # Kept on the request, which declares no such attribute.
             request._leases_census = Job.objects.census()  # type: ignore[attr-defined]
-        return request._leases_census  # type: ignore[attr-defined]
+        census: list[dict[str, Any]] = request._leases_census  # type: ignore[attr-defined]
+        return census
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         return super().changelist_view(request, {**self.summary(request), **(extra_context or {})})
@@ -279,7 +298,7 @@ class JobAdmin(admin.ModelAdmin):
         def link(**params: str) -> str:
             return f"{url}?{urlencode(params)}"
 
-        rows = [
+        rows: list[dict[str, Any]] = [
             {"queue": queue, "link": link(queue=queue), "total": sum(counts.values()),
              "cells": [(counts[s], link(queue=queue, state__exact=s)) for s in states]}
             for queue, counts in sorted(per_queue.items())
@@ -345,7 +364,7 @@ class JobAdmin(admin.ModelAdmin):
 
     # -- actions: each calls one verb, reports its rowcount and logs what changed --------
 
-    def _act(self, request: HttpRequest, queryset: QuerySet, verb: Callable[[QuerySet], int],
+    def _act(self, request: HttpRequest, queryset: QuerySet[Job], verb: Callable[[JobQuerySet], int],
              done: str, not_eligible: str, *, waiting: str = "") -> None:
         # Rebuild the selection without the list's annotations, so the verb's statement is
         # the plain conditional UPDATE query.py wrote.
@@ -380,15 +399,17 @@ class JobAdmin(admin.ModelAdmin):
         for flag, jobs in ((CHANGE, [j for j in changed if j.pk in after]),
                            (DELETION, [j for j in changed if j.pk not in after])):
             if jobs:
-                LogEntry.objects.log_actions(
+                # single_object is known at run time only; django-stubs types it by literal.
+                LogEntry.objects.log_actions(  # type: ignore[call-overload]
                     user_id=request.user.pk, queryset=jobs, action_flag=flag,
                     change_message=f"{done.capitalize()} by the admin action.",
                     single_object=len(jobs) == 1)
 
-    def _confirmation(self, request: HttpRequest, queryset: QuerySet, action: str,
-                      question: str) -> Any:
+    def _confirmation(self, request: HttpRequest, queryset: QuerySet[Job], action: str,
+                      question: _StrOrPromise) -> Any:
         """Django's delete_selected pattern: the first POST shows what the action would
         touch and asks (this page); the second (post=yes) gets None and acts."""
+        from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
         from django.template.response import TemplateResponse
 
         if request.POST.get("post") == "yes":
@@ -404,21 +425,21 @@ class JobAdmin(admin.ModelAdmin):
                 "jobs": jobs,
                 "total": queryset.count(),
                 "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
-                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
                 "select_across": request.POST.get("select_across", "0"),
             })
 
     @admin.action(description=_("Retry now: make selected pending jobs due"), permissions=["change"])
-    def retry_now(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def retry_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         self._act(request, queryset, lambda qs: qs.retry_now(), "made due now", "not pending")
 
     @admin.action(description=_("Requeue selected dead or cancelled jobs"), permissions=["change"])
-    def requeue(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def requeue(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         self._act(request, queryset, lambda qs: qs.requeue(), "requeued",
                   "no longer dead or cancelled", waiting="requeue")
 
     @admin.action(description=_("Cancel selected pending or claimed jobs"), permissions=["change"])
-    def cancel(self, request: HttpRequest, queryset: QuerySet) -> Any:
+    def cancel(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
         if asking := self._confirmation(request, queryset, "cancel", _(
                 "Cancel these jobs? A running handler is told to stop at its next renewal, "
                 "and its result is discarded.")):
@@ -429,7 +450,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.action(description=_("Expire selected stalled claims now (their worker is gone)"),
                   permissions=["change"])
-    def expire_stalled(self, request: HttpRequest, queryset: QuerySet) -> Any:
+    def expire_stalled(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
         if asking := self._confirmation(request, queryset, "expire_stalled", _(
                 "End these stalled leases now? Another worker may claim the jobs at once; if "
                 "their worker is in fact alive, both run them.")):
@@ -441,7 +462,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.action(description=_("Purge selected finished jobs (succeeded or cancelled)"),
                   permissions=["change"])
-    def purge_finished(self, request: HttpRequest, queryset: QuerySet) -> Any:
+    def purge_finished(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
         if asking := self._confirmation(request, queryset, "purge_finished", _(
                 "Delete these finished jobs, their results and their failure history? "
                 "This cannot be undone.")):
@@ -494,7 +515,7 @@ def _days(value: str | None) -> float | None:
 
 
 @admin.register(WorkerProcess)
-class WorkerProcessAdmin(admin.ModelAdmin):
+class WorkerProcessAdmin(_WorkerAdminBase):
     """Worker processes as they last reported themselves, with the claims they hold."""
 
     list_display = ["worker_id", "hostname", "pid", "queue_list", "started_at", "last_seen",
@@ -515,8 +536,9 @@ class WorkerProcessAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: WorkerProcess | None = None) -> bool:
         return False
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).with_claims(heartbeat_seconds())
+    def get_queryset(self, request: HttpRequest) -> WorkerQuerySet:
+        # WorkerProcess's default manager is a WorkerQuerySet's.
+        return cast(WorkerQuerySet, super().get_queryset(request)).with_claims(heartbeat_seconds())
 
     @admin.display(description=_("queues"))
     def queue_list(self, worker: WorkerProcess) -> str:

@@ -13,7 +13,7 @@ from django.db.models.functions import Now
 from .states import JobState
 
 if TYPE_CHECKING:
-    from .models import WorkerProcess
+    from .models import WorkerProcess  # noqa: F401 -- the queryset's type argument below
 
 
 class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
