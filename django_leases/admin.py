@@ -34,7 +34,28 @@ from .states import JobState
 from .worker_registry import WorkerQuerySet
 
 if TYPE_CHECKING:
+    from typing import TypedDict
+
     from django.utils.functional import _StrOrPromise
+    from django_stubs_ext import WithAnnotations
+
+    class _LeaseStatus(TypedDict):
+        """What JobQuerySet.with_lease_status() annotates."""
+
+        db_now: datetime
+        lease_status: str | None
+
+    class _WorkerClaims(TypedDict):
+        """What WorkerQuerySet.with_claims() annotates."""
+
+        db_now: datetime
+        claims_held: int
+        claims_expired: int
+        looks_gone: bool
+
+    # The rows the admin's lists show (get_queryset annotates them).
+    ListedJob = WithAnnotations[Job, _LeaseStatus]
+    ListedWorker = WithAnnotations[WorkerProcess, _WorkerClaims]
 
     # Generic in django-stubs, plain classes at run time.
     _JobPaginatorBase = Paginator[Job]
@@ -68,12 +89,12 @@ def _age(now: datetime, then: datetime | None) -> float | None:
     return None if then is None else (now - then).total_seconds()
 
 
-def lease_text(job: Job, period: float) -> str:
+def lease_text(job: ListedJob, period: float) -> str:
     """Say where the claim stands: "expires in 42 s", "expired 3 min ago", "stalled: …"."""
     status = getattr(job, "lease_status", None)
     if status is None or job.lease_expires_at is None:
         return EMPTY
-    now = job.db_now  # type: ignore[attr-defined]
+    now = job.db_now
     if status == "expired":
         return f"expired {humanize_seconds(_age(now, job.lease_expires_at) or 0)} ago"
     remaining = humanize_seconds((job.lease_expires_at - now).total_seconds())
@@ -317,7 +338,7 @@ class JobAdmin(_JobAdminBase):
         }
 
     @admin.display(description=_("lease"))
-    def lease(self, job: Job) -> str:
+    def lease(self, job: ListedJob) -> str:
         text = lease_text(job, heartbeat_seconds())
         status = getattr(job, "lease_status", None) or "none"
         return format_html('<span class="leases-lease leases-{}">{}</span>', status, text)
@@ -327,18 +348,18 @@ class JobAdmin(_JobAdminBase):
         return f"{job.attempts}/{job.max_attempts}"
 
     @admin.display(description=_("heartbeat"))
-    def heartbeat_age(self, job: Job) -> str:
+    def heartbeat_age(self, job: ListedJob) -> str:
         if job.state != JobState.CLAIMED or job.heartbeat_at is None:
             return EMPTY
-        return f"{humanize_seconds(_age(job.db_now, job.heartbeat_at) or 0)} ago"  # type: ignore[attr-defined]
+        return f"{humanize_seconds(_age(job.db_now, job.heartbeat_at) or 0)} ago"
 
     @admin.display(description=_("due"))
-    def due(self, job: Job) -> str:
+    def due(self, job: ListedJob) -> str:
         if job.state != JobState.PENDING:
             return EMPTY
         if job.available_at is None:
             return "parked"
-        wait = (job.available_at - job.db_now).total_seconds()  # type: ignore[attr-defined]
+        wait = (job.available_at - job.db_now).total_seconds()
         return f"in {humanize_seconds(wait)}" if wait > 0 else "now"
 
     @admin.display(description=_("args"))
@@ -545,13 +566,13 @@ class WorkerProcessAdmin(_WorkerAdminBase):
         return ", ".join(map(str, worker.queues or [])) or EMPTY
 
     @admin.display(description=_("last seen"), ordering="last_seen_at")
-    def last_seen(self, worker: WorkerProcess) -> str:
-        return f"{humanize_seconds(_age(worker.db_now, worker.last_seen_at) or 0)} ago"  # type: ignore[attr-defined]
+    def last_seen(self, worker: ListedWorker) -> str:
+        return f"{humanize_seconds(_age(worker.db_now, worker.last_seen_at) or 0)} ago"
 
     @admin.display(description=_("claims held"))
-    def claims(self, worker: WorkerProcess) -> str:
-        held = worker.claims_held  # type: ignore[attr-defined]
-        expired = worker.claims_expired  # type: ignore[attr-defined]
+    def claims(self, worker: ListedWorker) -> str:
+        held = worker.claims_held
+        expired = worker.claims_expired
         if not held:
             return "0"
         url = reverse("admin:django_leases_job_changelist")
@@ -560,11 +581,11 @@ class WorkerProcessAdmin(_WorkerAdminBase):
         return format_html('<a href="{}?{}">{}</a>', url, query, label)
 
     @admin.display(description=_("status"))
-    def status(self, worker: WorkerProcess) -> str:
-        now = worker.db_now  # type: ignore[attr-defined]
+    def status(self, worker: ListedWorker) -> str:
+        now = worker.db_now
         if worker.stopped_at is not None:
             text = f"gone: stopped {humanize_seconds(_age(now, worker.stopped_at) or 0)} ago"
-        elif worker.looks_gone:  # type: ignore[attr-defined]
+        elif worker.looks_gone:
             text = f"gone: not seen for {humanize_seconds(_age(now, worker.last_seen_at) or 0)}"
         else:
             return format_html('<span class="leases-worker-alive">{}</span>', "alive")
