@@ -29,15 +29,16 @@ from django.utils.translation import ngettext
 
 from . import conf
 from .models import Job, WorkerProcess
-from .query import JobQuerySet
 from .states import JobState
-from .worker_registry import WorkerQuerySet
 
 if TYPE_CHECKING:
     from typing import TypedDict
 
     from django.utils.functional import _StrOrPromise
     from django_stubs_ext import WithAnnotations
+
+    from .query import JobQuerySet
+    from .worker_registry import WorkerQuerySet
 
     class _LeaseStatus(TypedDict):
         """What JobQuerySet.with_lease_status() annotates."""
@@ -126,7 +127,7 @@ class LeaseAdminPaginator(_JobPaginatorBase):
         if bounded <= self.exact_limit:
             return bounded
         # The paginator of JobAdmin: its object_list is the admin's JobQuerySet.
-        estimate = cast(JobQuerySet, qs).estimated_count()
+        estimate = cast("JobQuerySet", qs).estimated_count()
         if estimate is None:
             return qs.count()
         self.is_estimate = True
@@ -193,7 +194,7 @@ class LeaseFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         value = self.value()
-        jobs = cast(JobQuerySet, queryset)  # JobAdmin's own queryset
+        jobs = cast("JobQuerySet", queryset)  # JobAdmin's own queryset
         if value == "claimed":
             return jobs.lease_valid()
         if value == "expired":
@@ -295,7 +296,7 @@ class JobAdmin(_JobAdminBase):
 
     def get_queryset(self, request: HttpRequest) -> JobQuerySet:
         # Job's default manager is a JobQuerySet's.
-        return cast(JobQuerySet, super().get_queryset(request)).with_lease_status(heartbeat_seconds())
+        return cast("JobQuerySet", super().get_queryset(request)).with_lease_status(heartbeat_seconds())
 
     def census(self, request: HttpRequest) -> list[dict[str, Any]]:
         """Counts per (queue, task, state), computed once per request."""
@@ -559,7 +560,7 @@ class WorkerProcessAdmin(_WorkerAdminBase):
 
     def get_queryset(self, request: HttpRequest) -> WorkerQuerySet:
         # WorkerProcess's default manager is a WorkerQuerySet's.
-        return cast(WorkerQuerySet, super().get_queryset(request)).with_claims(heartbeat_seconds())
+        return cast("WorkerQuerySet", super().get_queryset(request)).with_claims(heartbeat_seconds())
 
     @admin.display(description=_("queues"))
     def queue_list(self, worker: WorkerProcess) -> str:
