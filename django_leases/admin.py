@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
@@ -30,6 +30,41 @@ from django.utils.translation import ngettext
 from . import conf
 from .models import Job, WorkerProcess
 from .states import JobState
+
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    from django.utils.functional import _StrOrPromise
+    from django_stubs_ext import WithAnnotations
+
+    from .query import JobQuerySet
+    from .worker_registry import WorkerQuerySet
+
+    class _LeaseStatus(TypedDict):
+        """What JobQuerySet.with_lease_status() annotates."""
+
+        db_now: datetime
+        lease_status: str | None
+
+    class _WorkerClaims(TypedDict):
+        """What WorkerQuerySet.with_claims() annotates."""
+
+        db_now: datetime
+        claims_held: int
+        claims_expired: int
+        looks_gone: bool
+
+    # The rows the admin's lists show (get_queryset annotates them).
+    ListedJob = WithAnnotations[Job, _LeaseStatus]
+    ListedWorker = WithAnnotations[WorkerProcess, _WorkerClaims]
+
+    # Generic in django-stubs, plain classes at run time.
+    _JobPaginatorBase = Paginator[Job]
+    _JobAdminBase = admin.ModelAdmin[Job]
+    _WorkerAdminBase = admin.ModelAdmin[WorkerProcess]
+else:
+    _JobPaginatorBase = Paginator
+    _JobAdminBase = _WorkerAdminBase = admin.ModelAdmin
 
 EMPTY = "—"
 
@@ -55,12 +90,12 @@ def _age(now: datetime, then: datetime | None) -> float | None:
     return None if then is None else (now - then).total_seconds()
 
 
-def lease_text(job: Job, period: float) -> str:
+def lease_text(job: ListedJob, period: float) -> str:
     """Say where the claim stands: "expires in 42 s", "expired 3 min ago", "stalled: …"."""
     status = getattr(job, "lease_status", None)
     if status is None or job.lease_expires_at is None:
         return EMPTY
-    now = job.db_now  # type: ignore[attr-defined]
+    now = job.db_now
     if status == "expired":
         return f"expired {humanize_seconds(_age(now, job.lease_expires_at) or 0)} ago"
     remaining = humanize_seconds((job.lease_expires_at - now).total_seconds())
@@ -72,7 +107,7 @@ def lease_text(job: Job, period: float) -> str:
     return f"expires in {remaining}"
 
 
-class LeaseAdminPaginator(Paginator):
+class LeaseAdminPaginator(_JobPaginatorBase):
     """Count exactly up to ``exact_limit`` rows and estimate beyond.
 
     COUNT(*) over a million jobs costs more than the rest of the page together. A bounded
@@ -84,14 +119,15 @@ class LeaseAdminPaginator(Paginator):
     is_estimate = False
 
     @cached_property
-    def count(self) -> int:  # type: ignore[override]
+    def count(self) -> int:
         qs = self.object_list
         if not isinstance(qs, QuerySet):
             return len(qs)
         bounded = qs.order_by().values("pk")[: self.exact_limit + 1].count()
         if bounded <= self.exact_limit:
             return bounded
-        estimate = qs.estimated_count()
+        # The paginator of JobAdmin: its object_list is the admin's JobQuerySet.
+        estimate = cast("JobQuerySet", qs).estimated_count()
         if estimate is None:
             return qs.count()
         self.is_estimate = True
@@ -112,7 +148,7 @@ class CensusFilter(admin.SimpleListFilter):
     def extra_values(self) -> set[str]:
         return set()
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         if self.value():
             return queryset.filter(**{self.field: self.value()})
         return None
@@ -156,14 +192,15 @@ class LeaseFilter(admin.SimpleListFilter):
             ("stalled", _("stalled (lease valid, renewals stopped or worker gone)")),
         ]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         value = self.value()
+        jobs = cast("JobQuerySet", queryset)  # JobAdmin's own queryset
         if value == "claimed":
-            return queryset.lease_valid()
+            return jobs.lease_valid()
         if value == "expired":
-            return queryset.expired()
+            return jobs.expired()
         if value == "stalled":
-            return queryset.stalled_claims(heartbeat_seconds())
+            return jobs.stalled_claims(heartbeat_seconds())
         return None
 
 
@@ -195,7 +232,7 @@ def _watched(job: Job) -> tuple[Any, ...]:
     return tuple(getattr(job, name) for name in _WATCHED)
 
 
-def after_count(selection: QuerySet, verb: str) -> int:
+def after_count(selection: JobQuerySet, verb: str) -> int:
     """Selected jobs a verb had to leave in place: for requeue, the dead or cancelled jobs
     still dead or cancelled afterwards (their unique key is held by an active job)."""
     if verb == "requeue":
@@ -204,7 +241,7 @@ def after_count(selection: QuerySet, verb: str) -> int:
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(_JobAdminBase):
     """Jobs, read-only; operator actions call the conditional verbs of JobQuerySet."""
 
     list_display = ["id", "task_path", "queue_name", "state", "lease", "attempts_of_max",
@@ -232,7 +269,8 @@ class JobAdmin(admin.ModelAdmin):
                                       "started_at", "last_attempted_at", "finished_at"]}),
         (_("Error history"), {"fields": ["error_history"]}),
     ]
-    readonly_fields = [name for _title, opts in fieldsets for name in opts["fields"]]
+    # Every fieldset above lists plain field names (no nested rows).
+    readonly_fields = [name for _title, opts in fieldsets for name in cast("list[str]", opts["fields"])]
 
     def get_search_fields(self, request: HttpRequest) -> list[str]:
         # A number is a job id: searching the task names for it too would turn an index
@@ -256,14 +294,17 @@ class JobAdmin(admin.ModelAdmin):
 
     # -- reading -------------------------------------------------------------------
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).with_lease_status(heartbeat_seconds())
+    def get_queryset(self, request: HttpRequest) -> JobQuerySet:
+        # Job's default manager is a JobQuerySet's.
+        return cast("JobQuerySet", super().get_queryset(request)).with_lease_status(heartbeat_seconds())
 
     def census(self, request: HttpRequest) -> list[dict[str, Any]]:
         """Counts per (queue, task, state), computed once per request."""
         if not hasattr(request, "_leases_census"):
+            # Kept on the request, which declares no such attribute.
             request._leases_census = Job.objects.census()  # type: ignore[attr-defined]
-        return request._leases_census  # type: ignore[attr-defined]
+        census: list[dict[str, Any]] = request._leases_census  # type: ignore[attr-defined]
+        return census
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         return super().changelist_view(request, {**self.summary(request), **(extra_context or {})})
@@ -279,7 +320,7 @@ class JobAdmin(admin.ModelAdmin):
         def link(**params: str) -> str:
             return f"{url}?{urlencode(params)}"
 
-        rows = [
+        rows: list[dict[str, Any]] = [
             {"queue": queue, "link": link(queue=queue), "total": sum(counts.values()),
              "cells": [(counts[s], link(queue=queue, state__exact=s)) for s in states]}
             for queue, counts in sorted(per_queue.items())
@@ -298,7 +339,7 @@ class JobAdmin(admin.ModelAdmin):
         }
 
     @admin.display(description=_("lease"))
-    def lease(self, job: Job) -> str:
+    def lease(self, job: ListedJob) -> str:
         text = lease_text(job, heartbeat_seconds())
         status = getattr(job, "lease_status", None) or "none"
         return format_html('<span class="leases-lease leases-{}">{}</span>', status, text)
@@ -308,18 +349,18 @@ class JobAdmin(admin.ModelAdmin):
         return f"{job.attempts}/{job.max_attempts}"
 
     @admin.display(description=_("heartbeat"))
-    def heartbeat_age(self, job: Job) -> str:
+    def heartbeat_age(self, job: ListedJob) -> str:
         if job.state != JobState.CLAIMED or job.heartbeat_at is None:
             return EMPTY
-        return f"{humanize_seconds(_age(job.db_now, job.heartbeat_at) or 0)} ago"  # type: ignore[attr-defined]
+        return f"{humanize_seconds(_age(job.db_now, job.heartbeat_at) or 0)} ago"
 
     @admin.display(description=_("due"))
-    def due(self, job: Job) -> str:
+    def due(self, job: ListedJob) -> str:
         if job.state != JobState.PENDING:
             return EMPTY
         if job.available_at is None:
             return "parked"
-        wait = (job.available_at - job.db_now).total_seconds()  # type: ignore[attr-defined]
+        wait = (job.available_at - job.db_now).total_seconds()
         return f"in {humanize_seconds(wait)}" if wait > 0 else "now"
 
     @admin.display(description=_("args"))
@@ -345,7 +386,7 @@ class JobAdmin(admin.ModelAdmin):
 
     # -- actions: each calls one verb, reports its rowcount and logs what changed --------
 
-    def _act(self, request: HttpRequest, queryset: QuerySet, verb: Callable[[QuerySet], int],
+    def _act(self, request: HttpRequest, queryset: QuerySet[Job], verb: Callable[[JobQuerySet], int],
              done: str, not_eligible: str, *, waiting: str = "") -> None:
         # Rebuild the selection without the list's annotations, so the verb's statement is
         # the plain conditional UPDATE query.py wrote.
@@ -380,15 +421,17 @@ class JobAdmin(admin.ModelAdmin):
         for flag, jobs in ((CHANGE, [j for j in changed if j.pk in after]),
                            (DELETION, [j for j in changed if j.pk not in after])):
             if jobs:
-                LogEntry.objects.log_actions(
+                # single_object is known at run time only; django-stubs types it by literal.
+                LogEntry.objects.log_actions(  # type: ignore[call-overload]
                     user_id=request.user.pk, queryset=jobs, action_flag=flag,
                     change_message=f"{done.capitalize()} by the admin action.",
                     single_object=len(jobs) == 1)
 
-    def _confirmation(self, request: HttpRequest, queryset: QuerySet, action: str,
-                      question: str) -> Any:
+    def _confirmation(self, request: HttpRequest, queryset: QuerySet[Job], action: str,
+                      question: _StrOrPromise) -> Any:
         """Django's delete_selected pattern: the first POST shows what the action would
         touch and asks (this page); the second (post=yes) gets None and acts."""
+        from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
         from django.template.response import TemplateResponse
 
         if request.POST.get("post") == "yes":
@@ -404,21 +447,21 @@ class JobAdmin(admin.ModelAdmin):
                 "jobs": jobs,
                 "total": queryset.count(),
                 "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
-                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
                 "select_across": request.POST.get("select_across", "0"),
             })
 
     @admin.action(description=_("Retry now: make selected pending jobs due"), permissions=["change"])
-    def retry_now(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def retry_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         self._act(request, queryset, lambda qs: qs.retry_now(), "made due now", "not pending")
 
     @admin.action(description=_("Requeue selected dead or cancelled jobs"), permissions=["change"])
-    def requeue(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def requeue(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         self._act(request, queryset, lambda qs: qs.requeue(), "requeued",
                   "no longer dead or cancelled", waiting="requeue")
 
     @admin.action(description=_("Cancel selected pending or claimed jobs"), permissions=["change"])
-    def cancel(self, request: HttpRequest, queryset: QuerySet) -> Any:
+    def cancel(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
         if asking := self._confirmation(request, queryset, "cancel", _(
                 "Cancel these jobs? A running handler is told to stop at its next renewal, "
                 "and its result is discarded.")):
@@ -429,7 +472,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.action(description=_("Expire selected stalled claims now (their worker is gone)"),
                   permissions=["change"])
-    def expire_stalled(self, request: HttpRequest, queryset: QuerySet) -> Any:
+    def expire_stalled(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
         if asking := self._confirmation(request, queryset, "expire_stalled", _(
                 "End these stalled leases now? Another worker may claim the jobs at once; if "
                 "their worker is in fact alive, both run them.")):
@@ -441,7 +484,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.action(description=_("Purge selected finished jobs (succeeded or cancelled)"),
                   permissions=["change"])
-    def purge_finished(self, request: HttpRequest, queryset: QuerySet) -> Any:
+    def purge_finished(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
         if asking := self._confirmation(request, queryset, "purge_finished", _(
                 "Delete these finished jobs, their results and their failure history? "
                 "This cannot be undone.")):
@@ -494,7 +537,7 @@ def _days(value: str | None) -> float | None:
 
 
 @admin.register(WorkerProcess)
-class WorkerProcessAdmin(admin.ModelAdmin):
+class WorkerProcessAdmin(_WorkerAdminBase):
     """Worker processes as they last reported themselves, with the claims they hold."""
 
     list_display = ["worker_id", "hostname", "pid", "queue_list", "started_at", "last_seen",
@@ -515,21 +558,22 @@ class WorkerProcessAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: WorkerProcess | None = None) -> bool:
         return False
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).with_claims(heartbeat_seconds())
+    def get_queryset(self, request: HttpRequest) -> WorkerQuerySet:
+        # WorkerProcess's default manager is a WorkerQuerySet's.
+        return cast("WorkerQuerySet", super().get_queryset(request)).with_claims(heartbeat_seconds())
 
     @admin.display(description=_("queues"))
     def queue_list(self, worker: WorkerProcess) -> str:
         return ", ".join(map(str, worker.queues or [])) or EMPTY
 
     @admin.display(description=_("last seen"), ordering="last_seen_at")
-    def last_seen(self, worker: WorkerProcess) -> str:
-        return f"{humanize_seconds(_age(worker.db_now, worker.last_seen_at) or 0)} ago"  # type: ignore[attr-defined]
+    def last_seen(self, worker: ListedWorker) -> str:
+        return f"{humanize_seconds(_age(worker.db_now, worker.last_seen_at) or 0)} ago"
 
     @admin.display(description=_("claims held"))
-    def claims(self, worker: WorkerProcess) -> str:
-        held = worker.claims_held  # type: ignore[attr-defined]
-        expired = worker.claims_expired  # type: ignore[attr-defined]
+    def claims(self, worker: ListedWorker) -> str:
+        held = worker.claims_held
+        expired = worker.claims_expired
         if not held:
             return "0"
         url = reverse("admin:django_leases_job_changelist")
@@ -538,11 +582,11 @@ class WorkerProcessAdmin(admin.ModelAdmin):
         return format_html('<a href="{}?{}">{}</a>', url, query, label)
 
     @admin.display(description=_("status"))
-    def status(self, worker: WorkerProcess) -> str:
-        now = worker.db_now  # type: ignore[attr-defined]
+    def status(self, worker: ListedWorker) -> str:
+        now = worker.db_now
         if worker.stopped_at is not None:
             text = f"gone: stopped {humanize_seconds(_age(now, worker.stopped_at) or 0)} ago"
-        elif worker.looks_gone:  # type: ignore[attr-defined]
+        elif worker.looks_gone:
             text = f"gone: not seen for {humanize_seconds(_age(now, worker.last_seen_at) or 0)}"
         else:
             return format_html('<span class="leases-worker-alive">{}</span>', "alive")

@@ -153,7 +153,7 @@ def report(since_days: float | None = None, *, alias: str | None = None, using: 
     from .models import Job
 
     database = using or conf.get_options(alias).database
-    durations: dict[str, array] = {}
+    durations: dict[str, array[float]] = {}
     leases: dict[str, set[float]] = {}
     rows = Job.objects.using(database).handler_durations(since_days)
     for task_path, lease_seconds, duration in rows.iterator(chunk_size=5000):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
-from django.tasks import TaskResult, TaskResultStatus
+from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -118,7 +118,7 @@ class LeaseBackend(BaseTaskBackend):
 
     @property
     def database(self) -> str:
-        return self.options.get("DATABASE", "default")
+        return cast(str, self.options.get("DATABASE", "default"))
 
     def validate_task(self, task: Any) -> None:
         super().validate_task(task)
@@ -135,7 +135,7 @@ class LeaseBackend(BaseTaskBackend):
         return (getattr(task, "lease", None) or lease,
                 getattr(task, "max_attempts", None) or attempts)
 
-    def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
+    def enqueue[**P, R](self, task: Task[P, R], args: Any, kwargs: Any) -> TaskResult[P, R]:
         Job = _job_model(self.alias)
         try:
             fields = self._job_fields(task)
@@ -148,7 +148,7 @@ class LeaseBackend(BaseTaskBackend):
         task_enqueued.send(type(self), task_result=result)
         return result
 
-    def enqueue_many(self, task: Any, calls: Any) -> list[TaskResult]:
+    def enqueue_many(self, task: Any, calls: Any) -> list[TaskResult[..., Any]]:
         """Enqueue one job per ``(args, kwargs)`` pair in bulk INSERTs (all or nothing)."""
         Job = _job_model(self.alias)
 
@@ -160,7 +160,7 @@ class LeaseBackend(BaseTaskBackend):
                                    fits=lambda args, kwargs, path: _check_fits(task, args, kwargs, path))
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
-        results = [self._enqueued_result(task, *row) for row in rows]
+        results: list[TaskResult[..., Any]] = [self._enqueued_result(task, *row) for row in rows]
         for result in results:
             task_enqueued.send(type(self), task_result=result)
         return results
@@ -212,7 +212,7 @@ class LeaseBackend(BaseTaskBackend):
             on_duplicate=getattr(task, "on_duplicate", "refuse"),
         )
 
-    def get_result(self, result_id: Any) -> TaskResult:
+    def get_result(self, result_id: Any) -> TaskResult[..., Any]:
         try:
             pk = int(result_id)
         except (ValueError, TypeError):
@@ -222,7 +222,7 @@ class LeaseBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id)
         return results[pk]
 
-    def get_results(self, ids: Any) -> dict[Any, TaskResult]:
+    def get_results(self, ids: Any) -> dict[Any, TaskResult[..., Any]]:
         """TaskResults of the jobs ``ids`` (two statements however many), by job id; ids
         with no job are left out. A job naming a task this project does not declare reads
         with an UndeclaredTask stand-in."""
@@ -231,7 +231,7 @@ class LeaseBackend(BaseTaskBackend):
         return {job.pk: self._to_result(job, self._task_of(job))
                 for job in Job.objects.using(self.database).with_failures(ids)}
 
-    def results_of_claims(self, jobs: list[Any]) -> dict[Any, TaskResult]:
+    def results_of_claims(self, jobs: list[Any]) -> dict[Any, TaskResult[..., Any]]:
         """TaskResults of jobs a claim just returned, from the rows in memory: only jobs
         claimed before (a retry, a takeover, a requeue) have failures to read, in one
         statement for all of them. Rows with fields left to load are read in full."""
@@ -259,21 +259,21 @@ class LeaseBackend(BaseTaskBackend):
                                   priority=job.priority, run_after=job.run_after)
         return task
 
-    def _enqueued_result(self, task: Any, pk: Any, enqueued_at: Any, args: list[Any],
-                         kwargs: dict[str, Any]) -> TaskResult:
+    def _enqueued_result[**P, R](self, task: Task[P, R], pk: Any, enqueued_at: Any,
+                                 args: list[Any], kwargs: dict[str, Any]) -> TaskResult[P, R]:
         """The TaskResult of a job just inserted: READY, not started, no errors."""
         return TaskResult(
             task=task, id=str(pk), status=TaskResultStatus.READY, enqueued_at=enqueued_at,
             started_at=None, finished_at=None, last_attempted_at=None, args=args,
             kwargs=kwargs, backend=self.alias, errors=[], worker_ids=[])
 
-    def _to_result(self, job: Any, task: Any, failures: list[Any] | None = None) -> TaskResult:
+    def _to_result(self, job: Any, task: Any, failures: list[Any] | None = None) -> TaskResult[..., Any]:
         if failures is None:
             failures = list(job.failures.all()) if job.pk and job.attempts else []
         worker_ids = [f.worker_id for f in failures]
         if job.attempts > len(failures) and job.claimed_by:
             worker_ids.append(job.claimed_by)
-        result = TaskResult(
+        result: TaskResult[..., Any] = TaskResult(
             task=_as_enqueued(task, job),
             id=str(job.pk),
             status=_STATUS[JobState(job.state)],

@@ -95,7 +95,8 @@ def session_clock_offset(database: str) -> float:
         return 0.0
     with connection.cursor() as cursor:
         cursor.execute("SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), NOW(6))")
-        return cursor.fetchone()[0] / 1e6
+        offset: float = cursor.fetchone()[0] / 1e6
+        return offset
 
 
 def utc_session_problem(database: str) -> str | None:

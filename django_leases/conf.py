@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -190,7 +191,7 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
                 str(name), f"is not an option of django_leases{hint} "
                 f"Known options: {', '.join(OPTIONS)}"))
     merged = {name: options.get(name, o.default) for name, o in OPTIONS.items()}
-    checks = [
+    checks: list[tuple[str, Callable[[Any], object]]] = [
         ("LEASE_SECONDS", lambda v: validate_lease(v)),
         ("MAX_ATTEMPTS", validate_max_attempts),
         ("RETENTION_DAYS", lambda v: _number("RETENTION_DAYS", v, low=1 / 24, high=3650)),

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Concatenate
 
 from django.db import OperationalError, connections, router
+
+if TYPE_CHECKING:
+    from .query import JobQuerySet
 
 # ER_LOCK_DEADLOCK; PostgreSQL's deadlock_detected SQLSTATE.
 MYSQL_DEADLOCK = 1213
@@ -31,11 +34,12 @@ def is_deadlock(error: OperationalError) -> bool:
     return bool(error.args) and error.args[0] == MYSQL_DEADLOCK
 
 
-def retry_deadlock_victims[Method: Callable[..., Any]](method: Method) -> Method:
+def retry_deadlock_victims[S: JobQuerySet, **P, R](
+        method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
     """Wrap a queryset verb whose writes are one statement or one atomic block of its own."""
 
     @functools.wraps(method)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
         db = self._db or router.db_for_write(self.model)
         for tries_left in range(TRIES - 1, -1, -1):
             try:
@@ -45,4 +49,4 @@ def retry_deadlock_victims[Method: Callable[..., Any]](method: Method) -> Method
                     raise
         raise AssertionError("unreachable")
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper

@@ -182,7 +182,9 @@ class EnqueueOptions:
             max_age = timedelta(seconds=defaults.max_age_days * 86400)
         if defaults is None:
             return None
-        return JobFields(task_path, self.queue_name, self.priority, lease, attempts, retry,
+        # The defaults filled both in when they were None.
+        return JobFields(task_path, self.queue_name, self.priority, cast(float, lease),
+                         cast(int, attempts), retry,
                          self.on_lease_lost, self.unique_key, self.on_duplicate,
                          run_after, delay, deadline, max_age)
 
@@ -261,7 +263,7 @@ class JobFields:
     def retry_json(self) -> dict[str, Any] | None:
         return None if self.retry is None else self.retry.to_json()
 
-    def new_job(self, model: Any, args: list[Any], kwargs: dict[str, Any]) -> Job:
+    def new_job(self, model: type[Job], args: list[Any], kwargs: dict[str, Any]) -> Job:
         """An unsaved job for the ORM path, its intervals as Now() + interval."""
         timing: dict[str, Any] = {"deadline": self.deadline if self.max_age is None else after_now(self.max_age)}
         if self.run_after is not None:
@@ -279,7 +281,7 @@ class JobFields:
         return params
 
 
-def checked_arguments(args: Any, kwargs: Any, path: str = "") -> tuple[list, dict]:
+def checked_arguments(args: Any, kwargs: Any, path: str = "") -> tuple[list[Any], dict[str, Any]]:
     """JSON-safe copies of one call's ``args`` (a list or tuple) and ``kwargs`` (a dict with
     str keys, or None); InvalidJobArgument names the argument, prefixed by ``path``."""
     from .exceptions import InvalidJobArgument
@@ -295,7 +297,7 @@ def checked_arguments(args: Any, kwargs: Any, path: str = "") -> tuple[list, dic
 
 def _checked_calls(calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
                    batch_size: int | None = None,
-                   fits: Callable[[list, dict, str], None] | None = None) -> list[tuple[list, dict]]:
+                   fits: Callable[[list[Any], dict[str, Any], str], None] | None = None) -> list[tuple[list[Any], dict[str, Any]]]:
     """Every call's (args, kwargs) as JSON-safe copies; InvalidJobArgument names the call.
     A ``batch_size`` that bulk_create would refuse is refused first. ``fits(args, kwargs,
     path)`` may refuse a call's checked arguments too (the backend: the task's signature)."""
@@ -337,7 +339,7 @@ _SQLITE_UNDEFINED = ("no such table", "no such column", "has no column named")
 
 
 @contextmanager
-def migrated(model: Any, db: str) -> Iterator[None]:
+def migrated(model: type[Job], db: str) -> Iterator[None]:
     """Turn the database's "no such table/column" into the same error saying what to run."""
     try:
         yield
@@ -355,17 +357,18 @@ def migrated(model: Any, db: str) -> Iterator[None]:
         ) from e
 
 
-def insert_job(model: Any, db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job:
+def insert_job(model: type[Job], db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job:
     """Insert one job of checked ``fields`` and JSON-safe arguments (see JobQuerySet.enqueue);
     a held unique key is refused (DuplicateJob) or merged per ``fields.on_duplicate``."""
     with migrated(model, db):
         return _insert_job(model, db, fields, args, kwargs)
 
 
-def _insert_job(model: Any, db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job:
+def _insert_job(model: type[Job], db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job:
     insert = _pg_insert_one if on_postgresql(db) else _insert_one
     if fields.unique_key is None:
-        return insert(model, db, fields, args, kwargs)
+        # Without a unique key there is no conflict: the insert always answers a job.
+        return cast("Job", insert(model, db, fields, args, kwargs))
     from .exceptions import DuplicateJob
 
     for _ in range(3):
@@ -382,7 +385,7 @@ def _insert_job(model: Any, db: str, fields: JobFields, args: list[Any], kwargs:
     raise IntegrityError(f"unique_key {fields.unique_key!r} kept conflicting; try again")
 
 
-def insert_jobs(model: Any, db: str, fields: JobFields,
+def insert_jobs(model: type[Job], db: str, fields: JobFields,
                 calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
                 batch_size: int | None) -> list[Job]:
     """Insert one job per call, all or none, ``batch_size`` rows per INSERT (see
@@ -394,10 +397,10 @@ def insert_jobs(model: Any, db: str, fields: JobFields,
         return _saved_jobs(model, db, fields, checked, _pg_insert_many(model, db, fields, checked, batch_size))
 
 
-def insert_job_rows(model: Any, db: str, fields: JobFields,
+def insert_job_rows(model: type[Job], db: str, fields: JobFields,
                     calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
                     batch_size: int | None,
-                    fits: Callable[[list, dict, str], None] | None = None) -> list[tuple[Any, datetime, list, dict]]:
+                    fits: Callable[[list[Any], dict[str, Any], str], None] | None = None) -> list[tuple[Any, datetime, list[Any], dict[str, Any]]]:
     """insert_jobs(), answering (id, enqueued_at, args, kwargs) for each job: what a
     TaskResult needs. On PostgreSQL no model instance is built, which is most of the time
     a bulk enqueue of thousands of jobs would otherwise take. ``fits`` as for
@@ -411,7 +414,7 @@ def insert_job_rows(model: Any, db: str, fields: JobFields,
     return [(row[0], row[1], args, kwargs) for (args, kwargs), row in zip(checked, rows, strict=True)]
 
 
-def _insert_many(model: Any, db: str, fields: JobFields, calls: list[tuple[list, dict]],
+def _insert_many(model: type[Job], db: str, fields: JobFields, calls: list[tuple[list[Any], dict[str, Any]]],
                  batch_size: int | None) -> list[Job]:
     """The ORM path (SQLite, MariaDB, MySQL): bulk_create, itself all or nothing."""
     manager = model._default_manager.using(db)
@@ -436,7 +439,7 @@ def _insert_many(model: Any, db: str, fields: JobFields, calls: list[tuple[list,
 _INSERT_CLOCK_FIELDS = ("enqueued_at", "available_at", "deadline")
 
 
-def _insert_one(model: Any, db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job | None:
+def _insert_one(model: type[Job], db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job | None:
     """The ORM path (SQLite, MariaDB): save(); None when the unique key is held."""
     job = fields.new_job(model, args, kwargs)
     if fields.unique_key is None:
@@ -495,7 +498,7 @@ _RETURNED = ("id", "enqueued_at", "available_at", "deadline", "active_key")
 _pg_enqueue_cache: dict[tuple[str, str, bool], str] = {}
 
 
-def _pg_enqueue_sql(model: Any, db: str, rows: str, unique: bool) -> str:
+def _pg_enqueue_sql(model: type[Job], db: str, rows: str, unique: bool) -> str:
     key = (model._meta.db_table, rows, unique)
     if key not in _pg_enqueue_cache:
         table = connections[db].ops.quote_name(model._meta.db_table)
@@ -505,7 +508,7 @@ def _pg_enqueue_sql(model: Any, db: str, rows: str, unique: bool) -> str:
 
 
 
-def _pg_insert_one(model: Any, db: str, fields: JobFields, args: list[Any],
+def _pg_insert_one(model: type[Job], db: str, fields: JobFields, args: list[Any],
                    kwargs: dict[str, Any]) -> Job | None:
     """One INSERT ... RETURNING; None when an active job holds the unique key."""
     params = fields.pg_params()
@@ -517,8 +520,8 @@ def _pg_insert_one(model: Any, db: str, fields: JobFields, args: list[Any],
     return None if row is None else _saved_jobs(model, db, fields, [(args, kwargs)], [row])[0]
 
 
-def _pg_insert_many(model: Any, db: str, fields: JobFields, calls: list[tuple[list, dict]],
-                    batch_size: int | None) -> list[tuple]:
+def _pg_insert_many(model: type[Job], db: str, fields: JobFields, calls: list[tuple[list[Any], dict[str, Any]]],
+                    batch_size: int | None) -> list[tuple[Any, ...]]:
     """One INSERT ... SELECT FROM unnest(args[], kwargs[]) per ``batch_size`` calls, in one
     transaction (as bulk_create): all the jobs or none. Answer the RETURNING columns of
     each job, in the order of the calls."""
@@ -526,7 +529,7 @@ def _pg_insert_many(model: Any, db: str, fields: JobFields, calls: list[tuple[li
         return []
     sql = _pg_enqueue_sql(model, db, _PG_ROWS, False)
     params = fields.pg_params()
-    rows: list[tuple] = []
+    rows: list[tuple[Any, ...]] = []
     with transaction.atomic(using=db, savepoint=False), connections[db].cursor() as cursor:
         for batch in _batches(calls, batch_size):
             params["args"] = [json_param(args) for args, _ in batch]
@@ -537,14 +540,14 @@ def _pg_insert_many(model: Any, db: str, fields: JobFields, calls: list[tuple[li
     return rows
 
 
-def _batches(calls: list[tuple[list, dict]], batch_size: int | None) -> Iterable[list[tuple[list, dict]]]:
+def _batches(calls: list[tuple[list[Any], dict[str, Any]]], batch_size: int | None) -> Iterable[list[tuple[list[Any], dict[str, Any]]]]:
     """``calls`` in slices of ``batch_size`` (None: one slice), as bulk_create takes it."""
     size = batch_size or len(calls)
     return (calls[start:start + size] for start in range(0, len(calls), size))
 
 
-def _saved_jobs(model: Any, db: str, fields: JobFields, calls: list[tuple[list, dict]],
-                rows: list[tuple]) -> list[Job]:
+def _saved_jobs(model: type[Job], db: str, fields: JobFields, calls: list[tuple[list[Any], dict[str, Any]]],
+                rows: list[tuple[Any, ...]]) -> list[Job]:
     """The jobs as saved, without a second query: what the call wrote, the model's defaults
     for the columns it left alone, and what the database computed (RETURNING)."""
     layout = _job_layout(model)
@@ -574,7 +577,7 @@ class _Layout:
 _layouts: dict[Any, _Layout] = {}
 
 
-def _job_layout(model: Any) -> _Layout:
+def _job_layout(model: type[Job]) -> _Layout:
     if model not in _layouts:
         fields = model._meta.concrete_fields
         slot = {f.attname: i for i, f in enumerate(fields)}

@@ -73,7 +73,7 @@ def once(key: str, *, handle: JobHandle | None = None) -> bool:
     return True
 
 
-def fenced_update(queryset: models.QuerySet, fence: int, *, fence_field: str = "fence", **values: Any) -> int:
+def fenced_update(queryset: models.QuerySet[Any], fence: int, *, fence_field: str = "fence", **values: Any) -> int:
     """Update the rows of ``queryset`` whose stored fence is not newer than ``fence``, and
     store ``fence`` with the values; return how many rows changed (0: a newer writer won)."""
     newer_or_equal = Q(**{f"{fence_field}__lte": fence}) | Q(**{f"{fence_field}__isnull": True})

@@ -68,7 +68,7 @@ def _checked(value: Any, path: str, depth: int) -> Any:
         "round-trip through JSON; pass its JSON form (e.g. an id or an ISO string)")
 
 
-def _checked_dict(value: dict, path: str, depth: int) -> dict:
+def _checked_dict(value: dict[Any, Any], path: str, depth: int) -> dict[str, Any]:
     out = {}
     for key, item in value.items():
         if not isinstance(key, str):

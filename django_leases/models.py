@@ -77,6 +77,13 @@ class Job(models.Model):
 
     objects = JobQuerySet.as_manager()
 
+    # What a claim (query.py) sets on the jobs it returns: the state, owner, fence and granted
+    # lease each had before the claim. Not fields: never saved.
+    was_state: str
+    was_claimed_by: str
+    was_fence: int
+    was_lease: float | None
+
     class Meta:
         verbose_name = _("job")
         verbose_name_plural = _("jobs")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models
 from django.db.models import Case, F, Value, When
@@ -23,11 +23,23 @@ from .states import ACTIVE_STATES, TERMINAL_STATES, DeadReason, JobState
 
 if TYPE_CHECKING:
     from .models import Job
+    from .query import JobQuerySet
+
+    # For the type checker the mixin is the queryset it is mixed into; at run time it is a
+    # plain class, and JobQuerySet puts models.QuerySet after it.
+    _VerbsBase = models.QuerySet[Job]
+else:
+    _VerbsBase = object
 
 
-class OperatorVerbs:
+class OperatorVerbs(_VerbsBase):
     """What people and maintenance commands do to jobs, and what the admin, the backend and
     the advisor read (a mixin of JobQuerySet)."""
+
+    if TYPE_CHECKING:
+        _db: str | None
+
+        def stalled_claims(self, heartbeat_seconds: float) -> JobQuerySet: ...
 
     # -- operator actions: conditional on state, answering how many changed -------------
 
@@ -118,10 +130,12 @@ class OperatorVerbs:
 
     def census(self) -> list[dict[str, Any]]:
         """Count jobs per (queue, task, state) in one GROUP BY: the admin's header and filters."""
-        return list(
+        rows = (
             self.order_by().values("queue_name", "task_path", "state")
             .annotate(n=models.Count("*")).order_by()
         )
+        # The admin reads a row's columns by name from a variable: plain dicts, not TypedDicts.
+        return cast("list[dict[str, Any]]", list(rows))
 
     def estimated_count(self) -> int | None:
         """The planner's row estimate for this queryset on PostgreSQL (None elsewhere).
@@ -141,7 +155,9 @@ class OperatorVerbs:
         into TaskResults, for any number of jobs in two statements."""
         return list(self.filter(pk__in=list(ids)).prefetch_related("failures"))
 
-    def handler_durations(self, since_days: float | None = None) -> models.QuerySet:
+    def handler_durations(
+        self, since_days: float | None = None
+    ) -> models.QuerySet[Job, tuple[str, float, timedelta]]:
         """(task_path, lease_seconds, duration) of succeeded jobs, finished in the last
         ``since_days`` days if given. ``duration`` is finished_at - last_attempted_at, the
         last attempt from claim to acknowledgement: both stamps come from the database

@@ -98,7 +98,7 @@ def _ending(job: Any) -> str | None:
     return None
 
 
-def _granted_lease(job: Any) -> float | None:
+def _granted_lease(job: Job) -> float | None:
     """The lease the claim's last claim or renewal granted: its end minus the heartbeat
     that set it, both written by one statement on the database clock. None if unknown."""
     if job.lease_expires_at is None or job.heartbeat_at is None:
@@ -157,7 +157,7 @@ def _pg_claim(model: Any, db: str, worker_id: str, queues: list[str] | None, lim
         sql, {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}))
 
 
-class JobQuerySet(OperatorVerbs, models.QuerySet):
+class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     """Lease views and the owner's verbs of jobs (operator verbs: OperatorVerbs)."""
 
     # -- lease views -------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.utils.module_loading import autodiscover_modules
@@ -18,17 +18,17 @@ from django.utils.module_loading import autodiscover_modules
 if TYPE_CHECKING:
     from django.tasks import Task
 
-_declared: dict[str, dict[str, Task]] = {}
+_declared: dict[str, dict[str, Task[..., Any]]] = {}
 _lock = threading.Lock()
 
 
-def declare(alias: str, task: Task) -> None:
+def declare(alias: str, task: Task[..., Any]) -> None:
     """Remember ``task`` as runnable by the backend ``alias`` (the first declaration wins)."""
     with _lock:
         _declared.setdefault(alias, {}).setdefault(task.module_path, task)
 
 
-def lookup(alias: str, task_path: str) -> Task | None:
+def lookup(alias: str, task_path: str) -> Task[..., Any] | None:
     return _declared.get(alias, {}).get(task_path)
 
 
@@ -36,7 +36,7 @@ def declared(alias: str) -> list[str]:
     return sorted(_declared.get(alias, {}))
 
 
-def declared_tasks(alias: str) -> list[Task]:
+def declared_tasks(alias: str) -> list[Task[..., Any]]:
     """The tasks declared for ``alias`` so far, by dotted path."""
     with _lock:
         return [task for _, task in sorted(_declared.get(alias, {}).items())]
@@ -62,7 +62,7 @@ def discovered_modules() -> set[str]:
     return {f"{config.name}.tasks" for config in apps.get_app_configs()} | set(task_modules())
 
 
-def is_discovered(task: Task) -> bool:
+def is_discovered(task: Task[..., Any]) -> bool:
     """Whether a worker (and any reader) of this project imports the module ``task`` is
     declared in, and so knows the task: a discovered module, or a submodule of one (an
     app's ``tasks`` package that imports its submodules)."""

@@ -80,7 +80,8 @@ class Retry:
         unknown = set(data) - {"delays", "base", "factor", "cap", "jitter"}
         if unknown:
             raise InvalidLeaseOption("retry", f"unknown keys {sorted(unknown)}")
-        return cls(**{k: tuple(v) if k == "delays" else v for k, v in data.items()})
+        options: dict[str, Any] = {k: tuple(v) if k == "delays" else v for k, v in data.items()}
+        return cls(**options)
 
 
 def _non_negative(name: str, value: Any) -> None:

@@ -9,17 +9,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.tasks import Task, TaskContext
 from django.tasks.exceptions import InvalidTask
 
 if TYPE_CHECKING:
     from .api import JobHandle
+    from .backends import LeaseBackend
+
+    # Generic in django-stubs, plain classes at run time.
+    _TaskBase = Task[..., Any]
+    _TaskContextBase = TaskContext[..., Any]
+else:
+    _TaskBase = Task
+    _TaskContextBase = TaskContext
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LeaseTask(Task):
+class LeaseTask(_TaskBase):
     # Seconds a claim of this task's jobs stays valid without renewal (None: queue/backend).
     lease: float | None = None
     # Claims a job may use before it is dead-lettered (None: queue/backend default).
@@ -43,7 +51,8 @@ class LeaseTask(Task):
     def enqueue_many(self, calls: Any) -> list[Any]:
         """Enqueue one job per ``(args, kwargs)`` pair in bulk INSERTs, in the caller's
         transaction; nothing is written if any call's arguments are refused."""
-        return self.get_backend().enqueue_many(self, calls)
+        # A LeaseTask's backend is a LeaseBackend: validate_task() is the backend's own.
+        return cast("LeaseBackend", self.get_backend()).enqueue_many(self, calls)
 
     def using_lease(self, **changes: Any) -> LeaseTask:
         """A copy with other lease options (lease, max_attempts, retry, on_lease_lost,
@@ -106,7 +115,8 @@ class UndeclaredTask(LeaseTask):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LeaseTaskContext(TaskContext):
+# django-stubs declares TaskContext a plain dataclass; Django makes it frozen, as this is.
+class LeaseTaskContext(_TaskContextBase):  # type: ignore[misc]
     """What ``run_lease_worker`` passes to a ``takes_context=True`` task: Django's
     TaskContext (``task_result``, ``attempt``) plus ``job``, the claim's JobHandle (fence,
     lease_remaining, lost, checkpoint()): the same object as ``current_job()``, kept here

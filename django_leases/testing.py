@@ -17,7 +17,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 
 def _job_id(job: Any) -> Any:
@@ -38,7 +38,8 @@ def _jobs(using: str | None = None) -> Any:
 def expire_lease(job: Any, *, using: str | None = None) -> bool:
     """End the lease of a claimed job now (a second ago, database clock), as if its worker
     had stopped renewing: any worker may claim it again. True if the job was claimed."""
-    return _jobs(using).filter(pk=_job_id(job)).expire_now() == 1
+    expired: int = _jobs(using).filter(pk=_job_id(job)).expire_now()
+    return expired == 1
 
 
 def run_burst(*, backend: str | None = None, queues: list[str] | None = None,
@@ -50,7 +51,8 @@ def run_burst(*, backend: str | None = None, queues: list[str] | None = None,
     from . import conf
     from .worker import Worker
 
-    alias = backend or conf.first_lease_backend()
+    # None (a project with no lease backend) is not refused here: the worker fails on it.
+    alias = cast(str, backend or conf.first_lease_backend())
     options = conf.get_options(alias)
     Worker(alias=alias, database=options.database,
            # As run_lease_worker: the backend's QUEUES, or every queue when it lists none.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db import models
@@ -12,8 +12,11 @@ from django.db.models.functions import Now
 
 from .states import JobState
 
+if TYPE_CHECKING:
+    from .models import WorkerProcess  # noqa: F401 -- the queryset's type argument below
 
-class WorkerQuerySet(models.QuerySet):
+
+class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
     """The worker processes' own rows (times on the database clock)."""
 
     def register(self, worker_id: str, *, hostname: str, pid: int, queues: list[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 BASE_DIR = Path(__file__).resolve().parent
@@ -96,7 +97,8 @@ TEMPLATES = [{
 ROOT_URLCONF = "tests.urls"
 STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-TASKS = {
+# Annotated as Django's own setting is: mypy reads these settings through django-stubs.
+TASKS: dict[str, dict[str, Any]] = {
     "default": {
         "BACKEND": "django_leases.backends.LeaseBackend",
         "QUEUES": ["default", "emails", "reports"],

@@ -13,7 +13,15 @@ enqueuer no extra round trip. Workers LISTEN on the channel; other databases pol
 On SQLite both operations do nothing.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from django.db import migrations
+
+if TYPE_CHECKING:
+    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+    from django.db.migrations.state import StateApps
 
 MYSQL_INDEXES = {
     "leases_job_due_mysql_idx": "(state, available_at)",
@@ -22,11 +30,11 @@ MYSQL_INDEXES = {
 NOTIFY_CHANNEL = "django_leases"
 
 
-def _job_table(apps, schema_editor):
+def _job_table(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> str:
     return schema_editor.quote_name(apps.get_model("django_leases", "Job")._meta.db_table)
 
 
-def create_mysql_indexes(apps, schema_editor):
+def create_mysql_indexes(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor != "mysql":
         return
     table = _job_table(apps, schema_editor)
@@ -34,7 +42,7 @@ def create_mysql_indexes(apps, schema_editor):
         schema_editor.execute(f"CREATE INDEX {schema_editor.quote_name(name)} ON {table} {columns}")
 
 
-def drop_mysql_indexes(apps, schema_editor):
+def drop_mysql_indexes(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor != "mysql":
         return
     table = _job_table(apps, schema_editor)
@@ -42,7 +50,7 @@ def drop_mysql_indexes(apps, schema_editor):
         schema_editor.execute(f"DROP INDEX {schema_editor.quote_name(name)} ON {table}")
 
 
-def create_notify_trigger(apps, schema_editor):
+def create_notify_trigger(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor != "postgresql":
         return
     table = _job_table(apps, schema_editor)
@@ -63,7 +71,7 @@ def create_notify_trigger(apps, schema_editor):
     """)
 
 
-def drop_notify_trigger(apps, schema_editor):
+def drop_notify_trigger(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor != "postgresql":
         return
     table = _job_table(apps, schema_editor)

@@ -78,7 +78,8 @@ class Claim:
         return self.job.pk
 
     def expired_locally(self, now: float) -> bool:
-        return now - self.stamp.value > self.lease
+        elapsed: float = now - self.stamp.value
+        return elapsed > self.lease
 
     def _move(self, to: str, *, tell: bool = False, reason: str = "") -> bool:
         with self._lock:

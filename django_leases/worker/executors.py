@@ -255,4 +255,4 @@ def _drop_broken_connections() -> None:
                 continue
             conn.errors_occurred = False
         # With CONN_HEALTH_CHECKS the next job's first query checks the connection first.
-        conn.health_check_done = False
+        conn.health_check_done = False  # type: ignore[attr-defined]  # Django's, not in django-stubs

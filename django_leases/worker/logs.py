@@ -38,7 +38,7 @@ class TaskSignalFields(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == TASKS_LOGGER and not hasattr(record, "event"):
-            args = record.args if isinstance(record.args, tuple) else ()
+            args: tuple[Any, ...] = record.args if isinstance(record.args, tuple) else ()
             if len(args) >= 3 and str(record.msg).startswith("Task id="):
                 record.job_id = int(args[0]) if str(args[0]).isdigit() else args[0]
                 record.task = args[1]

@@ -14,7 +14,7 @@ import random
 import socket
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import OperationalError, connections
 
@@ -39,6 +39,9 @@ from .shutdown import StopRequest
 from .vetting import unrunnable
 from .vital import VitalThread
 from .waker import Waker
+
+if TYPE_CHECKING:
+    from ..backends import LeaseBackend
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -311,7 +314,8 @@ class Worker:
 
         known = [j for j in jobs if registry.lookup(self.alias, j.task_path) is not None]
         try:
-            return task_backends[self.alias].results_of_claims(known) if known else {}
+            backend = cast("LeaseBackend", task_backends[self.alias])  # the worker serves a lease backend
+            return backend.results_of_claims(known) if known else {}
         except Exception as e:  # noqa: BLE001 -- a missed signal must not cost a claim
             logger.warning("Could not read the claimed jobs for task_started worker=%s "
                            "error=%s", self.worker_id, e)
@@ -659,7 +663,7 @@ class Worker:
         logger.warning("Database trouble during %s worker=%s error=%s; retrying in %.1fs",
                        what, self.worker_id, first_line, delay,
                        extra={"event": "db_trouble", "worker": self.worker_id, "error": first_line})
-        with contextlib.suppress(DB_ERRORS):
+        with contextlib.suppress(*DB_ERRORS):
             connections[self.database].close()
         if wait:
             self.waker.wait(delay)

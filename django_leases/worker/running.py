@@ -103,7 +103,7 @@ def _run(task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle,
     return outcome
 
 
-def _failed(task: Any, started: TaskResult | None, exc: BaseException) -> Outcome:
+def _failed(task: Any, started: TaskResult[..., Any] | None, exc: BaseException) -> Outcome:
     """The failed outcome of ``exc``, every field storable; sends task_finished (FAILED).
     Called inside the except block, so that receivers see sys.exc_info()."""
     path, message, trace = describe_exception(exc)
@@ -122,19 +122,20 @@ def _retryable(task: Any, exc: BaseException) -> bool:
         return True
 
 
-def _result_at_start(task: Any, handle: JobHandle) -> TaskResult | None:
+def _result_at_start(task: Any, handle: JobHandle) -> TaskResult[..., Any] | None:
     """The job as get_result() sees it once claimed (RUNNING, database times), or None if
     it cannot be read now: signals are then skipped rather than the job failed."""
     try:
-        return task.get_backend().get_result(handle.job_id)
+        result: TaskResult[..., Any] = task.get_backend().get_result(handle.job_id)
+        return result
     except Exception:  # noqa: BLE001 -- a missed signal must not cost the job an attempt
         logger.warning("Could not read job=%s for task_started/task_finished; not sent",
                        handle.job_id, exc_info=True)
         return None
 
 
-def _finished(started: TaskResult | None, status: str, *, error: TaskError | None = None,
-              return_value: Any = None) -> TaskResult | None:
+def _finished(started: TaskResult[..., Any] | None, status: TaskResultStatus, *, error: TaskError | None = None,
+              return_value: Any = None) -> TaskResult[..., Any] | None:
     """``started`` as the handler left it. finished_at stays None: the worker records the
     outcome afterwards, on the database clock, and get_result() shows it from then on."""
     if started is None:
@@ -146,7 +147,7 @@ def _finished(started: TaskResult | None, status: str, *, error: TaskError | Non
     return result
 
 
-def _send(signal: Any, task: Any, task_result: TaskResult | None) -> None:
+def _send(signal: Any, task: Any, task_result: TaskResult[..., Any] | None) -> None:
     """Send a Django task signal; a receiver that raises is logged, never fails the job."""
     if task_result is None:
         return

@@ -158,7 +158,7 @@ class Command(BaseCommand):
         if unknown:
             # No task of this backend can be enqueued there, so such a worker would idle forever.
             raise InvalidLeaseOption("queue", f"{unknown!r} not in TASKS[{alias!r}]['QUEUES'] "
-                                              f"({', '.join(declared)})")
+                                              f"({', '.join(declared or ())})")
         worker_id = options["worker_id"]
         if worker_id is not None and not 0 < len(worker_id) <= 200:
             raise InvalidLeaseOption("worker_id", "must be 1-200 characters")
