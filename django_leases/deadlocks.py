@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Concatenate
+from typing import Any, Concatenate
 
-from django.db import OperationalError, connections, router
-
-if TYPE_CHECKING:
-    from .query import JobQuerySet
+from django.db import OperationalError, connections, models, router
 
 # ER_LOCK_DEADLOCK; PostgreSQL's deadlock_detected SQLSTATE.
 MYSQL_DEADLOCK = 1213
@@ -34,13 +31,13 @@ def is_deadlock(error: OperationalError) -> bool:
     return bool(error.args) and error.args[0] == MYSQL_DEADLOCK
 
 
-def retry_deadlock_victims[S: JobQuerySet, **P, R](
+def retry_deadlock_victims[S: models.QuerySet[Any], **P, R](
         method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
     """Wrap a queryset verb whose writes are one statement or one atomic block of its own."""
 
     @functools.wraps(method)
     def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        db = self._db or router.db_for_write(self.model)
+        db = getattr(self, "_db", None) or router.db_for_write(self.model)
         for tries_left in range(TRIES - 1, -1, -1):
             try:
                 return method(self, *args, **kwargs)
