@@ -45,7 +45,10 @@ def check_task_modules(alias: str) -> list[checks.CheckMessage]:
     know them."""
     from . import registry
 
-    registry.discover()
+    try:
+        registry.discover()
+    except Exception:  # noqa: BLE001 -- a TASK_MODULES entry E016 reports, or a broken
+        return []  # tasks module, which the worker's start and enqueue() raise
     stray = [task for task in registry.declared_tasks(alias) if not registry.is_discovered(task)]
     modules = sorted({task.func.__module__ for task in stray})
     if not stray:

@@ -171,3 +171,16 @@ def test_tasks_declared_where_no_worker_looks_are_listed_with_the_fix():
     with override_settings(TASKS={"default": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"],
                                               "OPTIONS": {"TASK_MODULES": ["tests.testapp.jobs"]}}}):
         assert [m.id for m in task_backends["default"].check() if m.id == "django_leases.E018"] == []
+
+
+def test_a_backend_whose_task_modules_cannot_import_does_not_break_the_others_checks():
+    """The E018 check imports every backend's TASK_MODULES; one that cannot be imported is
+    the E016 of its own backend, not a crash of `manage.py check`."""
+    from django.core.checks import run_checks
+
+    with override_settings(TASKS={
+        "default": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"]},
+        "broken": {"BACKEND": BACKEND, "OPTIONS": {"TASK_MODULES": ["tests.testapp.no_such_module"]}},
+    }):
+        found = [(m.id, m.obj) for m in run_checks() if m.id.startswith("django_leases.E01")]
+    assert ("django_leases.E016", "TASKS['broken']") in found
