@@ -175,6 +175,7 @@ def test_tasks_declared_where_no_worker_looks_are_listed_with_the_fix():
                 if m.id == "django_leases.E018" and shipped.module_path in m.msg] == []
 
 
+@pytest.mark.django_db(databases="__all__")
 def test_a_backend_whose_task_modules_cannot_import_does_not_break_the_others_checks():
     """The E018 check imports every backend's TASK_MODULES; one that cannot be imported is
     the E016 of its own backend, not a crash of `manage.py check`."""
