@@ -187,13 +187,16 @@ class LeaseBackend(BaseTaskBackend):
 
     def _check_discovered(self, task: Any) -> None:
         """Refuse a task declared in a module no worker imports: its jobs could only be
-        dead-lettered as UnknownTask."""
+        dead-lettered as UnknownTask. Discovery runs first, so the answer is the worker's
+        whichever modules this process imported before."""
+        if not registry.is_discovered(task):
+            registry.discover()
         if not registry.is_discovered(task):
             module = task.func.__module__
             raise InvalidTask(
                 f"Cannot enqueue {task.module_path}: workers never import {module!r}, so they "
-                f"would not know this task. Declare it in an installed app's tasks module, or "
-                f"add {module!r} to TASKS[{self.alias!r}]['OPTIONS']['TASK_MODULES'].")
+                f"would not know this task. Declare it in an installed app's tasks module (or "
+                f"import it there), or add {module!r} to TASKS[{self.alias!r}]['OPTIONS']['TASK_MODULES'].")
 
     def _job_options(self, task: Any) -> EnqueueOptions:
         lease, max_attempts = self.job_options(task)

@@ -40,10 +40,15 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
 
 
 def check_task_modules(alias: str) -> list[checks.CheckMessage]:
-    """@tasks of backend ``alias`` declared (imported so far) in a module that workers do
-    not import: enqueue() refuses them, and a worker would not know them."""
+    """@tasks of backend ``alias`` declared (imported so far, after discovery) that a
+    worker's discovery does not declare: enqueue() refuses them, and a worker would not
+    know them."""
     from . import registry
 
+    try:
+        registry.discover()
+    except Exception:  # noqa: BLE001 -- a TASK_MODULES entry E016 reports, or a broken
+        return []  # tasks module, which the worker's start and enqueue() raise
     stray = [task for task in registry.declared_tasks(alias) if not registry.is_discovered(task)]
     modules = sorted({task.func.__module__ for task in stray})
     if not stray:
@@ -51,7 +56,7 @@ def check_task_modules(alias: str) -> list[checks.CheckMessage]:
     return [checks.Error(
         f"TASKS[{alias!r}] has tasks declared in modules no worker imports: "
         f"{', '.join(task.module_path for task in stray)}. enqueue() refuses them.",
-        hint=f"Move them into an installed app's tasks module, or add "
+        hint=f"Move them into (or import them from) an installed app's tasks module, or add "
              f"{', '.join(map(repr, modules))} to TASKS[{alias!r}]['OPTIONS']['TASK_MODULES'].",
         obj=f"TASKS[{alias!r}]",
         id="django_leases.E018",

@@ -229,6 +229,11 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         ``run_after`` and ``deadline`` are the caller's own absolute times. With
         ``unique_key``, a second pending or claimed job with the same key is refused
         (DuplicateJob) or, with ``on_duplicate="merge"``, the existing job is returned instead.
+
+        ``task_path`` is not looked up: the manager takes the path of a task this process
+        need not declare (one only the workers' code has, a path kept in data), as Celery's
+        ``send_task()`` does. A path no worker declares is written and ends dead as
+        ``UnknownTask`` when claimed; the backend's ``enqueue()`` refuses such a task.
         """
         args, kwargs = checked_arguments(args, kwargs)
         fields = EnqueueOptions.of(options).check(task_path)

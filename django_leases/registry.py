@@ -9,23 +9,32 @@ backend's ``OPTIONS["TASK_MODULES"]`` lists: code the project chose, not the row
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
-from django.utils.module_loading import autodiscover_modules
+from django.utils.module_loading import module_has_submodule
 
 if TYPE_CHECKING:
     from django.tasks import Task
 
 _declared: dict[str, dict[str, Task[..., Any]]] = {}
 _lock = threading.Lock()
+# Which module discover() was importing when each task was declared: a task of shop/jobs.py
+# that shop/tasks.py imports is declared in every worker, though its own module is not one
+# discover() names.
+_declared_by_discovery: dict[str, str] = {}
+_discovering = threading.local()
 
 
 def declare(alias: str, task: Task[..., Any]) -> None:
     """Remember ``task`` as runnable by the backend ``alias`` (the first declaration wins)."""
     with _lock:
         _declared.setdefault(alias, {}).setdefault(task.module_path, task)
+        root = getattr(_discovering, "module", None)
+        if root is not None:
+            _declared_by_discovery.setdefault(task.module_path, root)
 
 
 def lookup(alias: str, task_path: str) -> Task[..., Any] | None:
@@ -63,16 +72,42 @@ def discovered_modules() -> set[str]:
 
 
 def is_discovered(task: Task[..., Any]) -> bool:
-    """Whether a worker (and any reader) of this project imports the module ``task`` is
-    declared in, and so knows the task: a discovered module, or a submodule of one (an
-    app's ``tasks`` package that imports its submodules)."""
+    """Whether a worker (and any reader) of this project declares ``task`` when it imports
+    the discovered modules, and so knows the task: one declared in a discovered module or a
+    submodule of one (an app's ``tasks`` package), declared while discover() imported a
+    discovered module (shop/tasks.py importing shop/jobs.py), or named by one (imported
+    from a module loaded before discovery ran). Call discover() first for the last two."""
     module = task.func.__module__
-    return any(module == found or module.startswith(f"{found}.") for found in discovered_modules())
+    found = discovered_modules()
+    if any(module == name or module.startswith(f"{name}.") for name in found):
+        return True
+    path = getattr(task, "module_path", None)
+    if path is None:
+        return False
+    if _declared_by_discovery.get(path) in found:
+        return True
+    from django.tasks import Task
+
+    return any(isinstance(value, Task) and value.module_path == path
+               for name in found if name in sys.modules
+               for value in list(vars(sys.modules[name]).values()))
 
 
 def discover() -> None:
     """Import each installed app's ``tasks`` module and every TASK_MODULES entry, where
-    @task declarations live."""
-    autodiscover_modules("tasks")
-    for module in task_modules():
-        importlib.import_module(module)
+    @task declarations live, noting which of them declared each task."""
+    modules = [(config.module, f"{config.name}.tasks") for config in apps.get_app_configs()]
+    modules += [(None, module) for module in task_modules()]
+    for package, module in modules:
+        outer = getattr(_discovering, "module", None)
+        _discovering.module = module
+        try:
+            importlib.import_module(module)
+        except Exception:
+            # An app without a tasks module is skipped; an error inside one is raised (as
+            # autodiscover_modules() does).
+            if package is not None and not module_has_submodule(package, "tasks"):
+                continue
+            raise
+        finally:
+            _discovering.module = outer

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from django.core.checks import Error, Warning
 from django.test import override_settings
@@ -9,6 +13,7 @@ from django.test import override_settings
 from django_leases.checks import check_backend, check_database
 from django_leases.conf import LeaseOptions, get_options
 from django_leases.exceptions import InvalidLeaseOption
+from tests.worker_helpers import ROOT
 
 BACKEND = "django_leases.backends.LeaseBackend"
 
@@ -113,25 +118,44 @@ def test_sqlite_without_immediate_transactions_is_warned_about():
     assert check_database("default", "default") == []
 
 
-def test_a_backend_configured_without_the_app_installed_is_an_error_with_a_hint():
-    """Issue 15.2: the app's ready() does not run then, so the error comes through the
-    backend's check(), which Django's tasks checks call; enqueue() says the same."""
-    from django.conf import settings
-    from django.core.checks import run_checks
-    from django.core.exceptions import ImproperlyConfigured
-    from django.tasks import task_backends
 
-    from tests.testapp.tasks import add
 
-    apps_without = [app for app in settings.INSTALLED_APPS if app != "django_leases"]
-    with override_settings(INSTALLED_APPS=apps_without):
-        [error] = task_backends["default"].check()
-        assert error.id == "django_leases.E017" and "INSTALLED_APPS" in error.msg
-        assert "Add 'django_leases' to INSTALLED_APPS" in error.hint
-        assert "django_leases.E017" in [m.id for m in run_checks()]
-        with pytest.raises(ImproperlyConfigured, match="add 'django_leases' to INSTALLED_APPS"):
-            add.enqueue(1, 2)
-    assert not [m for m in task_backends["default"].check() if m.id == "django_leases.E017"]
+def run_in_project_without_the_app(*command: str) -> subprocess.CompletedProcess:
+    """``command`` (python arguments) in a project whose TASKS use the lease backend but
+    whose INSTALLED_APPS lack 'django_leases' (tests/testapp/no_app_settings.py)."""
+    return subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                            "DJANGO_SETTINGS_MODULE": "tests.testapp.no_app_settings"})
+
+
+def test_a_backend_configured_without_the_app_installed_is_refused_at_enqueue():
+    """Issue 15.2, in a real project process. Django registers the check that calls the
+    backend's check() when django.tasks is first imported, and without the app nothing
+    imports it before the checks run, so a plain `manage.py check` says no issues (the
+    documented limitation); it reports E017 once django.tasks was imported during setup.
+    enqueue() refuses with the fix in every case, before writing anything (3)."""
+    plain = run_in_project_without_the_app("-m", "django", "check")
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert "System check identified no issues" in plain.stdout
+    assert "django_leases.E017" not in plain.stdout + plain.stderr
+
+    imported = run_in_project_without_the_app("-c", (
+        "import django; django.setup(); import django.tasks; "
+        "from django.core.management import call_command; call_command('check')"))
+    assert imported.returncode != 0
+    assert "django_leases.E017" in imported.stderr
+    assert "HINT: Add 'django_leases' to INSTALLED_APPS" in imported.stderr
+
+    enqueued = run_in_project_without_the_app("-m", "django", "shell", "-c",
+                                              "from tests.testapp.tasks import add; add.enqueue(1, 2)")
+    assert enqueued.returncode != 0
+    assert ("django.core.exceptions.ImproperlyConfigured: TASKS['default'] uses "
+            "django_leases.backends.LeaseBackend: add 'django_leases' to INSTALLED_APPS, then run "
+            "`python manage.py migrate`") in enqueued.stderr
+    assert "RuntimeError" not in enqueued.stderr
+
+    worker = run_in_project_without_the_app("-m", "django", "run_lease_worker")
+    assert worker.returncode != 0 and "Unknown command: 'run_lease_worker'" in worker.stderr
 
 
 def test_tasks_declared_where_no_worker_looks_are_listed_with_the_fix():
@@ -146,4 +170,20 @@ def test_tasks_declared_where_no_worker_looks_are_listed_with_the_fix():
     assert "TASKS['default']['OPTIONS']['TASK_MODULES']" in error.hint and "'tests.testapp.jobs'" in error.hint
     with override_settings(TASKS={"default": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"],
                                               "OPTIONS": {"TASK_MODULES": ["tests.testapp.jobs"]}}}):
-        assert [m.id for m in task_backends["default"].check() if m.id == "django_leases.E018"] == []
+        # (Other tests of this process may have imported tests/shopapp/jobs_only.py.)
+        assert [m.id for m in task_backends["default"].check()
+                if m.id == "django_leases.E018" and shipped.module_path in m.msg] == []
+
+
+@pytest.mark.django_db(databases="__all__")
+def test_a_backend_whose_task_modules_cannot_import_does_not_break_the_others_checks():
+    """The E018 check imports every backend's TASK_MODULES; one that cannot be imported is
+    the E016 of its own backend, not a crash of `manage.py check`."""
+    from django.core.checks import run_checks
+
+    with override_settings(TASKS={
+        "default": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"]},
+        "broken": {"BACKEND": BACKEND, "OPTIONS": {"TASK_MODULES": ["tests.testapp.no_such_module"]}},
+    }):
+        found = [(m.id, m.obj) for m in run_checks() if m.id.startswith("django_leases.E01")]
+    assert ("django_leases.E016", "TASKS['broken']") in found

@@ -341,6 +341,60 @@ def read_elsewhere(result_id, options=None, env_extra=None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# A process of the project that imports task modules before anything runs discovery (a
+# view module loaded by the URLconf): what enqueue() and the check say must not depend on it.
+VIEW_FIRST = """
+import json
+import django
+django.setup()
+from tests.shopapp.jobs import packed
+from tests.shopapp.jobs_only import forgotten
+from django.tasks import task_backends
+from django.tasks.exceptions import InvalidTask
+accepted = packed.enqueue(5)
+try:
+    forgotten.enqueue(6)
+    refused = None
+except InvalidTask as e:
+    refused = str(e)
+print(json.dumps({"accepted": accepted.id, "refused": refused,
+                  "checks": [[m.id, m.msg] for m in task_backends["default"].check()]}))
+"""
+
+
+def test_a_task_its_apps_tasks_module_imports_is_accepted_and_runs(workers):
+    """Issue 15.3. tests/shopapp/tasks.py imports packed from tests/shopapp/jobs.py, so every
+    worker declares it: enqueue() accepts it and a worker runs it, in a process that
+    imported jobs.py before discovery ran too. forgotten, in jobs_only.py, which no
+    discovered module imports, is refused with the fix and listed by check E018 (3)."""
+    from django.db import connection
+    from django.tasks.exceptions import InvalidTask
+
+    from tests.shopapp.jobs import packed
+    from tests.shopapp.jobs_only import forgotten
+
+    result = packed.enqueue(3)
+    with pytest.raises(InvalidTask, match="TASK_MODULES") as refusal:
+        forgotten.enqueue(4)
+    assert "'tests.shopapp.jobs_only'" in str(refusal.value)
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+           "LEASES_WORKER_DB_NAME": connection.settings_dict["NAME"], "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", VIEW_FIRST], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    elsewhere = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "'tests.shopapp.jobs_only'" in elsewhere["refused"] and "TASK_MODULES" in elsewhere["refused"]
+    [e018] = [msg for check_id, msg in elsewhere["checks"] if check_id == "django_leases.E018"]
+    assert "tests.shopapp.jobs_only.forgotten" in e018 and "tests.shopapp.jobs.packed" not in e018
+
+    w = workers.start("shop", *FAST, "--burst", ready=False)
+    assert w.wait_exit(SETTLE) == 0
+    assert finished(result).return_value == "packed 3"
+    assert finished(packed.get_result(elsewhere["accepted"])).return_value == "packed 5"
+    assert not Job.objects.filter(task_path=forgotten.module_path).exists()
+
+
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_tasks_listed_in_task_modules_run_and_read_back_in_any_process(workers, settings, tmp_path, isolation):
     """Issue 15.3. A @task in tests/testapp/jobs.py: a row for it is dead-lettered by a

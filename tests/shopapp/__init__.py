@@ -1,0 +1,1 @@
+"""An app whose tasks module re-exports a task declared in another module (issue 15.3)."""
