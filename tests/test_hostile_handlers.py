@@ -531,3 +531,36 @@ def test_contention_is_an_outage_not_a_refusal():
             assert contention(wrapped(cls("x"))), cls
         assert not contention(wrapped(psycopg.errors.StatementTooComplex("x")))
     assert refused_by_database(IntegrityError("check")) and not refused_by_database(wrapped(busy))
+
+
+# -- what a failure row names is never imported ----------------------------------------
+
+
+@workers_db
+def test_a_failure_row_naming_a_module_never_imports_it(workers, tmp_path, monkeypatch):
+    """A failure row's exception_class_path is a row's say-so: reading the result (here
+    and in the worker, which reads earlier failures for task_started) resolves it only
+    through modules already loaded, never imports the module it names, so a module that
+    exits at import neither stops the worker nor the reader, and ``this`` prints nothing
+    (6, 3)."""
+    import sys
+
+    from django_leases.models import JobFailure
+
+    trap = tmp_path / "trap-imported"
+    monkeypatch.setenv("LEASES_TRAP", str(trap))
+    result = t.add.using_lease(max_attempts=3).enqueue(2, 3)
+    Job.objects.filter(pk=result.id).update(attempts=2, fence=2)
+    for attempt, path in ((1, "tests.testapp.trap_exit.Boom"), (2, "this.Zen")):
+        JobFailure.objects.create(job_id=result.id, attempt=attempt, fence=attempt,
+                                  kind=FailureKind.EXCEPTION, exception_class_path=path)
+
+    errors = _result(result.id).errors
+    assert [e.exception_class_path for e in errors] == ["builtins.Exception"] * 2
+    assert "tests.testapp.trap_exit" not in sys.modules and not trap.exists()
+
+    worker = workers.start("row-paths", *STEADY, "--burst", "--isolation", "thread", ready=False)
+    assert worker.wait_exit(120) == 0
+    assert Job.objects.get(pk=result.id).state == JobState.SUCCEEDED
+    assert not trap.exists()
+    assert "Beautiful is better than ugly" not in worker.log()

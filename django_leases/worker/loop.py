@@ -312,7 +312,8 @@ class Worker:
         known = [j for j in jobs if registry.lookup(self.alias, j.task_path) is not None]
         try:
             return task_backends[self.alias].results_of_claims(known) if known else {}
-        except Exception as e:  # noqa: BLE001 -- a missed signal must not cost a claim
+        except BaseException as e:  # noqa: BLE001 -- a missed signal must not cost a claim,
+            # and nothing a row holds may stop the loop
             logger.warning("Could not read the claimed jobs for task_started worker=%s "
                            "error=%s", self.worker_id, e)
             return {}
