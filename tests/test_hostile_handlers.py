@@ -564,3 +564,34 @@ def test_a_failure_row_naming_a_module_never_imports_it(workers, tmp_path, monke
     assert Job.objects.get(pk=result.id).state == JobState.SUCCEEDED
     assert not trap.exists()
     assert "Beautiful is better than ugly" not in worker.log()
+
+
+# -- a handler that leaves its connection inside a transaction --------------------------
+
+
+@workers_db
+def test_a_handler_that_leaves_a_transaction_open_does_not_jam_the_slot(workers):
+    """A thread-isolated handler that returns with autocommit turned off, inside an atomic
+    block it never exited, or after a BEGIN of its own: its slot's connection is closed
+    (rolling back what it left uncommitted) before the next job runs on it, so that job's
+    checkpoint commits and neither the main loop's ack nor the heartbeat waits on its
+    locks; every job ends in its right state and --burst exits 0 (6, 3)."""
+    hows = ["autocommit", "atomic"] + (["begin"] if connection.vendor != "mysql" else [])
+    left, good = {}, []
+    for how in hows:
+        left[how] = t.leave_transaction.using_lease(max_attempts=1).enqueue(_key(how), how)
+        good.append(t.hostile_checkpoint.using_lease(max_attempts=1).enqueue(
+            _key("after"), {"after": how}))
+    added = t.add.enqueue(4, 5)
+    worker = workers.start("left-open", *STEADY, "--burst", "--concurrency", "1",
+                           "--isolation", "thread", ready=False)
+    assert worker.wait_exit(120) == 0
+    for how, result in left.items():
+        job = Job.objects.get(pk=result.id)
+        assert (job.state, job.result) == (JobState.SUCCEEDED, job.args[0]), how
+        # What it left uncommitted was rolled back with the connection.
+        assert not Effect.objects.filter(key=job.args[0]).exists(), how
+    for result in good:
+        job = Job.objects.get(pk=result.id)
+        assert (job.state, job.cursor) == (JobState.SUCCEEDED, job.args[1])
+    assert Job.objects.get(pk=added.id).result == 9

@@ -621,3 +621,20 @@ def interruptible(key: str, seconds: float) -> None:
     _effect(key, "start")
     current_job().sleep(seconds)
     _effect(key, "done")
+
+
+@task
+def leave_transaction(key: str, how: str) -> str:
+    """Return with this thread's connection left inside a transaction: ``autocommit``
+    turned off, an ``atomic`` block entered and never exited, or a ``begin`` of its own."""
+    from django.db import connection, transaction
+
+    if how == "autocommit":
+        transaction.set_autocommit(False)
+    elif how == "atomic":
+        transaction.atomic().__enter__()
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute("BEGIN")
+    _effect(key, "left")
+    return key
