@@ -595,3 +595,40 @@ def test_a_handler_that_leaves_a_transaction_open_does_not_jam_the_slot(workers)
         job = Job.objects.get(pk=result.id)
         assert (job.state, job.cursor) == (JobState.SUCCEEDED, job.args[1])
     assert Job.objects.get(pk=added.id).result == 9
+
+
+# -- a row holding a retry ladder nothing can read --------------------------------------
+
+
+@workers_db
+def test_a_row_whose_retry_ladder_cannot_be_read_ends_dead_naming_it(workers):
+    """A retry ladder written straight into the table that Retry cannot read: the job ends
+    dead as unrunnable with a failure naming ``retry``, its handler never run; the good
+    jobs of the same batch succeed and the worker exits 0 (6, 3)."""
+    poison = t.hostile_raise.using_lease(max_attempts=3).enqueue(
+        _key("retry"), "RuntimeError", [ord("x")])
+    Job.objects.filter(pk=poison.id).update(retry={"delays": ["x"]})
+    good = [t.add.enqueue(i, 20) for i in range(2)]
+    worker = workers.start("bad-retry", *STEADY, "--burst", "--concurrency", "3", ready=False)
+    assert worker.wait_exit(120) == 0
+    job = Job.objects.get(pk=poison.id)
+    assert (job.state, job.dead_reason, job.attempts) == (JobState.DEAD, DeadReason.UNRUNNABLE, 1)
+    failure = job.failures.get()
+    assert failure.exception_class_path == "django_leases.exceptions.InvalidLeaseOption"
+    assert failure.message.startswith("retry: "), failure.message
+    assert _finished_signals(job.pk) == []  # never run
+    for i, result in enumerate(good):
+        assert Job.objects.get(pk=result.id).result == i + 20
+
+
+@pytest.mark.django_db
+def test_recording_a_failure_falls_back_to_the_default_ladder_for_a_bad_row():
+    """fail() on a claim whose row holds a retry ladder nothing can read (written after
+    the worker vetted it) records the attempt and schedules the next by the default
+    ladder, rather than raising and leaving the claim unrecorded (3)."""
+    job = Job.objects.enqueue("tests.testapp.tasks.add", [1, 2], max_attempts=3)
+    Job.objects.filter(pk=job.pk).update(retry={"delays": ["x"]})
+    (claim,) = Job.objects.claim("bad-ladder", ["default"], limit=1, lease=30)
+    assert Job.objects.fail(claim, exception_class_path="builtins.RuntimeError", message="m")
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.failures.count()) == (JobState.PENDING, 1, 1)

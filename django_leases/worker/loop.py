@@ -365,15 +365,31 @@ class Worker:
         try:
             if oks:
                 # Takes each from oks once sent; a result the database refuses joins others.
-                self._ack_or_refuse(oks, others)
+                try:
+                    self._ack_or_refuse(oks, others)
+                except DB_ERRORS:
+                    raise
+                except Exception as e:  # noqa: BLE001 -- one claim must not stop the worker
+                    while oks:
+                        self._drop(oks.pop(0)[0], "acknowledge", e)
             while others:
-                self._fail_or_minimal(*others[0])
+                try:
+                    self._fail_or_minimal(*others[0])
+                except DB_ERRORS:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    self._drop(others[0][0], "record the failure of", e)
                 others.pop(0)
             while stopped:
                 # Its process died of the stop (a signal to the whole process group or
                 # cgroup): the job goes back to pending, the attempt not counted.
-                self._release(stopped[0], "; its handler process died while the worker "
-                                          "was stopping")
+                try:
+                    self._release(stopped[0], "; its handler process died while the worker "
+                                              "was stopping")
+                except DB_ERRORS:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    self._drop(stopped[0], "release", e)
                 stopped.pop(0)
         except DB_ERRORS as e:
             pending = [(c, Outcome("ok", result=r)) for c, r in oks if c.state == FINISHING]
@@ -383,6 +399,15 @@ class Worker:
                 claim.finish_failed()
             self._unsent = pending
             self._db_trouble("acknowledge", e)
+
+    def _drop(self, claim: Claim, doing: str, error: Exception) -> None:
+        """Let go of a claim whose write failed on something other than the database (a
+        row holding what no verb can read, a bug): its lease runs out and the next claim
+        records the attempt as expired, so that one claim never stops the worker."""
+        self.book.forget(claim)
+        logger.error("Could not %s job=%s fence=%s worker=%s error=%s: %s; dropping the "
+                     "claim, whose lease runs out", doing, claim.pk, claim.job.fence,
+                     self.worker_id, class_path(type(error)), first_line(error), exc_info=error)
 
     def _discard(self, claim: Claim, outcome: Outcome) -> None:
         self.book.forget(claim)
