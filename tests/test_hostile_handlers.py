@@ -311,6 +311,52 @@ def test_a_write_the_database_refuses_ends_the_attempt_not_the_worker(
         assert Job.objects.get(pk=result.id).result == i + 10
 
 
+@pytest.fixture
+def disk_full_while_flagged():
+    """A PostgreSQL trigger that fails a job's ack with SQLSTATE 53100 (disk_full) while
+    the hostile_disk_full table holds a row: a server short of a resource for a while."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a trigger raising a SQLSTATE of our choosing needs PostgreSQL")
+    q = connection.ops.quote_name
+    job = q(Job._meta.db_table)
+    create = {"postgresql": [
+        "CREATE TABLE hostile_disk_full (id integer)",
+        "INSERT INTO hostile_disk_full VALUES (1)",
+        """CREATE OR REPLACE FUNCTION hostile_disk_full() RETURNS trigger
+        LANGUAGE plpgsql AS $$ BEGIN
+          IF NEW.state = 'succeeded' AND EXISTS (SELECT 1 FROM hostile_disk_full) THEN
+            RAISE EXCEPTION 'disk full, says the test trigger' USING ERRCODE = '53100';
+          END IF;
+          RETURN NEW;
+        END $$""",
+        f"CREATE TRIGGER hostile_disk_full BEFORE UPDATE ON {job} "
+        "FOR EACH ROW EXECUTE FUNCTION hostile_disk_full()",
+    ]}
+    drops = {"postgresql": [f"DROP TRIGGER IF EXISTS hostile_disk_full ON {job}",
+                            "DROP FUNCTION IF EXISTS hostile_disk_full()",
+                            "DROP TABLE IF EXISTS hostile_disk_full"]}
+    yield from _triggers(create, drops)
+
+
+@workers_db
+def test_a_server_short_of_a_resource_is_waited_out_not_held_against_the_ack(
+        workers, disk_full_while_flagged):
+    """An ack failing with SQLSTATE 53100 (disk full) over a connection that still answers
+    is an outage, however often it repeats: the worker sends it again until the server
+    has room, and the job that succeeded ends succeeded, not as a failed attempt (3)."""
+    from django_leases.worker.loop import WRITE_STRIKES
+
+    result = t.add.using_lease(max_attempts=1).enqueue(4, 4)
+    worker = workers.start("disk-full", *STEADY, "--burst", ready=False)
+    wait_for(lambda: worker.log().count("disk full, says the test trigger") > WRITE_STRIKES,
+             90, "the ack to fail more often than the strikes allow")
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM hostile_disk_full")
+    assert worker.wait_exit(120) == 0
+    job = Job.objects.get(pk=result.id)
+    assert (job.state, job.result, job.failures.count()) == (JobState.SUCCEEDED, 8, 0)
+
+
 @workers_db
 def test_a_failure_the_database_refuses_even_minimal_leaves_the_job_to_its_lease(
         workers, refusing_database):
@@ -496,16 +542,21 @@ def test_describing_a_hostile_exception_never_raises():
 
 
 def test_contention_is_an_outage_not_a_refusal():
-    """Lock and statement timeouts, deadlocks and serialization failures, as each driver
-    raises them under Django's OperationalError, are retried like an outage; never counted
-    against the write, which would fail a job that succeeded (3). A check constraint
-    (MariaDB's 4025 is an OperationalError in the driver, IntegrityError in Django) and a
-    trigger's SIGNAL are not contention."""
+    """Lock and statement timeouts, deadlocks and serialization failures, a server short
+    of disk, memory or connections, lost connections, as each driver raises them under
+    Django's OperationalError, are retried like an outage; never counted against the
+    write, which would fail a job that succeeded (3). A check constraint (MariaDB's 4025
+    is an OperationalError in the driver, IntegrityError in Django), a trigger's SIGNAL
+    and a value the column cannot hold are refusals; other codes are unknown (strikes)."""
     import sqlite3
 
     from django.db import IntegrityError, OperationalError
 
-    from django_leases.worker.dberrors import contention, refused_by_database
+    from django_leases.worker.dberrors import (
+        contention,
+        error_kind,
+        refused_by_database,
+    )
 
     def wrapped(cause):
         error = OperationalError(*cause.args)
@@ -530,6 +581,24 @@ def test_contention_is_an_outage_not_a_refusal():
                     psycopg.errors.DeadlockDetected, psycopg.errors.QueryCanceled):
             assert contention(wrapped(cls("x"))), cls
         assert not contention(wrapped(psycopg.errors.StatementTooComplex("x")))
+        for cls in (psycopg.errors.DiskFull, psycopg.errors.OutOfMemory,
+                    psycopg.errors.TooManyConnections, psycopg.errors.AdminShutdown,
+                    psycopg.errors.IoError, psycopg.errors.ConnectionFailure):
+            assert error_kind(wrapped(cls("x"))) == "outage", cls
+        for cls in (psycopg.errors.DataException, psycopg.errors.CheckViolation):
+            assert error_kind(wrapped(cls("x"))) == "refusal", cls
+        assert error_kind(wrapped(psycopg.errors.StatementTooComplex("x"))) is None
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorcode = 13
+    ioerr = sqlite3.OperationalError("disk I/O error")
+    ioerr.sqlite_errorcode = 10 | (3 << 8)  # SQLITE_IOERR_WRITE
+    assert error_kind(wrapped(full)) == error_kind(wrapped(ioerr)) == "outage"
+    assert error_kind(wrapped(missing)) is None
+    for code in (1040, 1205, 1213, 2002, 2003, 2006, 2013):
+        assert error_kind(OperationalError(code, "x")) == "outage", code
+    for code in (1264, 1292, 1366, 1406, 1644):
+        assert error_kind(OperationalError(code, "x")) == "refusal", code
+    assert error_kind(OperationalError(1105, "unknown")) is None
     assert refused_by_database(IntegrityError("check")) and not refused_by_database(wrapped(busy))
 
 

@@ -29,7 +29,7 @@ from ..storable import (
 )
 from .child import KILL_GRACE_SECONDS
 from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
-from .dberrors import DB_ERRORS, contention, first_line, refused_by_database
+from .dberrors import DB_ERRORS, error_kind, first_line, refused_by_database
 from .executors import ProcessExecutor, ThreadExecutor
 from .heartbeat import Heartbeat, Watchdog
 from .listener import Listener
@@ -523,8 +523,12 @@ class Worker:
         deadlocks included, is an outage: sent again after a pause, however long it lasts."""
         if refused_by_database(error):
             return True
-        if (not isinstance(error, OperationalError) or contention(error)
-                or not self._connection_answers()):
+        if not isinstance(error, OperationalError):
+            return False
+        kind = error_kind(error)
+        if kind is not None:
+            return kind == "refusal"
+        if not self._connection_answers():
             return False
         if claim is None:
             return True  # several jobs in one statement: send them one by one
