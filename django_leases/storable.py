@@ -167,7 +167,8 @@ def storable_result(value: Any) -> Any:
     except RecursionError:
         raise TypeError("the task returned a value that cannot be stored as JSON: result: "
                         "nested too deeply") from None
-    except Exception as e:  # noqa: BLE001 -- ValueError from json, or the value's own methods
+    except BaseException as e:  # noqa: BLE001 -- ValueError from json, or whatever the
+        # value's own methods raise (user code: even KeyboardInterrupt is its failure)
         raise TypeError("the task returned a value that cannot be stored as JSON: result: "
                         f"{_message(e)}") from None
     if len(text) > RESULT_LIMIT:

@@ -149,7 +149,8 @@ def test_whatever_a_handler_raises_fails_its_job_not_the_worker(workers, isolati
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_return_value_that_cannot_be_stored_fails_as_type_error(workers, isolation):
     """Objects, sets, bytes, datetimes, 3,000-deep nesting, a 5,000-digit int, NaN,
-    infinities, non-str keys, lone surrogates, NUL, 9 MiB of JSON: builtins.TypeError naming
+    infinities, non-str keys, lone surrogates, NUL, 9 MiB of JSON, a dict whose items()
+    raises (even KeyboardInterrupt): builtins.TypeError naming
     where in the value, task_finished FAILED, in both isolations; a str subclass whose
     pickling raises is stored as the plain string it is (6)."""
     # Where in the value, and what: the words are jsonsafe's, as for enqueue's arguments.
@@ -160,7 +161,7 @@ def test_a_return_value_that_cannot_be_stored_fails_as_type_error(workers, isola
         "inf": ("result[1]: ", "-inf"), "int_key": ("result['ok'][1]",),
         "surrogate": ("result['text']: ",), "nul": ("result[0]: ", "NUL"),
         "huge": ("too large to store: result",), "nameless": ("result",),
-        "dict_items_raise": ("result",),
+        "dict_items_raise": ("result",), "dict_items_interrupt": ("result",),
     }
     poison = {kind: t.hostile_return.using_lease(max_attempts=1).enqueue(_key(kind), kind)
               for kind in where}

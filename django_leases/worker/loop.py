@@ -440,7 +440,7 @@ class Worker:
                                extra=claim_fields(claim.job, self.worker_id, "ack_rejected"))
 
     def _fail(self, claim: Claim, outcome: Outcome) -> None:
-        unrunnable = outcome.kind in ("unrunnable", "bad_result")
+        unrunnable = outcome.kind == "unrunnable"
         ok = self.Job.objects.using(self.database).fail(
             claim.job, exception_class_path=outcome.exception_class_path,
             message=outcome.message, traceback=outcome.traceback,
