@@ -702,3 +702,36 @@ def test_recording_a_failure_falls_back_to_the_default_ladder_for_a_bad_row():
     assert Job.objects.fail(claim, exception_class_path="builtins.RuntimeError", message="m")
     job.refresh_from_db()
     assert (job.state, job.attempts, job.failures.count()) == (JobState.PENDING, 1, 1)
+
+
+# -- what a handler's text does to the worker's log --------------------------------------
+
+
+@workers_db
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_a_log_file_stays_text_whatever_a_handler_raises(workers, tmp_path, log_format):
+    """A handler's exception whose message holds a lone surrogate and a NUL reaches the
+    log in Django's FAILED line with its traceback: through a FileHandler in the worker's
+    JSON format every line is written and parses; in its text format the file holds no
+    NUL and is UTF-8, the two written as backslash escapes (6)."""
+    text = "bad \ud800 msg\x00end"
+    result = t.hostile_raise.using_lease(max_attempts=1).enqueue(
+        _key("log"), "RuntimeError", [ord(c) for c in text])
+    log_file = tmp_path / f"worker.{log_format}.log"
+    worker = workers.start(f"log-{log_format}", *STEADY, "--burst", ready=False, env_extra={
+        "LEASES_WORKER_LOG_FILE": str(log_file), "LEASES_WORKER_LOG_FILE_FORMAT": log_format})
+    assert worker.wait_exit(120) == 0
+    assert Job.objects.get(pk=result.id).state == JobState.DEAD
+    assert "Logging error" not in worker.log()
+    data = log_file.read_bytes()
+    assert b"\x00" not in data
+    written = data.decode("utf-8")
+    if log_format == "json":
+        import json
+
+        lines = [json.loads(line) for line in written.splitlines() if line.strip()]
+        failed = [line for line in lines
+                  if (line["logger"], line["level"]) == ("django.tasks", "ERROR")]
+        assert len(failed) == 1 and text in failed[0]["exc_info"], failed
+    else:
+        assert "bad \\ud800 msg\\x00end" in written
