@@ -592,7 +592,6 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         the reason. The class path, message and traceback are stored as storable.py makes
         them (lone surrogates and NUL escaped, cut at its limits), whoever calls.
         """
-        from .retry import DEFAULT_RETRY, Retry
         from .storable import (
             MESSAGE_LIMIT,
             TRACEBACK_LIMIT,
@@ -602,9 +601,7 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
 
         db = self._db or router.db_for_write(self.model)
         if retry_in is None:
-            ladder = getattr(claim, "retry", None)
-            retry_in = (Retry.from_json(ladder) if ladder else DEFAULT_RETRY).delay(
-                getattr(claim, "attempts", 1) or 1)
+            retry_in = _retry_delay(getattr(claim, "retry", None), getattr(claim, "attempts", 1) or 1)
         if retry:
             reason: Any = Case(
                 When(deadline__lt=Now(), then=Value(DeadReason.DEADLINE)),
@@ -654,3 +651,15 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
             lease_expires_at=_lease_end_by_job([claim], lease),
             heartbeat_at=Now(),
         ) == 1
+
+
+def _retry_delay(ladder: Any, attempts: int) -> float:
+    """The delay after ``attempts`` failures by the row's own retry ladder; by the default
+    ladder when the row holds none, or one that cannot be read (written straight into the
+    table): recording the failure must not fail on the row's account."""
+    from .retry import DEFAULT_RETRY, Retry
+
+    try:
+        return (Retry.from_json(ladder) if ladder else DEFAULT_RETRY).delay(attempts)
+    except Exception:  # noqa: BLE001 -- InvalidLeaseOption, or TypeError from its parts
+        return DEFAULT_RETRY.delay(attempts)

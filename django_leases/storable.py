@@ -14,10 +14,10 @@ of up to ``RESULT_LIMIT`` characters of JSON (ASCII, so as many bytes) fits it t
 
 from __future__ import annotations
 
-import functools
-import importlib
 import json
+import sys
 import traceback
+import types
 from typing import Any
 
 from .exceptions import InvalidJobArgument
@@ -32,6 +32,8 @@ RESULT_LIMIT = 8 * 2**20
 _qualname_of = type.__dict__["__qualname__"].__get__
 _module_of = type.__dict__["__module__"].__get__
 _name_of = type.__dict__["__name__"].__get__
+_dict_of = type.__dict__["__dict__"].__get__
+_mro_of = type.__dict__["__mro__"].__get__
 
 
 def storable_text(value: Any, limit: int, *, keep_tail: bool = False) -> str:
@@ -101,35 +103,53 @@ def readable_class_path(path: str, fallback: str = "builtins.Exception") -> str:
     """A path TaskError.exception_class imports (it splits module from class at the last
     dot) for the exception class recorded as ``path``: ``path`` itself, else that of the
     nearest base class that imports so (a class nested in another), else ``fallback`` (a
-    class defined inside a function, a path cut at the column's length, a module that no
-    longer exists)."""
+    class defined inside a function, a path cut at the column's length, a module that is
+    not loaded in this process).
+
+    Nothing is imported: a path is a row's say-so, and importing the module it names runs
+    that module's code (which may exit, print, or do worse). Only modules already in
+    ``sys.modules`` are read, through their ``__dict__`` (no module ``__getattr__`` runs).
+    """
     return _readable(path) or fallback
 
 
-@functools.lru_cache(maxsize=1024)
+def _loaded(module_name: str, names: list[str]) -> Any:
+    """The object at ``names`` inside the already-loaded module ``module_name``, read from
+    the ``__dict__``s alone; None where any step is missing."""
+    found: Any = sys.modules.get(module_name)
+    for name in names:
+        if found is None:
+            return None
+        try:
+            found = _namespace(found).get(name)
+        except Exception:  # noqa: BLE001 -- a hostile mapping in a class's namespace
+            return None
+    return found
+
+
+def _namespace(value: Any) -> Any:
+    if isinstance(value, types.ModuleType):
+        return value.__dict__
+    if isinstance(value, type):
+        return _dict_of(value)
+    return {}
+
+
 def _readable(path: str) -> str | None:
     parts = path.split(".")
     if not all(part.isidentifier() for part in parts):
         return None  # f.<locals>.Error, escaped characters: no import reaches it
     cls = None
     for cut in range(len(parts) - 1, 0, -1):
-        try:
-            found: Any = importlib.import_module(".".join(parts[:cut]))
-            for name in parts[cut:]:
-                found = getattr(found, name)
-        except Exception:  # noqa: BLE001, S112 -- ImportError, or whatever the module raises
-            continue
-        cls = found
-        break
+        cls = _loaded(".".join(parts[:cut]), parts[cut:])
+        if cls is not None:
+            break
     if not (isinstance(cls, type) and issubclass(cls, BaseException)):
         return None
-    for base in cls.__mro__:
+    for base in _mro_of(cls):
         module, _, name = class_path(base).rpartition(".")
-        try:
-            if getattr(importlib.import_module(module), name) is base:
-                return f"{module}.{name}"
-        except Exception:  # noqa: BLE001, S112
-            continue
+        if module and _loaded(module, [name]) is base:
+            return f"{module}.{name}"
     return None
 
 
@@ -147,7 +167,8 @@ def storable_result(value: Any) -> Any:
     except RecursionError:
         raise TypeError("the task returned a value that cannot be stored as JSON: result: "
                         "nested too deeply") from None
-    except Exception as e:  # noqa: BLE001 -- ValueError from json, or the value's own methods
+    except BaseException as e:  # noqa: BLE001 -- ValueError from json, or whatever the
+        # value's own methods raise (user code: even KeyboardInterrupt is its failure)
         raise TypeError("the task returned a value that cannot be stored as JSON: result: "
                         f"{_message(e)}") from None
     if len(text) > RESULT_LIMIT:

@@ -149,7 +149,8 @@ def test_whatever_a_handler_raises_fails_its_job_not_the_worker(workers, isolati
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_return_value_that_cannot_be_stored_fails_as_type_error(workers, isolation):
     """Objects, sets, bytes, datetimes, 3,000-deep nesting, a 5,000-digit int, NaN,
-    infinities, non-str keys, lone surrogates, NUL, 9 MiB of JSON: builtins.TypeError naming
+    infinities, non-str keys, lone surrogates, NUL, 9 MiB of JSON, a dict whose items()
+    raises (even KeyboardInterrupt): builtins.TypeError naming
     where in the value, task_finished FAILED, in both isolations; a str subclass whose
     pickling raises is stored as the plain string it is (6)."""
     # Where in the value, and what: the words are jsonsafe's, as for enqueue's arguments.
@@ -160,7 +161,7 @@ def test_a_return_value_that_cannot_be_stored_fails_as_type_error(workers, isola
         "inf": ("result[1]: ", "-inf"), "int_key": ("result['ok'][1]",),
         "surrogate": ("result['text']: ",), "nul": ("result[0]: ", "NUL"),
         "huge": ("too large to store: result",), "nameless": ("result",),
-        "dict_items_raise": ("result",),
+        "dict_items_raise": ("result",), "dict_items_interrupt": ("result",),
     }
     poison = {kind: t.hostile_return.using_lease(max_attempts=1).enqueue(_key(kind), kind)
               for kind in where}
@@ -309,6 +310,52 @@ def test_a_write_the_database_refuses_ends_the_attempt_not_the_worker(
     assert job.failures.get().exception_class_path.startswith("django.db.utils.")
     for i, result in enumerate(good):
         assert Job.objects.get(pk=result.id).result == i + 10
+
+
+@pytest.fixture
+def disk_full_while_flagged():
+    """A PostgreSQL trigger that fails a job's ack with SQLSTATE 53100 (disk_full) while
+    the hostile_disk_full table holds a row: a server short of a resource for a while."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a trigger raising a SQLSTATE of our choosing needs PostgreSQL")
+    q = connection.ops.quote_name
+    job = q(Job._meta.db_table)
+    create = {"postgresql": [
+        "CREATE TABLE hostile_disk_full (id integer)",
+        "INSERT INTO hostile_disk_full VALUES (1)",
+        """CREATE OR REPLACE FUNCTION hostile_disk_full() RETURNS trigger
+        LANGUAGE plpgsql AS $$ BEGIN
+          IF NEW.state = 'succeeded' AND EXISTS (SELECT 1 FROM hostile_disk_full) THEN
+            RAISE EXCEPTION 'disk full, says the test trigger' USING ERRCODE = '53100';
+          END IF;
+          RETURN NEW;
+        END $$""",
+        f"CREATE TRIGGER hostile_disk_full BEFORE UPDATE ON {job} "
+        "FOR EACH ROW EXECUTE FUNCTION hostile_disk_full()",
+    ]}
+    drops = {"postgresql": [f"DROP TRIGGER IF EXISTS hostile_disk_full ON {job}",
+                            "DROP FUNCTION IF EXISTS hostile_disk_full()",
+                            "DROP TABLE IF EXISTS hostile_disk_full"]}
+    yield from _triggers(create, drops)
+
+
+@workers_db
+def test_a_server_short_of_a_resource_is_waited_out_not_held_against_the_ack(
+        workers, disk_full_while_flagged):
+    """An ack failing with SQLSTATE 53100 (disk full) over a connection that still answers
+    is an outage, however often it repeats: the worker sends it again until the server
+    has room, and the job that succeeded ends succeeded, not as a failed attempt (3)."""
+    from django_leases.worker.loop import WRITE_STRIKES
+
+    result = t.add.using_lease(max_attempts=1).enqueue(4, 4)
+    worker = workers.start("disk-full", *STEADY, "--burst", ready=False)
+    wait_for(lambda: worker.log().count("disk full, says the test trigger") > WRITE_STRIKES,
+             90, "the ack to fail more often than the strikes allow")
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM hostile_disk_full")
+    assert worker.wait_exit(120) == 0
+    job = Job.objects.get(pk=result.id)
+    assert (job.state, job.result, job.failures.count()) == (JobState.SUCCEEDED, 8, 0)
 
 
 @workers_db
@@ -496,16 +543,21 @@ def test_describing_a_hostile_exception_never_raises():
 
 
 def test_contention_is_an_outage_not_a_refusal():
-    """Lock and statement timeouts, deadlocks and serialization failures, as each driver
-    raises them under Django's OperationalError, are retried like an outage; never counted
-    against the write, which would fail a job that succeeded (3). A check constraint
-    (MariaDB's 4025 is an OperationalError in the driver, IntegrityError in Django) and a
-    trigger's SIGNAL are not contention."""
+    """Lock and statement timeouts, deadlocks and serialization failures, a server short
+    of disk, memory or connections, lost connections, as each driver raises them under
+    Django's OperationalError, are retried like an outage; never counted against the
+    write, which would fail a job that succeeded (3). A check constraint (MariaDB's 4025
+    is an OperationalError in the driver, IntegrityError in Django), a trigger's SIGNAL
+    and a value the column cannot hold are refusals; other codes are unknown (strikes)."""
     import sqlite3
 
     from django.db import IntegrityError, OperationalError
 
-    from django_leases.worker.dberrors import contention, refused_by_database
+    from django_leases.worker.dberrors import (
+        contention,
+        error_kind,
+        refused_by_database,
+    )
 
     def wrapped(cause):
         error = OperationalError(*cause.args)
@@ -530,4 +582,156 @@ def test_contention_is_an_outage_not_a_refusal():
                     psycopg.errors.DeadlockDetected, psycopg.errors.QueryCanceled):
             assert contention(wrapped(cls("x"))), cls
         assert not contention(wrapped(psycopg.errors.StatementTooComplex("x")))
+        for cls in (psycopg.errors.DiskFull, psycopg.errors.OutOfMemory,
+                    psycopg.errors.TooManyConnections, psycopg.errors.AdminShutdown,
+                    psycopg.errors.IoError, psycopg.errors.ConnectionFailure):
+            assert error_kind(wrapped(cls("x"))) == "outage", cls
+        for cls in (psycopg.errors.DataException, psycopg.errors.CheckViolation):
+            assert error_kind(wrapped(cls("x"))) == "refusal", cls
+        assert error_kind(wrapped(psycopg.errors.StatementTooComplex("x"))) is None
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorcode = 13
+    ioerr = sqlite3.OperationalError("disk I/O error")
+    ioerr.sqlite_errorcode = 10 | (3 << 8)  # SQLITE_IOERR_WRITE
+    assert error_kind(wrapped(full)) == error_kind(wrapped(ioerr)) == "outage"
+    assert error_kind(wrapped(missing)) is None
+    for code in (1040, 1205, 1213, 2002, 2003, 2006, 2013):
+        assert error_kind(OperationalError(code, "x")) == "outage", code
+    for code in (1264, 1292, 1366, 1406, 1644):
+        assert error_kind(OperationalError(code, "x")) == "refusal", code
+    assert error_kind(OperationalError(1105, "unknown")) is None
     assert refused_by_database(IntegrityError("check")) and not refused_by_database(wrapped(busy))
+
+
+# -- what a failure row names is never imported ----------------------------------------
+
+
+@workers_db
+def test_a_failure_row_naming_a_module_never_imports_it(workers, tmp_path, monkeypatch):
+    """A failure row's exception_class_path is a row's say-so: reading the result (here
+    and in the worker, which reads earlier failures for task_started) resolves it only
+    through modules already loaded, never imports the module it names, so a module that
+    exits at import neither stops the worker nor the reader, and ``this`` prints nothing
+    (6, 3)."""
+    import sys
+
+    from django_leases.models import JobFailure
+
+    trap = tmp_path / "trap-imported"
+    monkeypatch.setenv("LEASES_TRAP", str(trap))
+    result = t.add.using_lease(max_attempts=3).enqueue(2, 3)
+    Job.objects.filter(pk=result.id).update(attempts=2, fence=2)
+    for attempt, path in ((1, "tests.testapp.trap_exit.Boom"), (2, "this.Zen")):
+        JobFailure.objects.create(job_id=result.id, attempt=attempt, fence=attempt,
+                                  kind=FailureKind.EXCEPTION, exception_class_path=path)
+
+    errors = _result(result.id).errors
+    assert [e.exception_class_path for e in errors] == ["builtins.Exception"] * 2
+    assert "tests.testapp.trap_exit" not in sys.modules and not trap.exists()
+
+    worker = workers.start("row-paths", *STEADY, "--burst", "--isolation", "thread", ready=False)
+    assert worker.wait_exit(120) == 0
+    assert Job.objects.get(pk=result.id).state == JobState.SUCCEEDED
+    assert not trap.exists()
+    assert "Beautiful is better than ugly" not in worker.log()
+
+
+# -- a handler that leaves its connection inside a transaction --------------------------
+
+
+@workers_db
+def test_a_handler_that_leaves_a_transaction_open_does_not_jam_the_slot(workers):
+    """A thread-isolated handler that returns with autocommit turned off, inside an atomic
+    block it never exited, or after a BEGIN of its own: its slot's connection is closed
+    (rolling back what it left uncommitted) before the next job runs on it, so that job's
+    checkpoint commits and neither the main loop's ack nor the heartbeat waits on its
+    locks; every job ends in its right state and --burst exits 0 (6, 3)."""
+    hows = ["autocommit", "atomic"] + (["begin"] if connection.vendor != "mysql" else [])
+    left, good = {}, []
+    for how in hows:
+        left[how] = t.leave_transaction.using_lease(max_attempts=1).enqueue(_key(how), how)
+        good.append(t.hostile_checkpoint.using_lease(max_attempts=1).enqueue(
+            _key("after"), {"after": how}))
+    added = t.add.enqueue(4, 5)
+    worker = workers.start("left-open", *STEADY, "--burst", "--concurrency", "1",
+                           "--isolation", "thread", ready=False)
+    assert worker.wait_exit(120) == 0
+    for how, result in left.items():
+        job = Job.objects.get(pk=result.id)
+        assert (job.state, job.result) == (JobState.SUCCEEDED, job.args[0]), how
+        # What it left uncommitted was rolled back with the connection.
+        assert not Effect.objects.filter(key=job.args[0]).exists(), how
+    for result in good:
+        job = Job.objects.get(pk=result.id)
+        assert (job.state, job.cursor) == (JobState.SUCCEEDED, job.args[1])
+    assert Job.objects.get(pk=added.id).result == 9
+
+
+# -- a row holding a retry ladder nothing can read --------------------------------------
+
+
+@workers_db
+def test_a_row_whose_retry_ladder_cannot_be_read_ends_dead_naming_it(workers):
+    """A retry ladder written straight into the table that Retry cannot read: the job ends
+    dead as unrunnable with a failure naming ``retry``, its handler never run; the good
+    jobs of the same batch succeed and the worker exits 0 (6, 3)."""
+    poison = t.hostile_raise.using_lease(max_attempts=3).enqueue(
+        _key("retry"), "RuntimeError", [ord("x")])
+    Job.objects.filter(pk=poison.id).update(retry={"delays": ["x"]})
+    good = [t.add.enqueue(i, 20) for i in range(2)]
+    worker = workers.start("bad-retry", *STEADY, "--burst", "--concurrency", "3", ready=False)
+    assert worker.wait_exit(120) == 0
+    job = Job.objects.get(pk=poison.id)
+    assert (job.state, job.dead_reason, job.attempts) == (JobState.DEAD, DeadReason.UNRUNNABLE, 1)
+    failure = job.failures.get()
+    assert failure.exception_class_path == "django_leases.exceptions.InvalidLeaseOption"
+    assert failure.message.startswith("retry: "), failure.message
+    assert _finished_signals(job.pk) == []  # never run
+    for i, result in enumerate(good):
+        assert Job.objects.get(pk=result.id).result == i + 20
+
+
+@pytest.mark.django_db
+def test_recording_a_failure_falls_back_to_the_default_ladder_for_a_bad_row():
+    """fail() on a claim whose row holds a retry ladder nothing can read (written after
+    the worker vetted it) records the attempt and schedules the next by the default
+    ladder, rather than raising and leaving the claim unrecorded (3)."""
+    job = Job.objects.enqueue("tests.testapp.tasks.add", [1, 2], max_attempts=3)
+    Job.objects.filter(pk=job.pk).update(retry={"delays": ["x"]})
+    (claim,) = Job.objects.claim("bad-ladder", ["default"], limit=1, lease=30)
+    assert Job.objects.fail(claim, exception_class_path="builtins.RuntimeError", message="m")
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.failures.count()) == (JobState.PENDING, 1, 1)
+
+
+# -- what a handler's text does to the worker's log --------------------------------------
+
+
+@workers_db
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_a_log_file_stays_text_whatever_a_handler_raises(workers, tmp_path, log_format):
+    """A handler's exception whose message holds a lone surrogate and a NUL reaches the
+    log in Django's FAILED line with its traceback: through a FileHandler in the worker's
+    JSON format every line is written and parses; in its text format the file holds no
+    NUL and is UTF-8, the two written as backslash escapes (6)."""
+    text = "bad \ud800 msg\x00end"
+    result = t.hostile_raise.using_lease(max_attempts=1).enqueue(
+        _key("log"), "RuntimeError", [ord(c) for c in text])
+    log_file = tmp_path / f"worker.{log_format}.log"
+    worker = workers.start(f"log-{log_format}", *STEADY, "--burst", ready=False, env_extra={
+        "LEASES_WORKER_LOG_FILE": str(log_file), "LEASES_WORKER_LOG_FILE_FORMAT": log_format})
+    assert worker.wait_exit(120) == 0
+    assert Job.objects.get(pk=result.id).state == JobState.DEAD
+    assert "Logging error" not in worker.log()
+    data = log_file.read_bytes()
+    assert b"\x00" not in data
+    written = data.decode("utf-8")
+    if log_format == "json":
+        import json
+
+        lines = [json.loads(line) for line in written.splitlines() if line.strip()]
+        failed = [line for line in lines
+                  if (line["logger"], line["level"]) == ("django.tasks", "ERROR")]
+        assert len(failed) == 1 and text in failed[0]["exc_info"], failed
+    else:
+        assert "bad \\ud800 msg\\x00end" in written

@@ -21,12 +21,21 @@ if TYPE_CHECKING:
 DB_ERRORS = (DatabaseError, InterfaceError)
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
-# Contention, which passes: PostgreSQL's transaction rollbacks (40xxx: serialization
-# failure, deadlock), lock_not_available and query_canceled (a lock or statement timeout);
-# MySQL's lock wait timeout and deadlock; SQLite's busy and locked.
-_PG_TRANSIENT = ("40", "55P03", "57014")
-_MYSQL_TRANSIENT = (1205, 1213)
-_SQLITE_TRANSIENT = (5, 6)
+# What a driver's error code says of an OperationalError. Outages and contention pass, so
+# the write goes again once they have: PostgreSQL's connection exceptions (08), transaction
+# rollbacks (40: serialization failure, deadlock), insufficient resources (53: disk full,
+# out of memory, too many connections), operator intervention (57: a lock or statement
+# timeout, a shutdown), system errors (58: I/O) and lock_not_available; MySQL's and
+# MariaDB's too many connections, lock wait timeout, deadlock and lost or refused
+# connections; SQLite's busy, locked, I/O error and disk full. Refusals do not: PostgreSQL's
+# data exceptions (22) and integrity violations (23); MySQL's and MariaDB's incorrect value
+# (1366), data too long (1406), out of range (1264), incorrect date or time (1292), a
+# trigger's SIGNAL (1644) and a check constraint (3819, 4025). Other codes are unknown.
+_PG_OUTAGE = ("08", "40", "53", "57", "58", "55P03")
+_PG_REFUSAL = ("22", "23")
+_MYSQL_OUTAGE = frozenset({1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2055})
+_MYSQL_REFUSAL = frozenset({1264, 1292, 1366, 1406, 1644, 3819, 4025})
+_SQLITE_OUTAGE = frozenset({5, 6, 10, 13})  # BUSY, LOCKED, IOERR, FULL
 
 
 def refused_by_database(error: BaseException) -> bool:
@@ -34,17 +43,32 @@ def refused_by_database(error: BaseException) -> bool:
     return isinstance(error, DatabaseError) and not isinstance(error, CONNECTION_ERRORS)
 
 
-def contention(error: BaseException) -> bool:
-    """Whether ``error`` is a lock or statement timeout, a deadlock or a serialization
-    failure: an OperationalError that says nothing against the statement itself."""
+def error_kind(error: BaseException) -> str | None:
+    """"outage" or "refusal" as the driver's error code under ``error`` tells; None for a
+    code not known here (loop.py then counts strikes)."""
     cause = error.__cause__
     sqlstate = getattr(cause, "sqlstate", None)
     if isinstance(sqlstate, str):
-        return sqlstate.startswith(_PG_TRANSIENT)
+        if sqlstate.startswith(_PG_OUTAGE):
+            return "outage"
+        return "refusal" if sqlstate.startswith(_PG_REFUSAL) else None
     code = getattr(cause, "sqlite_errorcode", None)
     if isinstance(code, int):
-        return code & 0xFF in _SQLITE_TRANSIENT  # the primary code of an extended one
-    return bool(error.args) and error.args[0] in _MYSQL_TRANSIENT
+        return "outage" if code & 0xFF in _SQLITE_OUTAGE else None  # the primary code
+    code = error.args[0] if error.args else None
+    if isinstance(code, int) and not isinstance(code, bool):
+        if code in _MYSQL_OUTAGE:
+            return "outage"
+        if code in _MYSQL_REFUSAL:
+            return "refusal"
+    return None
+
+
+def contention(error: BaseException) -> bool:
+    """Whether ``error`` is a lock or statement timeout, a deadlock, a serialization
+    failure or the server short of a resource: an OperationalError that says nothing
+    against the statement itself."""
+    return error_kind(error) == "outage"
 
 
 def first_line(error: Exception) -> str:

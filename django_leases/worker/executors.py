@@ -53,13 +53,23 @@ class _Slots:
             if item is None:
                 return
             claim, task = item
+            outcome: Outcome | None = None
             try:
-                outcome = self.execute(claim, task)
-            except BaseException as e:  # noqa: BLE001 -- a slot must never die silently
-                outcome = _worker_error(e, "while running the handler")
-            claim.exited.set()
-            _drop_broken_connections()
-            self._done(claim, outcome)
+                try:
+                    outcome = self.execute(claim, task)
+                except BaseException as e:  # noqa: BLE001 -- a slot must never die silently
+                    outcome = _worker_error(e, "while running the handler")
+                claim.exited.set()
+                # Before the outcome goes out: a transaction the handler left open may hold
+                # the lock on the row the main loop is about to ack or fail.
+                _drop_broken_connections()
+            except BaseException as e:  # noqa: BLE001 -- a raising cleanup must not kill the slot
+                logger.warning("Could not clean up the handler's connections job=%s error=%s",
+                               claim.job.pk, e)
+            finally:
+                claim.exited.set()
+                self._done(claim, outcome if outcome is not None
+                           else _worker_error(RuntimeError("no outcome"), "while running the handler"))
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         raise NotImplementedError
@@ -243,16 +253,49 @@ def _kill(process: Any) -> None:
 
 
 def _drop_broken_connections() -> None:
-    """After each job, close this slot's connections that failed and no longer answer, as
-    Django does at the end of a request; healthy ones stay open whatever CONN_MAX_AGE says,
-    so a busy worker does not reconnect per job."""
+    """After each job, close this slot's connections that the handler left unfit for the
+    next one, as Django does at the end of a request: one that failed and no longer
+    answers, and one left inside a transaction (an atomic block never exited, autocommit
+    turned off, a BEGIN of its own), whose row locks would make the main loop's ack or
+    fail and the heartbeat wait forever. Closing rolls the transaction back. Healthy ones
+    stay open whatever CONN_MAX_AGE says, so a busy worker does not reconnect per job."""
     for conn in connections.all(initialized_only=True):
         if conn.connection is None:
             continue
-        if conn.errors_occurred:
-            if conn.in_atomic_block or not conn.is_usable():
-                conn.close()
-                continue
-            conn.errors_occurred = False
+        if _left_in_transaction(conn) or conn.errors_occurred and not conn.is_usable():
+            _close(conn)
+            continue
+        conn.errors_occurred = False
         # With CONN_HEALTH_CHECKS the next job's first query checks the connection first.
         conn.health_check_done = False  # type: ignore[attr-defined]  # Django's, not in django-stubs
+
+
+def _left_in_transaction(conn: Any) -> bool:
+    """Whether ``conn`` is inside a transaction between jobs, where it never should be."""
+    if conn.in_atomic_block or conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
+        return True
+    raw = conn.connection
+    if conn.vendor == "sqlite":
+        return bool(getattr(raw, "in_transaction", False))
+    if conn.vendor == "postgresql":
+        info = getattr(raw, "info", None)  # psycopg 3
+        if info is not None:
+            return bool(info.transaction_status != 0)  # pq.TransactionStatus.IDLE
+        status = getattr(raw, "get_transaction_status", None)  # psycopg2
+        return status is not None and bool(status() != 0)  # TRANSACTION_STATUS_IDLE
+    return False
+
+
+def _close(conn: Any) -> None:
+    """Close ``conn``, rolling back what it holds, even from inside an atomic block the
+    handler never left (Django keeps such a connection half-closed until the block exits,
+    which here it never will); the next job's first query reconnects."""
+    conn.in_atomic_block = False
+    conn.atomic_blocks = []
+    conn.savepoint_ids = []
+    conn.needs_rollback = False
+    conn.closed_in_transaction = False
+    try:
+        conn.close()
+    finally:
+        conn.connection = None

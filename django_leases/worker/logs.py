@@ -65,7 +65,30 @@ class JsonFormatter(logging.Formatter):
                 line[name] = value
         if record.exc_info:
             line["exc_info"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str, ensure_ascii=False)
+        # ASCII: a lone surrogate (a handler's message, in Django's traceback line) is
+        # written as its \u escape, which any stream or file encodes.
+        return json.dumps(line, default=str, ensure_ascii=True)
+
+
+class TextFormatter(logging.Formatter):
+    """The text format (TEXT_FORMAT unless given another), with NUL and lone surrogates
+    (a handler's message, in Django's traceback line) backslash-escaped, so that a log file
+    stays text every reader and encoder takes. Usable from LOGGING too:
+    ``{"()": "django_leases.worker.logs.TextFormatter"}``."""
+
+    def __init__(self, fmt: str | None = TEXT_FORMAT, *args: Any, **kwargs: Any) -> None:
+        super().__init__(fmt, *args, **kwargs)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates and NUL as backslash escapes (\\ud800, \\x00)."""
+    if text.isascii():
+        return text.replace("\x00", "\\x00")
+    return (text.encode("utf-8", "backslashreplace").decode("utf-8")
+            .replace("\x00", "\\x00"))
 
 
 def configured_by_project(name: str) -> bool:
@@ -86,7 +109,7 @@ def configure(verbosity: int, log_format: str = "text") -> list[str]:
     too). Return the names of the loggers given the handler."""
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     handler.addFilter(TaskSignalFields())
     handler._leases_worker = True  # type: ignore[attr-defined]
     logging.getLogger(WORKER_LOGGER).setLevel(level)

@@ -29,7 +29,7 @@ from ..storable import (
 )
 from .child import KILL_GRACE_SECONDS
 from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
-from .dberrors import DB_ERRORS, contention, first_line, refused_by_database
+from .dberrors import DB_ERRORS, error_kind, first_line, refused_by_database
 from .executors import ProcessExecutor, ThreadExecutor
 from .heartbeat import Heartbeat, Watchdog
 from .listener import Listener
@@ -316,7 +316,8 @@ class Worker:
         try:
             backend = cast("LeaseBackend", task_backends[self.alias])  # the worker serves a lease backend
             return backend.results_of_claims(known) if known else {}
-        except Exception as e:  # noqa: BLE001 -- a missed signal must not cost a claim
+        except BaseException as e:  # noqa: BLE001 -- a missed signal must not cost a claim,
+            # and nothing a row holds may stop the loop
             logger.warning("Could not read the claimed jobs for task_started worker=%s "
                            "error=%s", self.worker_id, e)
             return {}
@@ -368,15 +369,31 @@ class Worker:
         try:
             if oks:
                 # Takes each from oks once sent; a result the database refuses joins others.
-                self._ack_or_refuse(oks, others)
+                try:
+                    self._ack_or_refuse(oks, others)
+                except DB_ERRORS:
+                    raise
+                except Exception as e:  # noqa: BLE001 -- one claim must not stop the worker
+                    while oks:
+                        self._drop(oks.pop(0)[0], "acknowledge", e)
             while others:
-                self._fail_or_minimal(*others[0])
+                try:
+                    self._fail_or_minimal(*others[0])
+                except DB_ERRORS:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    self._drop(others[0][0], "record the failure of", e)
                 others.pop(0)
             while stopped:
                 # Its process died of the stop (a signal to the whole process group or
                 # cgroup): the job goes back to pending, the attempt not counted.
-                self._release(stopped[0], "; its handler process died while the worker "
-                                          "was stopping")
+                try:
+                    self._release(stopped[0], "; its handler process died while the worker "
+                                              "was stopping")
+                except DB_ERRORS:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    self._drop(stopped[0], "release", e)
                 stopped.pop(0)
         except DB_ERRORS as e:
             pending = [(c, Outcome("ok", result=r)) for c, r in oks if c.state == FINISHING]
@@ -386,6 +403,15 @@ class Worker:
                 claim.finish_failed()
             self._unsent = pending
             self._db_trouble("acknowledge", e)
+
+    def _drop(self, claim: Claim, doing: str, error: Exception) -> None:
+        """Let go of a claim whose write failed on something other than the database (a
+        row holding what no verb can read, a bug): its lease runs out and the next claim
+        records the attempt as expired, so that one claim never stops the worker."""
+        self.book.forget(claim)
+        logger.error("Could not %s job=%s fence=%s worker=%s error=%s: %s; dropping the "
+                     "claim, whose lease runs out", doing, claim.pk, claim.job.fence,
+                     self.worker_id, class_path(type(error)), first_line(error), exc_info=error)
 
     def _discard(self, claim: Claim, outcome: Outcome) -> None:
         self.book.forget(claim)
@@ -418,7 +444,7 @@ class Worker:
                                extra=claim_fields(claim.job, self.worker_id, "ack_rejected"))
 
     def _fail(self, claim: Claim, outcome: Outcome) -> None:
-        unrunnable = outcome.kind in ("unrunnable", "bad_result")
+        unrunnable = outcome.kind == "unrunnable"
         ok = self.Job.objects.using(self.database).fail(
             claim.job, exception_class_path=outcome.exception_class_path,
             message=outcome.message, traceback=outcome.traceback,
@@ -501,8 +527,12 @@ class Worker:
         deadlocks included, is an outage: sent again after a pause, however long it lasts."""
         if refused_by_database(error):
             return True
-        if (not isinstance(error, OperationalError) or contention(error)
-                or not self._connection_answers()):
+        if not isinstance(error, OperationalError):
+            return False
+        kind = error_kind(error)
+        if kind is not None:
+            return kind == "refusal"
+        if not self._connection_answers():
             return False
         if claim is None:
             return True  # several jobs in one statement: send them one by one

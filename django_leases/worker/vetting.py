@@ -14,6 +14,7 @@ from typing import Any
 
 UNKNOWN_TASK = "django_leases.exceptions.UnknownTask"
 INVALID_ARGUMENT = "django_leases.exceptions.InvalidJobArgument"
+INVALID_OPTION = "django_leases.exceptions.InvalidLeaseOption"
 
 
 def unrunnable(job: Any, task: Any, alias: str) -> tuple[str, str] | None:
@@ -28,6 +29,14 @@ def unrunnable(job: Any, task: Any, alias: str) -> tuple[str, str] | None:
         return INVALID_ARGUMENT, f"args: must be a JSON array, the row holds {_shown(job.args)}"
     if not isinstance(job.kwargs, dict):
         return INVALID_ARGUMENT, f"kwargs: must be a JSON object, the row holds {_shown(job.kwargs)}"
+    if job.retry:
+        from ..retry import Retry
+
+        try:
+            Retry.from_json(job.retry)
+        except Exception as e:  # noqa: BLE001 -- InvalidLeaseOption, or TypeError from its parts
+            return INVALID_OPTION, (f"retry: cannot be read as a retry ladder, the row holds "
+                                    f"{_shown(job.retry)}: {e}")
     try:
         signature = inspect.signature(task.func)
     except (TypeError, ValueError):  # a builtin or C function: let the call decide

@@ -528,6 +528,7 @@ async def hostile_araise(key: str, kind: str, codepoints: list[int], repeat: int
 HOSTILE_RESULTS = (
     "object", "set", "bytes", "datetime", "deep", "bigint", "nan", "inf", "int_key",
     "surrogate", "nul", "str_subclass_reduce", "huge", "nameless", "dict_items_raise",
+    "dict_items_interrupt",
 )
 
 
@@ -539,6 +540,11 @@ class _Unreducible(str):
 class _ItemsRaise(dict):
     def items(self):
         raise RuntimeError("items() of a hostile dict raised")
+
+
+class _ItemsInterrupt(dict):
+    def items(self):
+        raise KeyboardInterrupt("items() of a hostile dict")
 
 
 def hostile_value(kind: str, size: int = 3000) -> object:
@@ -560,6 +566,7 @@ def hostile_value(kind: str, size: int = 3000) -> object:
         "str_subclass_reduce": lambda: [_Unreducible("fine as JSON")],
         "huge": lambda: "x" * (9 * 2**20), "nameless": lambda: [Nameless("x")],
         "dict_items_raise": lambda: _ItemsRaise(a=1),
+        "dict_items_interrupt": lambda: _ItemsInterrupt(a=1),
     }[kind]()
 
 
@@ -621,3 +628,20 @@ def interruptible(key: str, seconds: float) -> None:
     _effect(key, "start")
     current_job().sleep(seconds)
     _effect(key, "done")
+
+
+@task
+def leave_transaction(key: str, how: str) -> str:
+    """Return with this thread's connection left inside a transaction: ``autocommit``
+    turned off, an ``atomic`` block entered and never exited, or a ``begin`` of its own."""
+    from django.db import connection, transaction
+
+    if how == "autocommit":
+        transaction.set_autocommit(False)
+    elif how == "atomic":
+        transaction.atomic().__enter__()
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute("BEGIN")
+    _effect(key, "left")
+    return key
