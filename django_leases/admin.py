@@ -220,8 +220,17 @@ def _present(*names: str) -> list[str]:
     return [n for n in names if n in known]
 
 
-LEASE_FIELDS = ("lease_seconds", "lease_expires_at", "claim_token", "fence", "attempts",
-                "max_attempts", "leases_lost", "claimed_by", "heartbeat_at")
+LEASE_FIELDS = (
+    "lease_seconds",
+    "lease_expires_at",
+    "claim_token",
+    "fence",
+    "attempts",
+    "max_attempts",
+    "leases_lost",
+    "claimed_by",
+    "heartbeat_at",
+)
 
 
 # What an action can change; a job whose values differ afterwards is logged as changed.
@@ -244,8 +253,18 @@ def after_count(selection: JobQuerySet, verb: str) -> int:
 class JobAdmin(_JobAdminBase):
     """Jobs, read-only; operator actions call the conditional verbs of JobQuerySet."""
 
-    list_display = ["id", "task_path", "queue_name", "state", "lease", "attempts_of_max",
-                    "fence", "claimed_by", "heartbeat_age", "due"]
+    list_display = [
+        "id",
+        "task_path",
+        "queue_name",
+        "state",
+        "lease",
+        "attempts_of_max",
+        "fence",
+        "claimed_by",
+        "heartbeat_age",
+        "due",
+    ]
     list_display_links = ["id", "task_path"]
     empty_value_display = EMPTY
     list_filter = ["state", QueueFilter, TaskFilter, LeaseFilter]
@@ -260,17 +279,41 @@ class JobAdmin(_JobAdminBase):
     paginator = LeaseAdminPaginator
     actions = ["retry_now", "requeue", "cancel", "expire_stalled", "purge_finished"]
     fieldsets = [
-        (None, {"fields": ["id", "task_path", "queue_name", "priority", "state",
-                           *_present("dead_reason", "unique_key")]}),
+        (
+            None,
+            {
+                "fields": [
+                    "id",
+                    "task_path",
+                    "queue_name",
+                    "priority",
+                    "state",
+                    *_present("dead_reason", "unique_key"),
+                ]
+            },
+        ),
         (_("Arguments"), {"fields": ["args_pretty", "kwargs_pretty"]}),
         (_("Lease"), {"fields": ["lease", *LEASE_FIELDS, *_present("on_lease_lost")]}),
         (_("Progress and result"), {"fields": ["cursor_pretty", "result_pretty"]}),
-        (_("Timestamps"), {"fields": ["enqueued_at", "available_at", *_present("deadline"),
-                                      "started_at", "last_attempted_at", "finished_at"]}),
+        (
+            _("Timestamps"),
+            {
+                "fields": [
+                    "enqueued_at",
+                    "available_at",
+                    *_present("deadline"),
+                    "started_at",
+                    "last_attempted_at",
+                    "finished_at",
+                ]
+            },
+        ),
         (_("Error history"), {"fields": ["error_history"]}),
     ]
     # Every fieldset above lists plain field names (no nested rows).
-    readonly_fields = [name for _title, opts in fieldsets for name in cast("list[str]", opts["fields"])]
+    readonly_fields = [
+        name for _title, opts in fieldsets for name in cast("list[str]", opts["fields"])
+    ]
 
     def get_search_fields(self, request: HttpRequest) -> list[str]:
         # A number is a job id: searching the task names for it too would turn an index
@@ -296,7 +339,9 @@ class JobAdmin(_JobAdminBase):
 
     def get_queryset(self, request: HttpRequest) -> JobQuerySet:
         # Job's default manager is a JobQuerySet's.
-        return cast("JobQuerySet", super().get_queryset(request)).with_lease_status(heartbeat_seconds())
+        return cast("JobQuerySet", super().get_queryset(request)).with_lease_status(
+            heartbeat_seconds()
+        )
 
     def census(self, request: HttpRequest) -> list[dict[str, Any]]:
         """Counts per (queue, task, state), computed once per request."""
@@ -306,7 +351,9 @@ class JobAdmin(_JobAdminBase):
         census: list[dict[str, Any]] = request._leases_census  # type: ignore[attr-defined]
         return census
 
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> Any:
         return super().changelist_view(request, {**self.summary(request), **(extra_context or {})})
 
     def summary(self, request: HttpRequest) -> dict[str, Any]:
@@ -321,12 +368,18 @@ class JobAdmin(_JobAdminBase):
             return f"{url}?{urlencode(params)}"
 
         rows: list[dict[str, Any]] = [
-            {"queue": queue, "link": link(queue=queue), "total": sum(counts.values()),
-             "cells": [(counts[s], link(queue=queue, state__exact=s)) for s in states]}
+            {
+                "queue": queue,
+                "link": link(queue=queue),
+                "total": sum(counts.values()),
+                "cells": [(counts[s], link(queue=queue, state__exact=s)) for s in states],
+            }
             for queue, counts in sorted(per_queue.items())
         ]
-        totals = [(sum(r["cells"][i][0] for r in rows), link(state__exact=s))
-                  for i, s in enumerate(states)]
+        totals = [
+            (sum(r["cells"][i][0] for r in rows), link(state__exact=s))
+            for i, s in enumerate(states)
+        ]
         period = heartbeat_seconds()
         return {
             "leases_states": [s.label for s in states],
@@ -381,22 +434,39 @@ class JobAdmin(_JobAdminBase):
 
     @admin.display(description=_("failed attempts"))
     def error_history(self, job: Job) -> str:
-        return render_to_string("admin/django_leases/job/error_history.html",
-                                {"failures": list(job.failures.order_by("attempt", "id"))})
+        return render_to_string(
+            "admin/django_leases/job/error_history.html",
+            {"failures": list(job.failures.order_by("attempt", "id"))},
+        )
 
     # -- actions: each calls one verb, reports its rowcount and logs what changed --------
 
-    def _act(self, request: HttpRequest, queryset: QuerySet[Job], verb: Callable[[JobQuerySet], int],
-             done: str, not_eligible: str, *, waiting: str = "") -> None:
+    def _act(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Job],
+        verb: Callable[[JobQuerySet], int],
+        done: str,
+        not_eligible: str,
+        *,
+        waiting: str = "",
+    ) -> None:
         # Rebuild the selection without the list's annotations, so the verb's statement is
         # the plain conditional UPDATE query.py wrote.
         selection = Job.objects.filter(pk__in=queryset.values("pk"))
         before = {job.pk: job for job in selection.only("task_path", *_WATCHED)}
         changed = verb(selection)
         after = {job.pk: job for job in Job.objects.filter(pk__in=before).only(*_WATCHED)}
-        self._log(request, [job for pk, job in before.items()
-                            if pk not in after or _watched(after[pk]) != _watched(job)],
-                  done, after)
+        self._log(
+            request,
+            [
+                job
+                for pk, job in before.items()
+                if pk not in after or _watched(after[pk]) != _watched(job)
+            ],
+            done,
+            after,
+        )
         total = len(before)
         # Jobs the verb left alone for a reason of their own (a held unique key), counted
         # apart from the ineligible ones.
@@ -405,30 +475,42 @@ class JobAdmin(_JobAdminBase):
         skipped = total - changed - held
         if skipped > 0:
             message += "; " + ngettext("%(n)d was %(why)s", "%(n)d were %(why)s", skipped) % {
-                "n": skipped, "why": not_eligible}
+                "n": skipped,
+                "why": not_eligible,
+            }
         if held > 0:
             message += "; " + ngettext(
                 "%(n)d stays: another active job holds its unique key",
-                "%(n)d stay: other active jobs hold their unique keys", held) % {"n": held}
-        self.message_user(request, message + ".",
-                          messages.SUCCESS if skipped + held <= 0 else messages.WARNING)
+                "%(n)d stay: other active jobs hold their unique keys",
+                held,
+            ) % {"n": held}
+        self.message_user(
+            request, message + ".", messages.SUCCESS if skipped + held <= 0 else messages.WARNING
+        )
 
-    def _log(self, request: HttpRequest, changed: list[Job], done: str,
-             after: dict[Any, Job]) -> None:
+    def _log(
+        self, request: HttpRequest, changed: list[Job], done: str, after: dict[Any, Job]
+    ) -> None:
         """One admin log entry per job the action changed (deletion for a purged one)."""
         from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 
-        for flag, jobs in ((CHANGE, [j for j in changed if j.pk in after]),
-                           (DELETION, [j for j in changed if j.pk not in after])):
+        for flag, jobs in (
+            (CHANGE, [j for j in changed if j.pk in after]),
+            (DELETION, [j for j in changed if j.pk not in after]),
+        ):
             if jobs:
                 # single_object is known at run time only; django-stubs types it by literal.
                 LogEntry.objects.log_actions(  # type: ignore[call-overload]
-                    user_id=request.user.pk, queryset=jobs, action_flag=flag,
+                    user_id=request.user.pk,
+                    queryset=jobs,
+                    action_flag=flag,
                     change_message=f"{done.capitalize()} by the admin action.",
-                    single_object=len(jobs) == 1)
+                    single_object=len(jobs) == 1,
+                )
 
-    def _confirmation(self, request: HttpRequest, queryset: QuerySet[Job], action: str,
-                      question: _StrOrPromise) -> Any:
+    def _confirmation(
+        self, request: HttpRequest, queryset: QuerySet[Job], action: str, question: _StrOrPromise
+    ) -> Any:
         """Django's delete_selected pattern: the first POST shows what the action would
         touch and asks (this page); the second (post=yes) gets None and acts."""
         from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -438,7 +520,9 @@ class JobAdmin(_JobAdminBase):
             return None
         jobs = list(Job.objects.filter(pk__in=queryset.values("pk")).order_by("-id")[:100])
         return TemplateResponse(
-            request, "admin/django_leases/job/action_confirmation.html", {
+            request,
+            "admin/django_leases/job/action_confirmation.html",
+            {
                 **self.admin_site.each_context(request),
                 "opts": self.model._meta,
                 "title": _("Are you sure?"),
@@ -449,48 +533,90 @@ class JobAdmin(_JobAdminBase):
                 "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
                 "action_checkbox_name": ACTION_CHECKBOX_NAME,
                 "select_across": request.POST.get("select_across", "0"),
-            })
+            },
+        )
 
-    @admin.action(description=_("Retry now: make selected pending jobs due"), permissions=["change"])
+    @admin.action(
+        description=_("Retry now: make selected pending jobs due"), permissions=["change"]
+    )
     def retry_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         self._act(request, queryset, lambda qs: qs.retry_now(), "made due now", "not pending")
 
     @admin.action(description=_("Requeue selected dead or cancelled jobs"), permissions=["change"])
     def requeue(self, request: HttpRequest, queryset: JobQuerySet) -> None:
-        self._act(request, queryset, lambda qs: qs.requeue(), "requeued",
-                  "no longer dead or cancelled", waiting="requeue")
+        self._act(
+            request,
+            queryset,
+            lambda qs: qs.requeue(),
+            "requeued",
+            "no longer dead or cancelled",
+            waiting="requeue",
+        )
 
     @admin.action(description=_("Cancel selected pending or claimed jobs"), permissions=["change"])
     def cancel(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
-        if asking := self._confirmation(request, queryset, "cancel", _(
+        if asking := self._confirmation(
+            request,
+            queryset,
+            "cancel",
+            _(
                 "Cancel these jobs? A running handler is told to stop at its next renewal, "
-                "and its result is discarded.")):
+                "and its result is discarded."
+            ),
+        ):
             return asking
-        self._act(request, queryset, lambda qs: qs.cancel(), "cancelled",
-                  "no longer pending or claimed")
+        self._act(
+            request, queryset, lambda qs: qs.cancel(), "cancelled", "no longer pending or claimed"
+        )
         return None
 
-    @admin.action(description=_("Expire selected stalled claims now (their worker is gone)"),
-                  permissions=["change"])
+    @admin.action(
+        description=_("Expire selected stalled claims now (their worker is gone)"),
+        permissions=["change"],
+    )
     def expire_stalled(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
-        if asking := self._confirmation(request, queryset, "expire_stalled", _(
+        if asking := self._confirmation(
+            request,
+            queryset,
+            "expire_stalled",
+            _(
                 "End these stalled leases now? Another worker may claim the jobs at once; if "
-                "their worker is in fact alive, both run them.")):
+                "their worker is in fact alive, both run them."
+            ),
+        ):
             return asking
         period = heartbeat_seconds()
-        self._act(request, queryset, lambda qs: qs.expire_stalled_now(period), "expired",
-                  "not stalled claims")
+        self._act(
+            request,
+            queryset,
+            lambda qs: qs.expire_stalled_now(period),
+            "expired",
+            "not stalled claims",
+        )
         return None
 
-    @admin.action(description=_("Purge selected finished jobs (succeeded or cancelled)"),
-                  permissions=["change"])
+    @admin.action(
+        description=_("Purge selected finished jobs (succeeded or cancelled)"),
+        permissions=["change"],
+    )
     def purge_finished(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
-        if asking := self._confirmation(request, queryset, "purge_finished", _(
+        if asking := self._confirmation(
+            request,
+            queryset,
+            "purge_finished",
+            _(
                 "Delete these finished jobs, their results and their failure history? "
-                "This cannot be undone.")):
+                "This cannot be undone."
+            ),
+        ):
             return asking
-        self._act(request, queryset, lambda qs: qs.purge_finished(), "purged",
-                  "not succeeded or cancelled")
+        self._act(
+            request,
+            queryset,
+            lambda qs: qs.purge_finished(),
+            "purged",
+            "not succeeded or cancelled",
+        )
         return None
 
     # -- the lease advisor: manage.py lease_report as a page ---------------------------
@@ -498,8 +624,14 @@ class JobAdmin(_JobAdminBase):
     def get_urls(self) -> list[Any]:
         from django.urls import path
 
-        return [path("advisor/", self.admin_site.admin_view(self.advisor_view),
-                     name="django_leases_job_advisor"), *super().get_urls()]
+        return [
+            path(
+                "advisor/",
+                self.admin_site.admin_view(self.advisor_view),
+                name="django_leases_job_advisor",
+            ),
+            *super().get_urls(),
+        ]
 
     def advisor_view(self, request: HttpRequest) -> Any:
         """Per task: handler durations, lease, heartbeat and the advisor's verdict."""
@@ -511,18 +643,29 @@ class JobAdmin(_JobAdminBase):
         if not self.has_view_permission(request):
             raise PermissionDenied
         days = _days(request.GET.get("days"))
-        return TemplateResponse(request, "admin/django_leases/job/advisor.html", {
-            **self.admin_site.each_context(request),
-            "opts": self.model._meta,
-            "title": _("Lease advisor"),
-            "days": days,
-            "rows": [{"advice": r, "p50": fmt_seconds(r.p50), "p99": fmt_seconds(r.p99),
-                      "p999": fmt_seconds(r.p999), "max": fmt_seconds(r.max),
-                      "lease": fmt_seconds(r.lease),
-                      "heartbeat": "lease/3" if r.heartbeat is None else fmt_seconds(r.heartbeat),
-                      "recommended": fmt_seconds(r.recommended_lease)}
-                     for r in report(days)],
-        })
+        return TemplateResponse(
+            request,
+            "admin/django_leases/job/advisor.html",
+            {
+                **self.admin_site.each_context(request),
+                "opts": self.model._meta,
+                "title": _("Lease advisor"),
+                "days": days,
+                "rows": [
+                    {
+                        "advice": r,
+                        "p50": fmt_seconds(r.p50),
+                        "p99": fmt_seconds(r.p99),
+                        "p999": fmt_seconds(r.p999),
+                        "max": fmt_seconds(r.max),
+                        "lease": fmt_seconds(r.lease),
+                        "heartbeat": "lease/3" if r.heartbeat is None else fmt_seconds(r.heartbeat),
+                        "recommended": fmt_seconds(r.recommended_lease),
+                    }
+                    for r in report(days)
+                ],
+            },
+        )
 
 
 def _days(value: str | None) -> float | None:
@@ -540,14 +683,29 @@ def _days(value: str | None) -> float | None:
 class WorkerProcessAdmin(_WorkerAdminBase):
     """Worker processes as they last reported themselves, with the claims they hold."""
 
-    list_display = ["worker_id", "hostname", "pid", "queue_list", "started_at", "last_seen",
-                    "claims", "status"]
+    list_display = [
+        "worker_id",
+        "hostname",
+        "pid",
+        "queue_list",
+        "started_at",
+        "last_seen",
+        "claims",
+        "status",
+    ]
     search_fields = ["worker_id", "hostname"]
     # Running workers first, then the most recently stopped.
     ordering = [F("stopped_at").desc(nulls_first=True), "-last_seen_at"]
     show_full_result_count = False
-    readonly_fields = ["worker_id", "hostname", "pid", "queues", "started_at", "last_seen_at",
-                       "stopped_at"]
+    readonly_fields = [
+        "worker_id",
+        "hostname",
+        "pid",
+        "queues",
+        "started_at",
+        "last_seen_at",
+        "stopped_at",
+    ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -560,7 +718,9 @@ class WorkerProcessAdmin(_WorkerAdminBase):
 
     def get_queryset(self, request: HttpRequest) -> WorkerQuerySet:
         # WorkerProcess's default manager is a WorkerQuerySet's.
-        return cast("WorkerQuerySet", super().get_queryset(request)).with_claims(heartbeat_seconds())
+        return cast("WorkerQuerySet", super().get_queryset(request)).with_claims(
+            heartbeat_seconds()
+        )
 
     @admin.display(description=_("queues"))
     def queue_list(self, worker: WorkerProcess) -> str:

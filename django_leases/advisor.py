@@ -81,7 +81,9 @@ class TaskAdvice:
         return "; ".join(f.text for f in self.findings) or "ok: lease covers p99.9 with headroom"
 
 
-def configured(task_path: str, seen_leases: Iterable[float], alias: str | None = None) -> tuple[float, float | None]:
+def configured(
+    task_path: str, seen_leases: Iterable[float], alias: str | None = None
+) -> tuple[float, float | None]:
     """The lease new jobs of ``task_path`` get (the task's, its queue's, else the backend's)
     and the configured HEARTBEAT_SECONDS (None: lease / 3).
 
@@ -111,44 +113,76 @@ def _raw_heartbeat(alias: str | None) -> float | None:
     return None if value is None else float(value)
 
 
-def advise(task_path: str, durations: Any, lease: float, heartbeat: float | None, *,
-           headroom: float = HEADROOM, floor: float = MIN_LEASE,
-           min_samples: int = MIN_SAMPLES) -> TaskAdvice:
+def advise(
+    task_path: str,
+    durations: Any,
+    lease: float,
+    heartbeat: float | None,
+    *,
+    headroom: float = HEADROOM,
+    floor: float = MIN_LEASE,
+    min_samples: int = MIN_SAMPLES,
+) -> TaskAdvice:
     """Judge one task from its sorted handler durations (seconds)."""
     p999 = percentile(durations, 99.9)
     recommended = recommend_lease(p999, headroom=headroom, floor=floor)
     advice = TaskAdvice(
-        task_path=task_path, samples=len(durations), p50=percentile(durations, 50),
-        p99=percentile(durations, 99), p999=p999, max=float(durations[-1]), lease=lease,
-        heartbeat=heartbeat, recommended_lease=recommended,
+        task_path=task_path,
+        samples=len(durations),
+        p50=percentile(durations, 50),
+        p99=percentile(durations, 99),
+        p999=p999,
+        max=float(durations[-1]),
+        lease=lease,
+        heartbeat=heartbeat,
+        recommended_lease=recommended,
         recommended_heartbeat=round(min(lease, recommended) / 3, 1),
     )
     if len(durations) < min_samples:
-        advice.findings.append(Finding(FEW, f"only {len(durations)} finished jobs; "
-                                            f"judging needs {min_samples}"))
+        advice.findings.append(
+            Finding(FEW, f"only {len(durations)} finished jobs; judging needs {min_samples}")
+        )
         return advice
     if lease < p999 * headroom:
-        advice.findings.append(Finding(
-            SHORT, f"lease {fmt_seconds(lease)} is below p99.9 {fmt_seconds(p999)} x {headroom:g}: without "
-                   f"heartbeats (a paused worker, a database failover) handlers outlive "
-                   f"their lease and duplicates are likely; set the lease to {fmt_seconds(recommended)}"))
+        advice.findings.append(
+            Finding(
+                SHORT,
+                f"lease {fmt_seconds(lease)} is below p99.9 {fmt_seconds(p999)} x {headroom:g}: without "
+                f"heartbeats (a paused worker, a database failover) handlers outlive "
+                f"their lease and duplicates are likely; set the lease to {fmt_seconds(recommended)}",
+            )
+        )
     elif lease > recommended * TOO_LONG_FACTOR:
-        advice.findings.append(Finding(
-            LONG, f"lease {fmt_seconds(lease)} is far above need (p99.9 {fmt_seconds(p999)}): a crashed "
-                  f"worker's job waits up to {fmt_seconds(lease)} before anyone retries it; "
-                  f"set the lease to {fmt_seconds(recommended)}"))
+        advice.findings.append(
+            Finding(
+                LONG,
+                f"lease {fmt_seconds(lease)} is far above need (p99.9 {fmt_seconds(p999)}): a crashed "
+                f"worker's job waits up to {fmt_seconds(lease)} before anyone retries it; "
+                f"set the lease to {fmt_seconds(recommended)}",
+            )
+        )
     if heartbeat is not None and heartbeat > lease / 3:
-        advice.findings.append(Finding(
-            HEARTBEAT, f"HEARTBEAT_SECONDS {fmt_seconds(heartbeat)} is above lease/3 ({fmt_seconds(lease / 3)}): "
-                       f"fewer than two beats may fail before the claim is lost (run_lease_worker renews these "
-                       f"claims every {fmt_seconds(lease / 3)} anyway); set it to at most "
-                       f"{fmt_seconds(advice.recommended_heartbeat)}"))
+        advice.findings.append(
+            Finding(
+                HEARTBEAT,
+                f"HEARTBEAT_SECONDS {fmt_seconds(heartbeat)} is above lease/3 ({fmt_seconds(lease / 3)}): "
+                f"fewer than two beats may fail before the claim is lost (run_lease_worker renews these "
+                f"claims every {fmt_seconds(lease / 3)} anyway); set it to at most "
+                f"{fmt_seconds(advice.recommended_heartbeat)}",
+            )
+        )
     return advice
 
 
-def report(since_days: float | None = None, *, alias: str | None = None, using: str | None = None,
-           headroom: float = HEADROOM, floor: float = MIN_LEASE,
-           min_samples: int = MIN_SAMPLES) -> list[TaskAdvice]:
+def report(
+    since_days: float | None = None,
+    *,
+    alias: str | None = None,
+    using: str | None = None,
+    headroom: float = HEADROOM,
+    floor: float = MIN_LEASE,
+    min_samples: int = MIN_SAMPLES,
+) -> list[TaskAdvice]:
     """Advice for every task with succeeded jobs (finished in the last ``since_days``)."""
     from .models import Job
 
@@ -163,8 +197,17 @@ def report(since_days: float | None = None, *, alias: str | None = None, using: 
     for task_path in sorted(durations):
         values = sorted(durations[task_path])
         lease, heartbeat = configured(task_path, leases[task_path], alias)
-        out.append(advise(task_path, values, lease, heartbeat, headroom=headroom, floor=floor,
-                          min_samples=min_samples))
+        out.append(
+            advise(
+                task_path,
+                values,
+                lease,
+                heartbeat,
+                headroom=headroom,
+                floor=floor,
+                min_samples=min_samples,
+            )
+        )
     return out
 
 
@@ -184,4 +227,3 @@ def fmt_seconds(seconds: float) -> str:
     if seconds < 2 * 3600:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
-

@@ -17,7 +17,8 @@ from typing import Any, Protocol
 from .exceptions import LeaseLost
 
 _current: contextvars.ContextVar[JobHandle | None] = contextvars.ContextVar(
-    "django_leases_current_job", default=None)
+    "django_leases_current_job", default=None
+)
 
 
 def current_job() -> JobHandle | None:

@@ -63,7 +63,8 @@ def _job_model(alias: str) -> Any:
     if not apps.is_installed("django_leases"):
         raise ImproperlyConfigured(
             f"TASKS[{alias!r}] uses django_leases.backends.LeaseBackend: add 'django_leases' to "
-            "INSTALLED_APPS, then run `python manage.py migrate` (check id django_leases.E017).")
+            "INSTALLED_APPS, then run `python manage.py migrate` (check id django_leases.E017)."
+        )
     from .models import Job
 
     return Job
@@ -87,12 +88,18 @@ def _check_fits(task: Any, args: list[Any], kwargs: dict[str, Any], path: str = 
     try:
         signature.bind(*([None] if task.takes_context else []), *args, **kwargs)
     except TypeError as e:
-        raise InvalidJobArgument(f"{path}args/kwargs", f"do not fit {task.name}{signature}: {e}") from None
+        raise InvalidJobArgument(
+            f"{path}args/kwargs", f"do not fit {task.name}{signature}: {e}"
+        ) from None
 
 
 def _as_enqueued(task: Any, job: Any) -> Any:
     """``task`` with the queue, priority and run_after its job was enqueued with."""
-    if (task.queue_name, task.priority, task.run_after) == (job.queue_name, job.priority, job.run_after):
+    if (task.queue_name, task.priority, task.run_after) == (
+        job.queue_name,
+        job.priority,
+        job.run_after,
+    ):
         return task
     return replace(task, queue_name=job.queue_name, priority=job.priority, run_after=job.run_after)
 
@@ -132,8 +139,10 @@ class LeaseBackend(BaseTaskBackend):
         """Lease and max attempts for ``task``'s jobs: the task's, else its queue's, else the
         backend's."""
         lease, attempts = self.lease_options.for_queue(task.queue_name)
-        return (getattr(task, "lease", None) or lease,
-                getattr(task, "max_attempts", None) or attempts)
+        return (
+            getattr(task, "lease", None) or lease,
+            getattr(task, "max_attempts", None) or attempts,
+        )
 
     def enqueue[**P, R](self, task: Task[P, R], args: Any, kwargs: Any) -> TaskResult[P, R]:
         Job = _job_model(self.alias)
@@ -156,8 +165,14 @@ class LeaseBackend(BaseTaskBackend):
             self.validate_task(task)
             raise InvalidTask(f"Cannot enqueue {task.module_path} in bulk with a unique_key")
         try:
-            rows = insert_job_rows(Job, self.database, self._job_fields(task), calls, batch_size=1000,
-                                   fits=lambda args, kwargs, path: _check_fits(task, args, kwargs, path))
+            rows = insert_job_rows(
+                Job,
+                self.database,
+                self._job_fields(task),
+                calls,
+                batch_size=1000,
+                fits=lambda args, kwargs, path: _check_fits(task, args, kwargs, path),
+            )
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
         results: list[TaskResult[..., Any]] = [self._enqueued_result(task, *row) for row in rows]
@@ -196,21 +211,28 @@ class LeaseBackend(BaseTaskBackend):
             raise InvalidTask(
                 f"Cannot enqueue {task.module_path}: workers never import {module!r}, so they "
                 f"would not know this task. Declare it in an installed app's tasks module (or "
-                f"import it there), or add {module!r} to TASKS[{self.alias!r}]['OPTIONS']['TASK_MODULES'].")
+                f"import it there), or add {module!r} to TASKS[{self.alias!r}]['OPTIONS']['TASK_MODULES']."
+            )
 
     def _job_options(self, task: Any) -> EnqueueOptions:
         lease, max_attempts = self.job_options(task)
         options = self.lease_options
         return EnqueueOptions(
-            queue_name=task.queue_name, priority=task.priority, run_after=task.run_after,
-            lease_seconds=lease, max_attempts=max_attempts,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            run_after=task.run_after,
+            lease_seconds=lease,
+            max_attempts=max_attempts,
             retry=getattr(task, "retry", None) or options.retry_for_queue(task.queue_name),
             on_lease_lost=getattr(task, "on_lease_lost", LeaseLostPolicy.RETRY),
             # The backend's MAX_AGE_DAYS only where the task sets neither.
             deadline=getattr(task, "deadline", None),
-            max_age=(options.max_age_days * 86400
-                     if getattr(task, "max_age", None) is None and getattr(task, "deadline", None) is None
-                     else getattr(task, "max_age", None)),
+            max_age=(
+                options.max_age_days * 86400
+                if getattr(task, "max_age", None) is None
+                and getattr(task, "deadline", None) is None
+                else getattr(task, "max_age", None)
+            ),
             unique_key=getattr(task, "unique_key", None),
             on_duplicate=getattr(task, "on_duplicate", "refuse"),
         )
@@ -231,8 +253,10 @@ class LeaseBackend(BaseTaskBackend):
         with an UndeclaredTask stand-in."""
         Job = _job_model(self.alias)
 
-        return {job.pk: self._to_result(job, self._task_of(job))
-                for job in Job.objects.using(self.database).with_failures(ids)}
+        return {
+            job.pk: self._to_result(job, self._task_of(job))
+            for job in Job.objects.using(self.database).with_failures(ids)
+        }
 
     def results_of_claims(self, jobs: list[Any]) -> dict[Any, TaskResult[..., Any]]:
         """TaskResults of jobs a claim just returned, from the rows in memory: only jobs
@@ -246,8 +270,10 @@ class LeaseBackend(BaseTaskBackend):
         seen_before = [j for j in jobs if j.started_at != j.last_attempted_at]
         if seen_before:
             prefetch_related_objects(seen_before, "failures")
-        return {j.pk: self._to_result(j, self._task_of(j), failures=None if j in seen_before else [])
-                for j in jobs}
+        return {
+            j.pk: self._to_result(j, self._task_of(j), failures=None if j in seen_before else [])
+            for j in jobs
+        }
 
     def _task_of(self, job: Any) -> Any:
         """The task ``job`` names, found where a worker finds it (each app's tasks module
@@ -258,19 +284,37 @@ class LeaseBackend(BaseTaskBackend):
             registry.discover()
             task = registry.lookup(self.alias, job.task_path)
         if task is None:
-            return UndeclaredTask(path=job.task_path, backend=self.alias, queue_name=job.queue_name,
-                                  priority=job.priority, run_after=job.run_after)
+            return UndeclaredTask(
+                path=job.task_path,
+                backend=self.alias,
+                queue_name=job.queue_name,
+                priority=job.priority,
+                run_after=job.run_after,
+            )
         return task
 
-    def _enqueued_result[**P, R](self, task: Task[P, R], pk: Any, enqueued_at: Any,
-                                 args: list[Any], kwargs: dict[str, Any]) -> TaskResult[P, R]:
+    def _enqueued_result[**P, R](
+        self, task: Task[P, R], pk: Any, enqueued_at: Any, args: list[Any], kwargs: dict[str, Any]
+    ) -> TaskResult[P, R]:
         """The TaskResult of a job just inserted: READY, not started, no errors."""
         return TaskResult(
-            task=task, id=str(pk), status=TaskResultStatus.READY, enqueued_at=enqueued_at,
-            started_at=None, finished_at=None, last_attempted_at=None, args=args,
-            kwargs=kwargs, backend=self.alias, errors=[], worker_ids=[])
+            task=task,
+            id=str(pk),
+            status=TaskResultStatus.READY,
+            enqueued_at=enqueued_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
 
-    def _to_result(self, job: Any, task: Any, failures: list[Any] | None = None) -> TaskResult[..., Any]:
+    def _to_result(
+        self, job: Any, task: Any, failures: list[Any] | None = None
+    ) -> TaskResult[..., Any]:
         if failures is None:
             failures = list(job.failures.all()) if job.pk and job.attempts else []
         worker_ids = [f.worker_id for f in failures]
@@ -287,8 +331,12 @@ class LeaseBackend(BaseTaskBackend):
             args=job.args,
             kwargs=job.kwargs,
             backend=self.alias,
-            errors=[TaskError(exception_class_path=_exception_path(f),
-                              traceback=f.traceback or f.message) for f in failures],
+            errors=[
+                TaskError(
+                    exception_class_path=_exception_path(f), traceback=f.traceback or f.message
+                )
+                for f in failures
+            ],
             worker_ids=worker_ids,
         )
         if job.state == JobState.SUCCEEDED:

@@ -57,21 +57,38 @@ def connection_limits(database: str) -> list[Limit] | None:
 def _postgresql(database: str) -> list[Limit]:
     with connections[database].cursor() as cursor:
         cursor.execute(_PG_LIMITS)
-        (max_connections, superuser_reserved, reserved, may_use_reserved, superuser,
-         role_limit, database_limit, role, name, clients, role_clients,
-         database_clients) = cursor.fetchone()
+        (
+            max_connections,
+            superuser_reserved,
+            reserved,
+            may_use_reserved,
+            superuser,
+            role_limit,
+            database_limit,
+            role,
+            name,
+            clients,
+            role_clients,
+            database_clients,
+        ) = cursor.fetchone()
     # This session is one of the clients counted; it is the worker's own main connection.
     if superuser:
         # Superusers may use every slot, and no role or database limit applies to them.
         return [Limit("max_connections", max_connections, clients - 1)]
     held_back = superuser_reserved + (0 if may_use_reserved else reserved)
-    limits = [Limit(f"max_connections {max_connections} - {held_back} reserved",
-                    max_connections - held_back, clients - 1)]
+    limits = [
+        Limit(
+            f"max_connections {max_connections} - {held_back} reserved",
+            max_connections - held_back,
+            clients - 1,
+        )
+    ]
     if role_limit >= 0:
         limits.append(Limit(f"role {role!r} CONNECTION LIMIT", role_limit, role_clients - 1))
     if database_limit >= 0:
-        limits.append(Limit(f"database {name!r} CONNECTION LIMIT", database_limit,
-                            database_clients - 1))
+        limits.append(
+            Limit(f"database {name!r} CONNECTION LIMIT", database_limit, database_clients - 1)
+        )
     return limits
 
 
@@ -79,14 +96,19 @@ def _mysql(database: str) -> list[Limit]:
     with connections[database].cursor() as cursor:
         # The session value of max_user_connections is the account's own limit if it has
         # one, else the global one; 0 means none.
-        cursor.execute("SELECT @@GLOBAL.max_connections, @@SESSION.max_user_connections, "
-                       "CURRENT_USER(), SUBSTRING_INDEX(CURRENT_USER(), '@', 1)")
+        cursor.execute(
+            "SELECT @@GLOBAL.max_connections, @@SESSION.max_user_connections, "
+            "CURRENT_USER(), SUBSTRING_INDEX(CURRENT_USER(), '@', 1)"
+        )
         max_connections, user_limit, account, user = cursor.fetchone()
         cursor.execute("SHOW GLOBAL STATUS LIKE 'Threads_connected'")
         clients = int(cursor.fetchone()[1])
         # Without the PROCESS privilege a session sees exactly its own user's threads.
-        cursor.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = %s "
-                       "AND COMMAND <> 'Daemon'", [user])
+        cursor.execute(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = %s "
+            "AND COMMAND <> 'Daemon'",
+            [user],
+        )
         user_clients = cursor.fetchone()[0]
     limits = [Limit("max_connections", max_connections, clients - 1)]
     if user_limit and user_limit > 0:

@@ -16,14 +16,16 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
 
     if not apps.is_installed("django_leases"):
         # The app's ready() never runs then, so this comes through the backend's check().
-        return [checks.Error(
-            f"TASKS[{alias!r}] uses django_leases.backends.LeaseBackend, but 'django_leases' "
-            "is not in INSTALLED_APPS: there is no job table to enqueue into and no "
-            "run_lease_worker command.",
-            hint="Add 'django_leases' to INSTALLED_APPS, then run `python manage.py migrate`.",
-            obj=f"TASKS[{alias!r}]",
-            id="django_leases.E017",
-        )]
+        return [
+            checks.Error(
+                f"TASKS[{alias!r}] uses django_leases.backends.LeaseBackend, but 'django_leases' "
+                "is not in INSTALLED_APPS: there is no job table to enqueue into and no "
+                "run_lease_worker command.",
+                hint="Add 'django_leases' to INSTALLED_APPS, then run `python manage.py migrate`.",
+                obj=f"TASKS[{alias!r}]",
+                id="django_leases.E017",
+            )
+        ]
     messages: list[checks.CheckMessage] = [
         checks.Error(
             f"TASKS[{alias!r}]['OPTIONS'][{problem.option!r}] {problem.reason}",
@@ -53,14 +55,16 @@ def check_task_modules(alias: str) -> list[checks.CheckMessage]:
     modules = sorted({task.func.__module__ for task in stray})
     if not stray:
         return []
-    return [checks.Error(
-        f"TASKS[{alias!r}] has tasks declared in modules no worker imports: "
-        f"{', '.join(task.module_path for task in stray)}. enqueue() refuses them.",
-        hint=f"Move them into (or import them from) an installed app's tasks module, or add "
-             f"{', '.join(map(repr, modules))} to TASKS[{alias!r}]['OPTIONS']['TASK_MODULES'].",
-        obj=f"TASKS[{alias!r}]",
-        id="django_leases.E018",
-    )]
+    return [
+        checks.Error(
+            f"TASKS[{alias!r}] has tasks declared in modules no worker imports: "
+            f"{', '.join(task.module_path for task in stray)}. enqueue() refuses them.",
+            hint=f"Move them into (or import them from) an installed app's tasks module, or add "
+            f"{', '.join(map(repr, modules))} to TASKS[{alias!r}]['OPTIONS']['TASK_MODULES'].",
+            obj=f"TASKS[{alias!r}]",
+            id="django_leases.E018",
+        )
+    ]
 
 
 def check_database(alias: str, database: str) -> list[checks.CheckMessage]:
@@ -68,23 +72,27 @@ def check_database(alias: str, database: str) -> list[checks.CheckMessage]:
     if connection.vendor == "sqlite":
         mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")
         if str(mode).upper() != "IMMEDIATE":
-            return [checks.Warning(
-                f"TASKS[{alias!r}] keeps jobs in SQLite database {database!r} without "
-                "DATABASES[...]['OPTIONS']['transaction_mode'] = 'IMMEDIATE'.",
-                hint="Several worker processes then fail with 'database is locked' instead "
-                     "of waiting; also set 'timeout' (e.g. 20) and WAL journal mode.",
-                obj=f"TASKS[{alias!r}]",
-                id="django_leases.W001",
-            )]
+            return [
+                checks.Warning(
+                    f"TASKS[{alias!r}] keeps jobs in SQLite database {database!r} without "
+                    "DATABASES[...]['OPTIONS']['transaction_mode'] = 'IMMEDIATE'.",
+                    hint="Several worker processes then fail with 'database is locked' instead "
+                    "of waiting; also set 'timeout' (e.g. 20) and WAL journal mode.",
+                    obj=f"TASKS[{alias!r}]",
+                    id="django_leases.W001",
+                )
+            ]
         return []
     if not connection.features.has_select_for_update_skip_locked:
-        return [checks.Error(
-            f"TASKS[{alias!r}]['OPTIONS']['DATABASE'] is {database!r}, a "
-            f"{connection.display_name} database without SELECT ... FOR UPDATE SKIP LOCKED.",
-            hint="Use PostgreSQL, MySQL, MariaDB or SQLite for the job table.",
-            obj=f"TASKS[{alias!r}]",
-            id="django_leases.E004",
-        )]
+        return [
+            checks.Error(
+                f"TASKS[{alias!r}]['OPTIONS']['DATABASE'] is {database!r}, a "
+                f"{connection.display_name} database without SELECT ... FOR UPDATE SKIP LOCKED.",
+                hint="Use PostgreSQL, MySQL, MariaDB or SQLite for the job table.",
+                obj=f"TASKS[{alias!r}]",
+                id="django_leases.E004",
+            )
+        ]
     return []
 
 
@@ -111,15 +119,18 @@ def utc_session_problem(database: str) -> str | None:
     offset = session_clock_offset(database)
     if not settings.USE_TZ or abs(offset) < 1:
         return None
-    return (f"database {database!r} runs its sessions {offset / 3600:+g} h from UTC, so Now() "
-            "there disagrees with the UTC times Django writes by that much: leases, delays "
-            "and deadlines would all be off. Add \"init_command\": \"SET time_zone = "
-            f"'+00:00'\" to DATABASES[{database!r}]['OPTIONS'].")
+    return (
+        f"database {database!r} runs its sessions {offset / 3600:+g} h from UTC, so Now() "
+        "there disagrees with the UTC times Django writes by that much: leases, delays "
+        'and deadlines would all be off. Add "init_command": "SET time_zone = '
+        f"'+00:00'\" to DATABASES[{database!r}]['OPTIONS']."
+    )
 
 
 @checks.register(checks.Tags.database)
-def check_session_clocks(app_configs: Any = None, databases: Any = None, **kwargs: Any
-                         ) -> list[checks.CheckMessage]:
+def check_session_clocks(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """Run by ``check --database`` and migrate: a query, so only with database checks."""
     from .conf import get_options, lease_backend_aliases
 
@@ -134,6 +145,7 @@ def check_session_clocks(app_configs: Any = None, databases: Any = None, **kwarg
             seen.add(database)  # one error per database, however many backends use it
             problem = utc_session_problem(database)
             if problem:
-                messages.append(checks.Error(problem, obj=f"TASKS[{alias!r}]",
-                                             id="django_leases.E015"))
+                messages.append(
+                    checks.Error(problem, obj=f"TASKS[{alias!r}]", id="django_leases.E015")
+                )
     return messages

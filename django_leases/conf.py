@@ -44,44 +44,94 @@ class Option:
 OPTIONS: dict[str, Option] = {
     o.name: o
     for o in (
-        Option("DATABASE", DEFAULT_DB_ALIAS, "django_leases.E010",
-               "Database alias that holds this backend's jobs."),
-        Option("LEASE_SECONDS", DEFAULT_LEASE_SECONDS, "django_leases.E001",
-               "How long a claim stays valid without renewal (1 s to 12 h)."),
-        Option("HEARTBEAT_SECONDS", None, "django_leases.E002",
-               "Renewal period; shorter than the lease. None means lease / 3."),
-        Option("MAX_ATTEMPTS", 5, "django_leases.E005",
-               "Claims a job may use (an expired lease counts) before it is dead."),
-        Option("RETENTION_DAYS", 14, "django_leases.E006",
-               "How long finished jobs are kept before pruning."),
-        Option("MAX_AGE_DAYS", 14, "django_leases.E013",
-               "A job not finished this long after enqueue is dead-lettered (SQS retention)."),
-        Option("RETRY", None, "django_leases.E014",
-               "Default retry ladder: a list of delays or a dict (base, factor, cap, jitter)."),
-        Option("POLL_SECONDS", 1.0, "django_leases.E007",
-               "How often an idle worker looks for due jobs."),
-        Option("CONCURRENCY", 10, "django_leases.E008",
-               "Handlers a worker process runs at once."),
-        Option("GRACE_SECONDS", 20.0, "django_leases.E009",
-               "How long a stopping worker lets handlers finish before releasing them."),
-        Option("QUEUE_OPTIONS", {}, "django_leases.E012",
-               "Per-queue LEASE_SECONDS / MAX_ATTEMPTS, e.g. {'reports': {'LEASE_SECONDS': 600}}."),
-        Option("NOTIFY", True, "django_leases.E011",
-               "Wake idle workers with LISTEN/NOTIFY on PostgreSQL; off for PgBouncer "
-               "transaction pooling."),
-        Option("TASK_MODULES", [], "django_leases.E016",
-               "Modules holding @task functions besides each installed app's tasks module, "
-               "e.g. ['shop.jobs']; workers and readers import them."),
+        Option(
+            "DATABASE",
+            DEFAULT_DB_ALIAS,
+            "django_leases.E010",
+            "Database alias that holds this backend's jobs.",
+        ),
+        Option(
+            "LEASE_SECONDS",
+            DEFAULT_LEASE_SECONDS,
+            "django_leases.E001",
+            "How long a claim stays valid without renewal (1 s to 12 h).",
+        ),
+        Option(
+            "HEARTBEAT_SECONDS",
+            None,
+            "django_leases.E002",
+            "Renewal period; shorter than the lease. None means lease / 3.",
+        ),
+        Option(
+            "MAX_ATTEMPTS",
+            5,
+            "django_leases.E005",
+            "Claims a job may use (an expired lease counts) before it is dead.",
+        ),
+        Option(
+            "RETENTION_DAYS",
+            14,
+            "django_leases.E006",
+            "How long finished jobs are kept before pruning.",
+        ),
+        Option(
+            "MAX_AGE_DAYS",
+            14,
+            "django_leases.E013",
+            "A job not finished this long after enqueue is dead-lettered (SQS retention).",
+        ),
+        Option(
+            "RETRY",
+            None,
+            "django_leases.E014",
+            "Default retry ladder: a list of delays or a dict (base, factor, cap, jitter).",
+        ),
+        Option(
+            "POLL_SECONDS",
+            1.0,
+            "django_leases.E007",
+            "How often an idle worker looks for due jobs.",
+        ),
+        Option("CONCURRENCY", 10, "django_leases.E008", "Handlers a worker process runs at once."),
+        Option(
+            "GRACE_SECONDS",
+            20.0,
+            "django_leases.E009",
+            "How long a stopping worker lets handlers finish before releasing them.",
+        ),
+        Option(
+            "QUEUE_OPTIONS",
+            {},
+            "django_leases.E012",
+            "Per-queue LEASE_SECONDS / MAX_ATTEMPTS, e.g. {'reports': {'LEASE_SECONDS': 600}}.",
+        ),
+        Option(
+            "NOTIFY",
+            True,
+            "django_leases.E011",
+            "Wake idle workers with LISTEN/NOTIFY on PostgreSQL; off for PgBouncer "
+            "transaction pooling.",
+        ),
+        Option(
+            "TASK_MODULES",
+            [],
+            "django_leases.E016",
+            "Modules holding @task functions besides each installed app's tasks module, "
+            "e.g. ['shop.jobs']; workers and readers import them.",
+        ),
     )
 }
 UNKNOWN_OPTION_ID = "django_leases.E003"
 
 
-def _number(name: str, value: Any, *, low: float, high: float | None = None,
-            integer: bool = False) -> float:
+def _number(
+    name: str, value: Any, *, low: float, high: float | None = None, integer: bool = False
+) -> float:
     kind = "a whole number" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, int | float) or (
-        integer and not isinstance(value, int)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (integer and not isinstance(value, int))
     ):
         raise InvalidLeaseOption(name, f"must be {kind}, got {shown(value)}")
     # NaN fails both comparisons; math.isfinite() of a huge int would raise OverflowError.
@@ -103,8 +153,10 @@ def validate_heartbeat(value: Any, lease: float, name: str = "HEARTBEAT_SECONDS"
     period = float(_number(name, value, low=0.01))
     if period >= lease:
         raise InvalidLeaseOption(
-            name, f"must be shorter than the lease ({lease:g} s), got {shown(value)}; "
-            "a renewal that comes after the lease ran out cannot keep the claim")
+            name,
+            f"must be shorter than the lease ({lease:g} s), got {shown(value)}; "
+            "a renewal that comes after the lease ran out cannot keep the claim",
+        )
     return period
 
 
@@ -144,8 +196,10 @@ class LeaseOptions:
     def for_queue(self, queue_name: str) -> tuple[float, int]:
         """The (lease seconds, max attempts) a job of ``queue_name`` gets by default."""
         per_queue = self.queue_options.get(queue_name, {})
-        return (float(per_queue.get("LEASE_SECONDS", self.lease_seconds)),
-                int(per_queue.get("MAX_ATTEMPTS", self.max_attempts)))
+        return (
+            float(per_queue.get("LEASE_SECONDS", self.lease_seconds)),
+            int(per_queue.get("MAX_ATTEMPTS", self.max_attempts)),
+        )
 
     def retry_for_queue(self, queue_name: str) -> Any:
         """The retry ladder of ``queue_name``'s jobs (a Retry), or None for the default."""
@@ -187,9 +241,12 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
         if name not in OPTIONS:
             close = difflib.get_close_matches(str(name), OPTIONS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            problems.append(InvalidLeaseOption(
-                str(name), f"is not an option of django_leases{hint} "
-                f"Known options: {', '.join(OPTIONS)}"))
+            problems.append(
+                InvalidLeaseOption(
+                    str(name),
+                    f"is not an option of django_leases{hint} Known options: {', '.join(OPTIONS)}",
+                )
+            )
     merged = {name: options.get(name, o.default) for name, o in OPTIONS.items()}
     checks: list[tuple[str, Callable[[Any], object]]] = [
         ("LEASE_SECONDS", lambda v: validate_lease(v)),
@@ -217,11 +274,14 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
             problems.append(e)
     problems.extend(_queue_option_problems(merged["QUEUE_OPTIONS"]))
     if not isinstance(merged["NOTIFY"], bool):
-        problems.append(InvalidLeaseOption("NOTIFY", f"must be True or False, got {merged['NOTIFY']!r}"))
+        problems.append(
+            InvalidLeaseOption("NOTIFY", f"must be True or False, got {merged['NOTIFY']!r}")
+        )
     problems.extend(_task_module_problems(merged["TASK_MODULES"]))
     if merged["DATABASE"] not in settings.DATABASES:
-        problems.append(InvalidLeaseOption(
-            "DATABASE", f"{merged['DATABASE']!r} is not in settings.DATABASES"))
+        problems.append(
+            InvalidLeaseOption("DATABASE", f"{merged['DATABASE']!r} is not in settings.DATABASES")
+        )
     return problems
 
 
@@ -241,20 +301,29 @@ def _task_module_problems(modules: Any) -> list[InvalidLeaseOption]:
     from importlib.util import find_spec
 
     if not isinstance(modules, list | tuple):
-        return [InvalidLeaseOption("TASK_MODULES", f"must be a list of module paths, got {modules!r}")]
+        return [
+            InvalidLeaseOption("TASK_MODULES", f"must be a list of module paths, got {modules!r}")
+        ]
     problems = []
     for i, module in enumerate(modules):
         if not isinstance(module, str) or not module:
-            problems.append(InvalidLeaseOption(
-                "TASK_MODULES", f"[{i}] must be a dotted module path such as 'shop.jobs', got {module!r}"))
+            problems.append(
+                InvalidLeaseOption(
+                    "TASK_MODULES",
+                    f"[{i}] must be a dotted module path such as 'shop.jobs', got {module!r}",
+                )
+            )
             continue
         try:
             found = find_spec(module) is not None
         except (ImportError, ValueError):
             found = False
         if not found:
-            problems.append(InvalidLeaseOption(
-                "TASK_MODULES", f"[{i}] {module!r} is not a module that can be imported"))
+            problems.append(
+                InvalidLeaseOption(
+                    "TASK_MODULES", f"[{i}] {module!r} is not a module that can be imported"
+                )
+            )
     return problems
 
 
@@ -263,7 +332,11 @@ PER_QUEUE = ("LEASE_SECONDS", "MAX_ATTEMPTS", "RETRY")
 
 def _queue_option_problems(per_queue: Any) -> list[InvalidLeaseOption]:
     if not isinstance(per_queue, dict):
-        return [InvalidLeaseOption("QUEUE_OPTIONS", f"must be a dict of queue name to options, got {per_queue!r}")]
+        return [
+            InvalidLeaseOption(
+                "QUEUE_OPTIONS", f"must be a dict of queue name to options, got {per_queue!r}"
+            )
+        ]
     problems = []
     for queue, options in per_queue.items():
         name = f"QUEUE_OPTIONS[{queue!r}]"
@@ -280,7 +353,9 @@ def _queue_option_problems(per_queue: Any) -> list[InvalidLeaseOption]:
                     _validate_retry(value, f"{name}['RETRY']")
                 else:
                     raise InvalidLeaseOption(
-                        f"{name}[{key!r}]", f"is not a per-queue option; use one of {', '.join(PER_QUEUE)}")
+                        f"{name}[{key!r}]",
+                        f"is not a per-queue option; use one of {', '.join(PER_QUEUE)}",
+                    )
             except InvalidLeaseOption as e:
                 problems.append(e)
     return problems
@@ -312,7 +387,9 @@ def _read_queues(database: str) -> frozenset[str] | None:
     for alias in lease_backend_aliases():
         params = tasks[alias]
         options = params.get("OPTIONS") or {}
-        if (options.get("DATABASE", DEFAULT_DB_ALIAS) if isinstance(options, dict) else None) != database:
+        if (
+            options.get("DATABASE", DEFAULT_DB_ALIAS) if isinstance(options, dict) else None
+        ) != database:
             continue
         found = True
         queues = params.get("QUEUES", ["default"])
@@ -337,8 +414,9 @@ def lease_backend_aliases() -> list[str]:
             cls = import_string(params.get("BACKEND", ""))
         except ImportError:
             continue
-        if isinstance(cls, type) and any(f"{k.__module__}.{k.__qualname__}" == LEASE_BACKEND
-                                         for k in cls.__mro__):
+        if isinstance(cls, type) and any(
+            f"{k.__module__}.{k.__qualname__}" == LEASE_BACKEND for k in cls.__mro__
+        ):
             aliases.append(alias)
     return aliases
 

@@ -24,6 +24,7 @@ MYSQL_DEADLOCK = 1213
 POSTGRES_DEADLOCK = "40P01"
 TRIES = 3
 
+
 def is_deadlock(error: OperationalError) -> bool:
     cause = error.__cause__
     if getattr(cause, "sqlstate", None) == POSTGRES_DEADLOCK:
@@ -32,7 +33,8 @@ def is_deadlock(error: OperationalError) -> bool:
 
 
 def retry_deadlock_victims[S: models.QuerySet[Any], **P, R](
-        method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+    method: Callable[Concatenate[S, P], R],
+) -> Callable[Concatenate[S, P], R]:
     """Wrap a queryset verb whose writes are one statement or one atomic block of its own."""
 
     @functools.wraps(method)

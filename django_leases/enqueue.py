@@ -62,8 +62,11 @@ def _aware(name: str, value: Any) -> datetime:
     except OverflowError:
         utc = None
     if utc is None or not conf.EARLIEST_TIME <= utc <= conf.LATEST_TIME:
-        raise InvalidLeaseOption(name, f"must lie from {conf.EARLIEST_TIME:%Y-%m-%d} to "
-                                       f"{conf.LATEST_TIME:%Y-%m-%d} (UTC), got {shown(value)}")
+        raise InvalidLeaseOption(
+            name,
+            f"must lie from {conf.EARLIEST_TIME:%Y-%m-%d} to "
+            f"{conf.LATEST_TIME:%Y-%m-%d} (UTC), got {shown(value)}",
+        )
     # In UTC: PostgreSQL refuses a UTC offset past 15:59, which Python allows.
     return utc
 
@@ -76,10 +79,16 @@ def checked_seconds(name: str, value: Any) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
     # Compared as it is: math.isfinite() of an int past a float's range raises OverflowError.
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not 0 <= value <= conf.MAX_INTERVAL_SECONDS):
-        raise InvalidLeaseOption(name, f"must be from 0 to {conf.MAX_INTERVAL_DAYS:,} days "
-                                       f"({conf.MAX_INTERVAL_SECONDS:,} seconds), got {shown(value)}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= conf.MAX_INTERVAL_SECONDS
+    ):
+        raise InvalidLeaseOption(
+            name,
+            f"must be from 0 to {conf.MAX_INTERVAL_DAYS:,} days "
+            f"({conf.MAX_INTERVAL_SECONDS:,} seconds), got {shown(value)}",
+        )
     return float(value)
 
 
@@ -136,7 +145,9 @@ class EnqueueOptions:
 
             known = [f.name for f in fields(cls)]
             unknown = sorted(str(name) for name in options if name not in known)
-            raise TypeError(f"enqueue() got unknown options {unknown}; use {', '.join(known)}") from None
+            raise TypeError(
+                f"enqueue() got unknown options {unknown}; use {', '.join(known)}"
+            ) from None
 
     def check(self, task_path: str) -> JobFields:
         """The validated fields; raise InvalidLeaseOption naming the first bad option.
@@ -149,8 +160,9 @@ class EnqueueOptions:
         declared (the lease named ``lease_name``, as the task names it)."""
         self._checked(task_path, None, lease_name)
 
-    def _checked(self, task_path: str, defaults: conf.LeaseOptions | None,
-                 lease_name: str) -> JobFields | None:
+    def _checked(
+        self, task_path: str, defaults: conf.LeaseOptions | None, lease_name: str
+    ) -> JobFields | None:
         from .exceptions import InvalidLeaseOption
         from .retry import Retry
 
@@ -168,11 +180,19 @@ class EnqueueOptions:
             retry = None if self.retry is None else Retry.from_json(self.retry)
         except InvalidLeaseOption:
             raise
-        except (TypeError, ValueError, OverflowError) as e:  # e.g. {"delays": 5}, {"base": 1, "cap": None, "x": ...}
-            raise InvalidLeaseOption("retry", f"is not a Retry, a list of delays or a dict of "
-                                              f"base/factor/cap/jitter: {e}") from None
+        except (
+            TypeError,
+            ValueError,
+            OverflowError,
+        ) as e:  # e.g. {"delays": 5}, {"base": 1, "cap": None, "x": ...}
+            raise InvalidLeaseOption(
+                "retry",
+                f"is not a Retry, a list of delays or a dict of base/factor/cap/jitter: {e}",
+            ) from None
         run_after = None if self.run_after is None else _aware("run_after", self.run_after)
-        delay = None if self.delay is None else timedelta(seconds=checked_seconds("delay", self.delay))
+        delay = (
+            None if self.delay is None else timedelta(seconds=checked_seconds("delay", self.delay))
+        )
         deadline = max_age = None
         if self.deadline is not None:
             deadline = _aware("deadline", self.deadline)
@@ -183,27 +203,48 @@ class EnqueueOptions:
         if defaults is None:
             return None
         # The defaults filled both in when they were None.
-        return JobFields(task_path, self.queue_name, self.priority, cast(float, lease),
-                         cast(int, attempts), retry,
-                         self.on_lease_lost, self.unique_key, self.on_duplicate,
-                         run_after, delay, deadline, max_age)
+        return JobFields(
+            task_path,
+            self.queue_name,
+            self.priority,
+            cast(float, lease),
+            cast(int, attempts),
+            retry,
+            self.on_lease_lost,
+            self.unique_key,
+            self.on_duplicate,
+            run_after,
+            delay,
+            deadline,
+            max_age,
+        )
 
     def _check_choices(self) -> None:
         from .exceptions import InvalidLeaseOption
 
         queue, priority, key = self.queue_name, self.priority, self.unique_key
         checked_text("queue_name", queue, 100)
-        if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
-            raise InvalidLeaseOption("priority", f"must be a whole number from -100 to 100, got {shown(priority)}")
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not -100 <= priority <= 100
+        ):
+            raise InvalidLeaseOption(
+                "priority", f"must be a whole number from -100 to 100, got {shown(priority)}"
+            )
         if self.run_after is not None and self.delay is not None:
             raise InvalidLeaseOption("run_after", "give run_after or delay, not both")
         if self.deadline is not None and self.max_age is not None:
             raise InvalidLeaseOption("deadline", "give deadline or max_age, not both")
         if self.on_lease_lost not in LeaseLostPolicy.values:
             raise InvalidLeaseOption(
-                "on_lease_lost", f"must be one of {LeaseLostPolicy.values}, got {shown(self.on_lease_lost)}")
+                "on_lease_lost",
+                f"must be one of {LeaseLostPolicy.values}, got {shown(self.on_lease_lost)}",
+            )
         if self.on_duplicate not in ("refuse", "merge"):
-            raise InvalidLeaseOption("on_duplicate", f"must be 'refuse' or 'merge', got {shown(self.on_duplicate)}")
+            raise InvalidLeaseOption(
+                "on_duplicate", f"must be 'refuse' or 'merge', got {shown(self.on_duplicate)}"
+            )
         if key is not None:
             checked_text("unique_key", key, 200)
 
@@ -216,8 +257,9 @@ def check_task_options(task: Any) -> None:
 
     non_retryable = getattr(task, "non_retryable", ())
     if not isinstance(non_retryable, tuple | list):
-        raise InvalidLeaseOption("non_retryable", f"must be a tuple of exception classes, "
-                                                  f"got {non_retryable!r}")
+        raise InvalidLeaseOption(
+            "non_retryable", f"must be a tuple of exception classes, got {non_retryable!r}"
+        )
     for cls in non_retryable:
         if not (isinstance(cls, type) and issubclass(cls, BaseException)):
             raise InvalidLeaseOption("non_retryable", f"must hold exception classes, got {cls!r}")
@@ -255,17 +297,26 @@ class JobFields:
 
     def columns(self) -> dict[str, Any]:
         """The columns every job of the call shares (retry as its own fresh JSON)."""
-        return {"task_path": self.task_path, "queue_name": self.queue_name, "priority": self.priority,
-                "lease_seconds": self.lease_seconds, "max_attempts": self.max_attempts,
-                "retry": self.retry_json(), "on_lease_lost": self.on_lease_lost,
-                "unique_key": self.unique_key, "run_after": self.run_after}
+        return {
+            "task_path": self.task_path,
+            "queue_name": self.queue_name,
+            "priority": self.priority,
+            "lease_seconds": self.lease_seconds,
+            "max_attempts": self.max_attempts,
+            "retry": self.retry_json(),
+            "on_lease_lost": self.on_lease_lost,
+            "unique_key": self.unique_key,
+            "run_after": self.run_after,
+        }
 
     def retry_json(self) -> dict[str, Any] | None:
         return None if self.retry is None else self.retry.to_json()
 
     def new_job(self, model: type[Job], args: list[Any], kwargs: dict[str, Any]) -> Job:
         """An unsaved job for the ORM path, its intervals as Now() + interval."""
-        timing: dict[str, Any] = {"deadline": self.deadline if self.max_age is None else after_now(self.max_age)}
+        timing: dict[str, Any] = {
+            "deadline": self.deadline if self.max_age is None else after_now(self.max_age)
+        }
         if self.run_after is not None:
             timing["available_at"] = self.run_after
         elif self.delay is not None:
@@ -276,8 +327,12 @@ class JobFields:
         """Parameters of _PG_ENQUEUE but the per-row args and kwargs."""
         params = self.columns()
         params["retry"] = json_param(params["retry"])
-        params.update(run_after=self.run_after, delay=self.delay or timedelta(0),
-                      deadline=self.deadline, max_age=self.max_age)
+        params.update(
+            run_after=self.run_after,
+            delay=self.delay or timedelta(0),
+            deadline=self.deadline,
+            max_age=self.max_age,
+        )
         return params
 
 
@@ -289,29 +344,40 @@ def checked_arguments(args: Any, kwargs: Any, path: str = "") -> tuple[list[Any]
     if not isinstance(args, list | tuple):
         # A string or a dict is iterable too, and list() would quietly store its characters
         # or keys as the arguments.
-        raise InvalidJobArgument(f"{path}args", f"must be a list or tuple of arguments, got {shown(args)}")
+        raise InvalidJobArgument(
+            f"{path}args", f"must be a list or tuple of arguments, got {shown(args)}"
+        )
     if kwargs is not None and not isinstance(kwargs, dict):
-        raise InvalidJobArgument(f"{path}kwargs", f"must be a dict of keyword arguments, got {shown(kwargs)}")
+        raise InvalidJobArgument(
+            f"{path}kwargs", f"must be a dict of keyword arguments, got {shown(kwargs)}"
+        )
     return ensure_json(args, f"{path}args"), ensure_json(kwargs or {}, f"{path}kwargs")
 
 
-def _checked_calls(calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
-                   batch_size: int | None = None,
-                   fits: Callable[[list[Any], dict[str, Any], str], None] | None = None) -> list[tuple[list[Any], dict[str, Any]]]:
+def _checked_calls(
+    calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
+    batch_size: int | None = None,
+    fits: Callable[[list[Any], dict[str, Any], str], None] | None = None,
+) -> list[tuple[list[Any], dict[str, Any]]]:
     """Every call's (args, kwargs) as JSON-safe copies; InvalidJobArgument names the call.
     A ``batch_size`` that bulk_create would refuse is refused first. ``fits(args, kwargs,
     path)`` may refuse a call's checked arguments too (the backend: the task's signature)."""
     from .exceptions import InvalidJobArgument
 
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                   or batch_size < 1):
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
         raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
     if isinstance(calls, str | bytes | dict) or not isinstance(calls, Iterable):
-        raise InvalidJobArgument("calls", f"must be an iterable of (args, kwargs) pairs, got {shown(calls)}")
+        raise InvalidJobArgument(
+            "calls", f"must be an iterable of (args, kwargs) pairs, got {shown(calls)}"
+        )
     checked = []
     for i, call in enumerate(calls):
         if not isinstance(call, list | tuple) or len(call) != 2:
-            raise InvalidJobArgument(f"calls[{i}]", f"must be an (args, kwargs) pair, got {shown(call)}")
+            raise InvalidJobArgument(
+                f"calls[{i}]", f"must be an (args, kwargs) pair, got {shown(call)}"
+            )
         checked.append(checked_arguments(*call, path=f"calls[{i}]."))
         if fits is not None:
             fits(*checked[-1], f"calls[{i}].")
@@ -327,8 +393,10 @@ def check_queue(queue_name: Any, db: str) -> None:
     allowed = conf.queues_served_on(db)
     if allowed is not None and queue_name not in allowed:
         raise InvalidLeaseOption(
-            "queue_name", f"{shown(queue_name)} is not in the QUEUES of the task backends on database "
-                          f"{db!r} ({', '.join(sorted(allowed))}), so no worker would serve it")
+            "queue_name",
+            f"{shown(queue_name)} is not in the QUEUES of the task backends on database "
+            f"{db!r} ({', '.join(sorted(allowed))}), so no worker would serve it",
+        )
 
 
 # What each database says when a table or column a migration adds is missing: PostgreSQL's
@@ -345,9 +413,11 @@ def migrated(model: type[Job], db: str) -> Iterator[None]:
         yield
     except (ProgrammingError, OperationalError) as e:
         cause = e.__cause__
-        undefined = (getattr(cause, "sqlstate", None) in _PG_UNDEFINED
-                     or (connections[db].vendor == "mysql" and e.args and e.args[0] in _MYSQL_UNDEFINED)
-                     or any(words in str(e) for words in _SQLITE_UNDEFINED))
+        undefined = (
+            getattr(cause, "sqlstate", None) in _PG_UNDEFINED
+            or (connections[db].vendor == "mysql" and e.args and e.args[0] in _MYSQL_UNDEFINED)
+            or any(words in str(e) for words in _SQLITE_UNDEFINED)
+        )
         if not undefined:
             raise
         raise type(e)(
@@ -357,14 +427,18 @@ def migrated(model: type[Job], db: str) -> Iterator[None]:
         ) from e
 
 
-def insert_job(model: type[Job], db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job:
+def insert_job(
+    model: type[Job], db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]
+) -> Job:
     """Insert one job of checked ``fields`` and JSON-safe arguments (see JobQuerySet.enqueue);
     a held unique key is refused (DuplicateJob) or merged per ``fields.on_duplicate``."""
     with migrated(model, db):
         return _insert_job(model, db, fields, args, kwargs)
 
 
-def _insert_job(model: type[Job], db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job:
+def _insert_job(
+    model: type[Job], db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]
+) -> Job:
     insert = _pg_insert_one if on_postgresql(db) else _insert_one
     if fields.unique_key is None:
         # Without a unique key there is no conflict: the insert always answers a job.
@@ -376,8 +450,11 @@ def _insert_job(model: type[Job], db: str, fields: JobFields, args: list[Any], k
         if job is not None:
             return job
         # The key is held; unless its holder finished in the meantime, that is the answer.
-        holder = model._default_manager.using(db).filter(
-            unique_key=fields.unique_key, state__in=ACTIVE_STATES).first()
+        holder = (
+            model._default_manager.using(db)
+            .filter(unique_key=fields.unique_key, state__in=ACTIVE_STATES)
+            .first()
+        )
         if holder is not None:
             if fields.on_duplicate == "merge":
                 return holder
@@ -385,22 +462,32 @@ def _insert_job(model: type[Job], db: str, fields: JobFields, args: list[Any], k
     raise IntegrityError(f"unique_key {fields.unique_key!r} kept conflicting; try again")
 
 
-def insert_jobs(model: type[Job], db: str, fields: JobFields,
-                calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
-                batch_size: int | None) -> list[Job]:
+def insert_jobs(
+    model: type[Job],
+    db: str,
+    fields: JobFields,
+    calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
+    batch_size: int | None,
+) -> list[Job]:
     """Insert one job per call, all or none, ``batch_size`` rows per INSERT (see
     JobQuerySet.enqueue_many); every call is checked before the first INSERT."""
     checked = _checked_calls(calls, batch_size)
     with migrated(model, db):
         if not on_postgresql(db):
             return _insert_many(model, db, fields, checked, batch_size)
-        return _saved_jobs(model, db, fields, checked, _pg_insert_many(model, db, fields, checked, batch_size))
+        return _saved_jobs(
+            model, db, fields, checked, _pg_insert_many(model, db, fields, checked, batch_size)
+        )
 
 
-def insert_job_rows(model: type[Job], db: str, fields: JobFields,
-                    calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
-                    batch_size: int | None,
-                    fits: Callable[[list[Any], dict[str, Any], str], None] | None = None) -> list[tuple[Any, datetime, list[Any], dict[str, Any]]]:
+def insert_job_rows(
+    model: type[Job],
+    db: str,
+    fields: JobFields,
+    calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
+    batch_size: int | None,
+    fits: Callable[[list[Any], dict[str, Any], str], None] | None = None,
+) -> list[tuple[Any, datetime, list[Any], dict[str, Any]]]:
     """insert_jobs(), answering (id, enqueued_at, args, kwargs) for each job: what a
     TaskResult needs. On PostgreSQL no model instance is built, which is most of the time
     a bulk enqueue of thousands of jobs would otherwise take. ``fits`` as for
@@ -408,14 +495,23 @@ def insert_job_rows(model: type[Job], db: str, fields: JobFields,
     checked = _checked_calls(calls, batch_size, fits)
     with migrated(model, db):
         if not on_postgresql(db):
-            return [(j.pk, j.enqueued_at, j.args, j.kwargs)
-                    for j in _insert_many(model, db, fields, checked, batch_size)]
+            return [
+                (j.pk, j.enqueued_at, j.args, j.kwargs)
+                for j in _insert_many(model, db, fields, checked, batch_size)
+            ]
         rows = _pg_insert_many(model, db, fields, checked, batch_size)
-    return [(row[0], row[1], args, kwargs) for (args, kwargs), row in zip(checked, rows, strict=True)]
+    return [
+        (row[0], row[1], args, kwargs) for (args, kwargs), row in zip(checked, rows, strict=True)
+    ]
 
 
-def _insert_many(model: type[Job], db: str, fields: JobFields, calls: list[tuple[list[Any], dict[str, Any]]],
-                 batch_size: int | None) -> list[Job]:
+def _insert_many(
+    model: type[Job],
+    db: str,
+    fields: JobFields,
+    calls: list[tuple[list[Any], dict[str, Any]]],
+    batch_size: int | None,
+) -> list[Job]:
     """The ORM path (SQLite, MariaDB, MySQL): bulk_create, itself all or nothing."""
     manager = model._default_manager.using(db)
     jobs = [fields.new_job(model, args, kwargs) for args, kwargs in calls]
@@ -427,8 +523,12 @@ def _insert_many(model: type[Job], db: str, fields: JobFields, calls: list[tuple
     with transaction.atomic(using=db):
         for job in jobs:
             job.save(using=db, force_insert=True)
-    times = {pk: row for pk, *row in manager.filter(pk__in=[j.pk for j in jobs]).values_list(
-        "pk", *_INSERT_CLOCK_FIELDS)}
+    times = {
+        pk: row
+        for pk, *row in manager.filter(pk__in=[j.pk for j in jobs]).values_list(
+            "pk", *_INSERT_CLOCK_FIELDS
+        )
+    }
     for job in jobs:
         for name, value in zip(_INSERT_CLOCK_FIELDS, times[job.pk], strict=True):
             setattr(job, name, value)
@@ -439,7 +539,9 @@ def _insert_many(model: type[Job], db: str, fields: JobFields, calls: list[tuple
 _INSERT_CLOCK_FIELDS = ("enqueued_at", "available_at", "deadline")
 
 
-def _insert_one(model: type[Job], db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]) -> Job | None:
+def _insert_one(
+    model: type[Job], db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]
+) -> Job | None:
     """The ORM path (SQLite, MariaDB): save(); None when the unique key is held."""
     job = fields.new_job(model, args, kwargs)
     if fields.unique_key is None:
@@ -502,14 +604,16 @@ def _pg_enqueue_sql(model: type[Job], db: str, rows: str, unique: bool) -> str:
     key = (model._meta.db_table, rows, unique)
     if key not in _pg_enqueue_cache:
         table = connections[db].ops.quote_name(model._meta.db_table)
-        insert = _PG_ENQUEUE.format(job=table, rows=rows, on_conflict=_PG_KEY_HELD if unique else "")
+        insert = _PG_ENQUEUE.format(
+            job=table, rows=rows, on_conflict=_PG_KEY_HELD if unique else ""
+        )
         _pg_enqueue_cache[key] = insert if rows == _PG_ONE_ROW else _PG_MANY.format(insert=insert)
     return _pg_enqueue_cache[key]
 
 
-
-def _pg_insert_one(model: type[Job], db: str, fields: JobFields, args: list[Any],
-                   kwargs: dict[str, Any]) -> Job | None:
+def _pg_insert_one(
+    model: type[Job], db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]
+) -> Job | None:
     """One INSERT ... RETURNING; None when an active job holds the unique key."""
     params = fields.pg_params()
     params["args"], params["kwargs"] = json_param(args), json_param(kwargs)
@@ -520,8 +624,13 @@ def _pg_insert_one(model: type[Job], db: str, fields: JobFields, args: list[Any]
     return None if row is None else _saved_jobs(model, db, fields, [(args, kwargs)], [row])[0]
 
 
-def _pg_insert_many(model: type[Job], db: str, fields: JobFields, calls: list[tuple[list[Any], dict[str, Any]]],
-                    batch_size: int | None) -> list[tuple[Any, ...]]:
+def _pg_insert_many(
+    model: type[Job],
+    db: str,
+    fields: JobFields,
+    calls: list[tuple[list[Any], dict[str, Any]]],
+    batch_size: int | None,
+) -> list[tuple[Any, ...]]:
     """One INSERT ... SELECT FROM unnest(args[], kwargs[]) per ``batch_size`` calls, in one
     transaction (as bulk_create): all the jobs or none. Answer the RETURNING columns of
     each job, in the order of the calls."""
@@ -540,14 +649,21 @@ def _pg_insert_many(model: type[Job], db: str, fields: JobFields, calls: list[tu
     return rows
 
 
-def _batches(calls: list[tuple[list[Any], dict[str, Any]]], batch_size: int | None) -> Iterable[list[tuple[list[Any], dict[str, Any]]]]:
+def _batches(
+    calls: list[tuple[list[Any], dict[str, Any]]], batch_size: int | None
+) -> Iterable[list[tuple[list[Any], dict[str, Any]]]]:
     """``calls`` in slices of ``batch_size`` (None: one slice), as bulk_create takes it."""
     size = batch_size or len(calls)
-    return (calls[start:start + size] for start in range(0, len(calls), size))
+    return (calls[start : start + size] for start in range(0, len(calls), size))
 
 
-def _saved_jobs(model: type[Job], db: str, fields: JobFields, calls: list[tuple[list[Any], dict[str, Any]]],
-                rows: list[tuple[Any, ...]]) -> list[Job]:
+def _saved_jobs(
+    model: type[Job],
+    db: str,
+    fields: JobFields,
+    calls: list[tuple[list[Any], dict[str, Any]]],
+    rows: list[tuple[Any, ...]],
+) -> list[Job]:
     """The jobs as saved, without a second query: what the call wrote, the model's defaults
     for the columns it left alone, and what the database computed (RETURNING)."""
     layout = _job_layout(model)
@@ -557,7 +673,9 @@ def _saved_jobs(model: type[Job], db: str, fields: JobFields, calls: list[tuple[
     jobs = []
     for (args, kwargs), row in zip(calls, rows, strict=True):
         values = template.copy()
-        for slot, value in zip(layout.per_row, (args, kwargs, fields.retry_json(), *row), strict=True):
+        for slot, value in zip(
+            layout.per_row, (args, kwargs, fields.retry_json(), *row), strict=True
+        ):
             values[slot] = value
         jobs.append(model.from_db(db, layout.names, values))
     return jobs
@@ -581,6 +699,10 @@ def _job_layout(model: type[Job]) -> _Layout:
     if model not in _layouts:
         fields = model._meta.concrete_fields
         slot = {f.attname: i for i, f in enumerate(fields)}
-        _layouts[model] = _Layout([f.attname for f in fields], [f.get_default() for f in fields], slot,
-                                  tuple(slot[n] for n in ("args", "kwargs", "retry", *_RETURNED)))
+        _layouts[model] = _Layout(
+            [f.attname for f in fields],
+            [f.get_default() for f in fields],
+            slot,
+            tuple(slot[n] for n in ("args", "kwargs", "retry", *_RETURNED)),
+        )
     return _layouts[model]

@@ -32,7 +32,9 @@ def _handle(handle: JobHandle | None) -> JobHandle:
 
 
 @contextmanager
-def fenced(*, ack: bool = False, result: Any = None, handle: JobHandle | None = None) -> Iterator[None]:
+def fenced(
+    *, ack: bool = False, result: Any = None, handle: JobHandle | None = None
+) -> Iterator[None]:
     """Run the block in a transaction on the jobs' database that commits only if the claim
     is still held when it ends; raise LeaseLost (and roll back) otherwise.
 
@@ -52,8 +54,10 @@ def fenced(*, ack: bool = False, result: Any = None, handle: JobHandle | None = 
         held = jobs.ack(job.claim, result) if ack else bool(jobs.renew([job.claim]))
         if not held:
             job._mark_lost()
-            raise LeaseLost(f"job {job.job_id}: claim with fence {job.fence} was lost; "
-                            "the block's writes were rolled back")
+            raise LeaseLost(
+                f"job {job.job_id}: claim with fence {job.fence} was lost; "
+                "the block's writes were rolled back"
+            )
     if ack:
         job._mark_acked(result)
 
@@ -67,13 +71,17 @@ def once(key: str, *, handle: JobHandle | None = None) -> bool:
     job = _handle(handle)
     try:
         with transaction.atomic(using=job.database):
-            JobEffect.objects.using(job.database).create(job_id=job.job_id, key=key, fence=job.fence)
+            JobEffect.objects.using(job.database).create(
+                job_id=job.job_id, key=key, fence=job.fence
+            )
     except IntegrityError:
         return False
     return True
 
 
-def fenced_update(queryset: models.QuerySet[Any], fence: int, *, fence_field: str = "fence", **values: Any) -> int:
+def fenced_update(
+    queryset: models.QuerySet[Any], fence: int, *, fence_field: str = "fence", **values: Any
+) -> int:
     """Update the rows of ``queryset`` whose stored fence is not newer than ``fence``, and
     store ``fence`` with the values; return how many rows changed (0: a newer writer won)."""
     newer_or_equal = Q(**{f"{fence_field}__lte": fence}) | Q(**{f"{fence_field}__isnull": True})

@@ -44,28 +44,36 @@ def _checked(value: Any, path: str, depth: int) -> Any:
     if isinstance(value, int):
         if not MIN_INT <= value <= MAX_INT:
             raise InvalidJobArgument(
-                path, "is an integer outside the 64-bit range (-2**63 to 2**63 - 1), which "
-                      "MySQL's JSON would keep only approximately; pass it as a string")
+                path,
+                "is an integer outside the 64-bit range (-2**63 to 2**63 - 1), which "
+                "MySQL's JSON would keep only approximately; pass it as a string",
+            )
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidJobArgument(path, f"is the float {value!r}, which has no JSON form")
         if abs(value) >= MAX_FLOAT:
             raise InvalidJobArgument(
-                path, f"is the float {value!r}, which PostgreSQL's jsonb would give back as an "
-                      "integer; pass int(value) or a string")
+                path,
+                f"is the float {value!r}, which PostgreSQL's jsonb would give back as an "
+                "integer; pass int(value) or a string",
+            )
         return value
     if isinstance(value, list | tuple | dict):
         if depth > MAX_DEPTH:
             raise InvalidJobArgument(
-                path, f"nests lists and dicts more than {MAX_DEPTH} deep (the limit every "
-                      "supported database's JSON holds)")
+                path,
+                f"nests lists and dicts more than {MAX_DEPTH} deep (the limit every "
+                "supported database's JSON holds)",
+            )
         if isinstance(value, dict):
             return _checked_dict(value, path, depth)
         return [_checked(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
     raise InvalidJobArgument(
-        path, f"is of type {type(value).__module__}.{type(value).__qualname__}, which does not "
-        "round-trip through JSON; pass its JSON form (e.g. an id or an ISO string)")
+        path,
+        f"is of type {type(value).__module__}.{type(value).__qualname__}, which does not "
+        "round-trip through JSON; pass its JSON form (e.g. an id or an ISO string)",
+    )
 
 
 def _checked_dict(value: dict[Any, Any], path: str, depth: int) -> dict[str, Any]:
@@ -74,7 +82,8 @@ def _checked_dict(value: dict[Any, Any], path: str, depth: int) -> dict[str, Any
         if not isinstance(key, str):
             raise InvalidJobArgument(
                 f"{path}[{key!r}]",
-                f"is a key of type {type(key).__name__}, which JSON would turn into a string")
+                f"is a key of type {type(key).__name__}, which JSON would turn into a string",
+            )
         _text(key, f"{path}[{key!r}]")
         out[key] = _checked(item, f"{path}[{key!r}]", depth + 1)
     return out
@@ -94,7 +103,7 @@ def shown(value: Any, limit: int = 80) -> str:
     if len(text) <= limit:
         return text
     size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
-    return f"{text[:limit - 20]}...{size}"
+    return f"{text[: limit - 20]}...{size}"
 
 
 def _text(value: str, path: str) -> str:
@@ -102,10 +111,13 @@ def _text(value: str, path: str) -> str:
     (it has no UTF-8 form): refuse both here rather than as an error the database names
     in its own words, which would also abort the caller's transaction."""
     if "\x00" in value:
-        raise InvalidJobArgument(path, "contains a NUL character (\\u0000), which PostgreSQL's "
-                                       "jsonb cannot store")
+        raise InvalidJobArgument(
+            path, "contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store"
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise InvalidJobArgument(path, f"is not valid Unicode ({e.reason} at index {e.start})") from None
+        raise InvalidJobArgument(
+            path, f"is not valid Unicode ({e.reason} at index {e.start})"
+        ) from None
     return value

@@ -52,11 +52,14 @@ class Job(models.Model):
     # Retry.to_json() of the ladder for ordinary failures; NULL means the default ladder.
     retry = models.JSONField(_("retry ladder"), null=True, blank=True)
     on_lease_lost = models.CharField(
-        _("when a lease is lost"), max_length=10, choices=LeaseLostPolicy.choices,
+        _("when a lease is lost"),
+        max_length=10,
+        choices=LeaseLostPolicy.choices,
         default=LeaseLostPolicy.RETRY,
     )
     dead_reason = models.CharField(
-        _("dead because"), max_length=20, choices=DeadReason.choices, blank=True, default="")
+        _("dead because"), max_length=20, choices=DeadReason.choices, blank=True, default=""
+    )
     # At most one pending or claimed job per key (enqueue refuses or merges a second one).
     # NULL, not "", means "no key": only keyed active jobs may collide on active_key.
     unique_key = models.CharField(_("unique key"), max_length=200, null=True, blank=True)  # noqa: DJ001
@@ -96,11 +99,13 @@ class Job(models.Model):
                 condition=models.Q(state=JobState.PENDING),
             ),
             models.Index(
-                fields=["lease_expires_at"], name="leases_job_claimed_idx",
+                fields=["lease_expires_at"],
+                name="leases_job_claimed_idx",
                 condition=models.Q(state=JobState.CLAIMED),
             ),
             models.Index(
-                fields=["claim_token"], name="leases_job_token_idx",
+                fields=["claim_token"],
+                name="leases_job_token_idx",
                 condition=models.Q(claim_token__isnull=False),
             ),
             models.Index(fields=["state", "finished_at"], name="leases_job_finished_idx"),
@@ -121,8 +126,9 @@ class Job(models.Model):
             # A row written straight into the table with a lease of zero, a negative one or
             # NaN would be taken over the moment it is claimed; the database refuses it.
             models.CheckConstraint(
-                condition=models.Q(lease_seconds__gte=MIN_LEASE_SECONDS,
-                                   lease_seconds__lte=MAX_LEASE_SECONDS),
+                condition=models.Q(
+                    lease_seconds__gte=MIN_LEASE_SECONDS, lease_seconds__lte=MAX_LEASE_SECONDS
+                ),
                 name="leases_job_lease_range",
             ),
         ]

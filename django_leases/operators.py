@@ -47,7 +47,8 @@ class OperatorVerbs(_VerbsBase):
     def cancel(self) -> int:
         """Cancel pending and claimed jobs; a running handler learns at its next renewal."""
         return self.filter(state__in=ACTIVE_STATES).update(
-            state=JobState.CANCELLED, finished_at=Now(), claim_token=None, lease_expires_at=None)
+            state=JobState.CANCELLED, finished_at=Now(), claim_token=None, lease_expires_at=None
+        )
 
     def requeue(self, *, reset_attempts: bool = True, max_age: float | None = None) -> int:
         """Put dead and cancelled jobs back to pending, due now, with a fresh deadline
@@ -55,18 +56,40 @@ class OperatorVerbs(_VerbsBase):
 
         A job whose unique key is held by another active job stays where it is.
         """
-        age = conf.get_options(None).max_age_days * 86400 if max_age is None else checked_seconds("max_age", max_age)
-        changes: dict[str, Any] = {"attempts": 0} if reset_attempts else {
-            # Keep the count but leave room for one more try.
-            "max_attempts": Case(When(attempts__gte=F("max_attempts"), then=F("attempts") + 1),
-                                 default=F("max_attempts"),
-                                 output_field=models.PositiveIntegerField())}
-        taken = list(self.model._default_manager.using(self.db).filter(
-            active_key__isnull=False).values_list("active_key", flat=True))
-        return self.filter(state__in=[JobState.DEAD, JobState.CANCELLED]).exclude(
-            unique_key__in=taken).update(
-            state=JobState.PENDING, available_at=Now(), finished_at=None, dead_reason="",
-            deadline=after_now(timedelta(seconds=age)), **changes)
+        age = (
+            conf.get_options(None).max_age_days * 86400
+            if max_age is None
+            else checked_seconds("max_age", max_age)
+        )
+        changes: dict[str, Any] = (
+            {"attempts": 0}
+            if reset_attempts
+            else {
+                # Keep the count but leave room for one more try.
+                "max_attempts": Case(
+                    When(attempts__gte=F("max_attempts"), then=F("attempts") + 1),
+                    default=F("max_attempts"),
+                    output_field=models.PositiveIntegerField(),
+                )
+            }
+        )
+        taken = list(
+            self.model._default_manager.using(self.db)
+            .filter(active_key__isnull=False)
+            .values_list("active_key", flat=True)
+        )
+        return (
+            self.filter(state__in=[JobState.DEAD, JobState.CANCELLED])
+            .exclude(unique_key__in=taken)
+            .update(
+                state=JobState.PENDING,
+                available_at=Now(),
+                finished_at=None,
+                dead_reason="",
+                deadline=after_now(timedelta(seconds=age)),
+                **changes,
+            )
+        )
 
     @retry_deadlock_victims
     def retry_now(self) -> int:
@@ -77,7 +100,8 @@ class OperatorVerbs(_VerbsBase):
     def expire_now(self) -> int:
         """End the lease of claimed jobs (a second ago, DB clock) so any worker may take them."""
         return self.filter(state=JobState.CLAIMED).update(
-            lease_expires_at=Now() - Value(timedelta(seconds=1)))
+            lease_expires_at=Now() - Value(timedelta(seconds=1))
+        )
 
     def expire_stalled_now(self, heartbeat_seconds: float) -> int:
         """End the lease of stalled claims only; the same UPDATE re-checks that each is stalled,
@@ -88,10 +112,12 @@ class OperatorVerbs(_VerbsBase):
         """Finished jobs past retention: succeeded, cancelled, and dead ones if asked."""
         states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
         return self.filter(
-            state__in=states, finished_at__lt=Now() - Value(timedelta(days=older_than_days)))
+            state__in=states, finished_at__lt=Now() - Value(timedelta(days=older_than_days))
+        )
 
-    def prune(self, older_than_days: float, *, include_dead: bool = False,
-              batch_size: int = 1000) -> int:
+    def prune(
+        self, older_than_days: float, *, include_dead: bool = False, batch_size: int = 1000
+    ) -> int:
         """Delete finished jobs (succeeded and cancelled, and dead ones if asked) that finished
         more than N days ago on the database clock, ``batch_size`` at a time so no statement
         holds locks for long; return how many jobs were deleted."""
@@ -118,12 +144,12 @@ class OperatorVerbs(_VerbsBase):
                 return ended
             # Conditional again: a job claimed since the read keeps running.
             ended += manager.filter(pk__in=ids, state=JobState.PENDING, deadline__lt=Now()).update(
-                state=JobState.DEAD, dead_reason=DeadReason.DEADLINE, finished_at=Now())
+                state=JobState.DEAD, dead_reason=DeadReason.DEADLINE, finished_at=Now()
+            )
 
     def purge_finished(self) -> int:
         """Delete succeeded and cancelled jobs (with their failure rows); return jobs deleted."""
-        _, per_model = self.filter(
-            state__in=[JobState.SUCCEEDED, JobState.CANCELLED]).delete()
+        _, per_model = self.filter(state__in=[JobState.SUCCEEDED, JobState.CANCELLED]).delete()
         return per_model.get(self.model._meta.label, 0)
 
     # -- reads: the admin's, the backend's, the advisor's --------------------------------
@@ -131,8 +157,10 @@ class OperatorVerbs(_VerbsBase):
     def census(self) -> list[dict[str, Any]]:
         """Count jobs per (queue, task, state) in one GROUP BY: the admin's header and filters."""
         rows = (
-            self.order_by().values("queue_name", "task_path", "state")
-            .annotate(n=models.Count("*")).order_by()
+            self.order_by()
+            .values("queue_name", "task_path", "state")
+            .annotate(n=models.Count("*"))
+            .order_by()
         )
         # The admin reads a row's columns by name from a variable: plain dicts, not TypedDicts.
         return cast("list[dict[str, Any]]", list(rows))
@@ -162,12 +190,20 @@ class OperatorVerbs(_VerbsBase):
         ``since_days`` days if given. ``duration`` is finished_at - last_attempted_at, the
         last attempt from claim to acknowledgement: both stamps come from the database
         clock, so the difference holds whatever the workers' clocks say."""
-        finished = self.filter(state=JobState.SUCCEEDED, last_attempted_at__isnull=False,
-                               finished_at__isnull=False)
+        finished = self.filter(
+            state=JobState.SUCCEEDED, last_attempted_at__isnull=False, finished_at__isnull=False
+        )
         if since_days is not None:
             finished = finished.filter(
-                finished_at__gte=Now() - Value(timedelta(days=checked_seconds("since_days", since_days))))
-        return finished.order_by().annotate(
-            duration=models.ExpressionWrapper(F("finished_at") - F("last_attempted_at"),
-                                              output_field=models.DurationField()),
-        ).values_list("task_path", "lease_seconds", "duration")
+                finished_at__gte=Now()
+                - Value(timedelta(days=checked_seconds("since_days", since_days)))
+            )
+        return (
+            finished.order_by()
+            .annotate(
+                duration=models.ExpressionWrapper(
+                    F("finished_at") - F("last_attempted_at"), output_field=models.DurationField()
+                ),
+            )
+            .values_list("task_path", "lease_seconds", "duration")
+        )

@@ -70,7 +70,9 @@ def _lease_end_by_job(claims: Iterable[Any], override: float | None) -> Any:
         return _lease_end(override)
     by_lease: dict[float, list[Any]] = {}
     for c in claims:
-        by_lease.setdefault(float(getattr(c, "lease_seconds", conf.DEFAULT_LEASE_SECONDS)), []).append(c.pk)
+        by_lease.setdefault(
+            float(getattr(c, "lease_seconds", conf.DEFAULT_LEASE_SECONDS)), []
+        ).append(c.pk)
     if len(by_lease) == 1:
         return _lease_end(next(iter(by_lease)))
     whens = [When(pk__in=pks, then=_lease_end(v)) for v, pks in sorted(by_lease.items())]
@@ -79,8 +81,11 @@ def _lease_end_by_job(claims: Iterable[Any], override: float | None) -> Any:
 
 def _count_if_expired() -> Case:
     """leases_lost + 1 when the row is a claim (being taken over or ended), else unchanged."""
-    return Case(When(state=JobState.CLAIMED, then=F("leases_lost") + 1), default=F("leases_lost"),
-                output_field=models.PositiveIntegerField())
+    return Case(
+        When(state=JobState.CLAIMED, then=F("leases_lost") + 1),
+        default=F("leases_lost"),
+        output_field=models.PositiveIntegerField(),
+    )
 
 
 def _ending(job: Any) -> str | None:
@@ -117,8 +122,10 @@ def _expiry_message(granted: float | None, owner: str) -> str:
 
 def _token_case(tokens: dict[Any, uuid.UUID]) -> Case:
     return Case(
-        *[When(pk=pk, then=Value(token, output_field=models.UUIDField()))
-          for pk, token in tokens.items()],
+        *[
+            When(pk=pk, then=Value(token, output_field=models.UUIDField()))
+            for pk, token in tokens.items()
+        ],
         output_field=models.UUIDField(),
     )
 
@@ -130,17 +137,23 @@ _DB_CLOCK_FIELDS = ("lease_expires_at", "heartbeat_at", "last_attempted_at", "st
 
 # -- PostgreSQL: the statements of JobQuerySet._PG_* for a model and database ------------
 
+
 def _pg_sql(template: str, model: Any, db: str, *, all_queues: bool = False) -> str:
     """``template`` for ``model``'s tables; the claim's queue filter left out for a claim
     of every queue (the due half is then the same ordered index scan, unfiltered)."""
     quote = connections[db].ops.quote_name
     failure = apps.get_model("django_leases", "JobFailure")
-    return template.format(job=quote(model._meta.db_table), failure=quote(failure._meta.db_table),
-                           queue_filter="" if all_queues else "\n      AND queue_name = ANY(%(queues)s)",
-                           min_lease=f"{conf.MIN_LEASE_SECONDS:g}", pending=JobState.PENDING.value,
-                           claimed=JobState.CLAIMED.value, succeeded=JobState.SUCCEEDED.value,
-                           retry=LeaseLostPolicy.RETRY.value,
-                           lease_expired=FailureKind.LEASE_EXPIRED.value)
+    return template.format(
+        job=quote(model._meta.db_table),
+        failure=quote(failure._meta.db_table),
+        queue_filter="" if all_queues else "\n      AND queue_name = ANY(%(queues)s)",
+        min_lease=f"{conf.MIN_LEASE_SECONDS:g}",
+        pending=JobState.PENDING.value,
+        claimed=JobState.CLAIMED.value,
+        succeeded=JobState.SUCCEEDED.value,
+        retry=LeaseLostPolicy.RETRY.value,
+        lease_expired=FailureKind.LEASE_EXPIRED.value,
+    )
 
 
 def _pg_ids(model: Any, db: str, template: str, params: dict[str, Any]) -> set[Any]:
@@ -149,12 +162,16 @@ def _pg_ids(model: Any, db: str, template: str, params: dict[str, Any]) -> set[A
         return {row[0] for row in cursor.fetchall()}
 
 
-def _pg_claim(model: Any, db: str, worker_id: str, queues: list[str] | None, limit: int,
-              lease: float | None) -> list[Any]:
+def _pg_claim(
+    model: Any, db: str, worker_id: str, queues: list[str] | None, limit: int, lease: float | None
+) -> list[Any]:
     """Claim in one statement; the jobs carry their state before the claim on ``was_*``."""
     sql = _pg_sql(JobQuerySet._PG_CLAIM, model, db, all_queues=queues is None)
-    return list(model._default_manager.using(db).raw(
-        sql, {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}))
+    return list(
+        model._default_manager.using(db).raw(
+            sql, {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}
+        )
+    )
 
 
 class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
@@ -218,8 +235,13 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
 
     # -- enqueue: the manager's entry to enqueue.py -----------------------------------
 
-    def enqueue(self, task_path: str, args: Sequence[Any] = (),
-                kwargs: dict[str, Any] | None = None, **options: Any) -> Job:
+    def enqueue(
+        self,
+        task_path: str,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Job:
         """Insert a pending job in the caller's transaction and return it.
 
         ``options`` are those of EnqueueOptions: queue_name, priority, run_after, delay,
@@ -259,7 +281,9 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         from .exceptions import InvalidLeaseOption
 
         if "unique_key" in options:
-            raise InvalidLeaseOption("unique_key", "enqueue_many() takes no unique_key; use enqueue()")
+            raise InvalidLeaseOption(
+                "unique_key", "enqueue_many() takes no unique_key; use enqueue()"
+            )
         fields = EnqueueOptions.of(options).check(task_path)
         db = self._db or router.db_for_write(self.model)
         check_queue(fields.queue_name, db)
@@ -373,12 +397,21 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
             limit -= len(claimed)
         return claimed + self._claim_portable(db, worker_id, queues, limit, lease)
 
-    def _claim_portable(self, db: str, worker_id: str, queues: list[str] | None, limit: int,
-                        lease: float | None) -> list[Job]:
+    def _claim_portable(
+        self, db: str, worker_id: str, queues: list[str] | None, limit: int, lease: float | None
+    ) -> list[Job]:
         features = connections[db].features
-        candidates_qs = self.model._default_manager.using(db).claim_order(queues).annotate(
-            past_deadline=Case(When(deadline__lt=Now(), then=Value(True)), default=Value(False),
-                               output_field=models.BooleanField()))
+        candidates_qs = (
+            self.model._default_manager.using(db)
+            .claim_order(queues)
+            .annotate(
+                past_deadline=Case(
+                    When(deadline__lt=Now(), then=Value(True)),
+                    default=Value(False),
+                    output_field=models.BooleanField(),
+                )
+            )
+        )
         if features.has_select_for_update_skip_locked:
             with transaction.atomic(using=db):
                 candidates = list(candidates_qs.select_for_update(skip_locked=True)[:limit])
@@ -386,7 +419,9 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         candidates = list(candidates_qs[:limit])
         return self._take(db, candidates, worker_id, lease)
 
-    def _take(self, db: str, candidates: list[Job], worker_id: str, lease: float | None) -> list[Job]:
+    def _take(
+        self, db: str, candidates: list[Job], worker_id: str, lease: float | None
+    ) -> list[Job]:
         if not candidates:
             return []
         manager = self.model._default_manager.using(db)
@@ -404,20 +439,27 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         as_read = Q()
         for j in wanted:
             as_read |= Q(pk=j.pk, fence=j.fence, state=j.state)
-        claimed_count = manager.filter(as_read).claimable().update(
-            # MySQL assigns left to right and later expressions see earlier assignments:
-            # read the old state before it is overwritten.
-            leases_lost=_count_if_expired(),
-            state=JobState.CLAIMED,
-            claim_token=_token_case(tokens),
-            fence=F("fence") + 1,
-            attempts=F("attempts") + 1,
-            claimed_by=worker_id,
-            lease_expires_at=_lease_end_by_job(wanted, lease),
-            heartbeat_at=Now(),
-            last_attempted_at=Now(),
-            started_at=Case(When(started_at__isnull=True, then=Now()), default=F("started_at"),
-                            output_field=models.DateTimeField()),
+        claimed_count = (
+            manager.filter(as_read)
+            .claimable()
+            .update(
+                # MySQL assigns left to right and later expressions see earlier assignments:
+                # read the old state before it is overwritten.
+                leases_lost=_count_if_expired(),
+                state=JobState.CLAIMED,
+                claim_token=_token_case(tokens),
+                fence=F("fence") + 1,
+                attempts=F("attempts") + 1,
+                claimed_by=worker_id,
+                lease_expires_at=_lease_end_by_job(wanted, lease),
+                heartbeat_at=Now(),
+                last_attempted_at=Now(),
+                started_at=Case(
+                    When(started_at__isnull=True, then=Now()),
+                    default=F("started_at"),
+                    output_field=models.DateTimeField(),
+                ),
+            )
         )
         if claimed_count != len(wanted):
             # Lost a race for some rows (only possible without SKIP LOCKED): keep the ones
@@ -441,12 +483,19 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
 
     def _record_expired(self, db: str, jobs: list[Job]) -> None:
         JobFailure = apps.get_model("django_leases", "JobFailure")
-        JobFailure.objects.using(db).bulk_create([
-            JobFailure(job_id=j.pk, attempt=j.attempts, fence=j.fence, worker_id=j.claimed_by,
-                       kind=FailureKind.LEASE_EXPIRED,
-                       message=_expiry_message(_granted_lease(j), j.claimed_by))
-            for j in jobs
-        ])
+        JobFailure.objects.using(db).bulk_create(
+            [
+                JobFailure(
+                    job_id=j.pk,
+                    attempt=j.attempts,
+                    fence=j.fence,
+                    worker_id=j.claimed_by,
+                    kind=FailureKind.LEASE_EXPIRED,
+                    message=_expiry_message(_granted_lease(j), j.claimed_by),
+                )
+                for j in jobs
+            ]
+        )
 
     def _settle(self, db: str, jobs: list[Job], ending: dict[Any, str]) -> None:
         """End candidates that must not run again: dead-letter them, or park them."""
@@ -460,10 +509,18 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
                 else:
                     changes = {"state": JobState.DEAD, "dead_reason": reason, "finished_at": Now()}
                 # One conditional UPDATE per job: state and token pin the row as it was found.
-                if manager.claimable().filter(
-                    pk=job.pk, state=job.state, claim_token=job.claim_token
-                ).update(leases_lost=_count_if_expired(), claim_token=None,
-                         lease_expires_at=None, **changes) == 1 and job.state == JobState.CLAIMED:
+                if (
+                    manager.claimable()
+                    .filter(pk=job.pk, state=job.state, claim_token=job.claim_token)
+                    .update(
+                        leases_lost=_count_if_expired(),
+                        claim_token=None,
+                        lease_expires_at=None,
+                        **changes,
+                    )
+                    == 1
+                    and job.state == JobState.CLAIMED
+                ):
                     lost.append(job)
             self._record_expired(db, lost)
 
@@ -491,10 +548,20 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         lease = _checked_lease(lease)
         db = self._db or router.db_for_write(self.model)
         if on_postgresql(db):
-            return _pg_ids(self.model, db, self._PG_RENEW, {
-                "ids": [c.pk for c in claims], "tokens": [c.claim_token for c in claims],
-                "leases": [float(getattr(c, "lease_seconds", conf.DEFAULT_LEASE_SECONDS)) for c in claims],
-                "lease": lease})
+            return _pg_ids(
+                self.model,
+                db,
+                self._PG_RENEW,
+                {
+                    "ids": [c.pk for c in claims],
+                    "tokens": [c.claim_token for c in claims],
+                    "leases": [
+                        float(getattr(c, "lease_seconds", conf.DEFAULT_LEASE_SECONDS))
+                        for c in claims
+                    ],
+                    "lease": lease,
+                },
+            )
         manager = self.model._default_manager.using(db)
         ids = [c.pk for c in claims]
         tokens = [c.claim_token for c in claims]
@@ -512,17 +579,24 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     def _owned(self, claim: ClaimRef) -> JobQuerySet:
         db = self._db or router.db_for_write(self.model)
         return self.model._default_manager.using(db).filter(
-            pk=claim.pk, claim_token=claim.claim_token, state=JobState.CLAIMED)
+            pk=claim.pk, claim_token=claim.claim_token, state=JobState.CLAIMED
+        )
 
     @retry_deadlock_victims
     def ack(self, claim: ClaimRef, result: Any = None) -> bool:
         """Mark the job succeeded if ``claim`` still owns it. Raise InvalidJobArgument if
         ``result`` does not round-trip through JSON (nothing is written then)."""
         result = ensure_json(result, "result")
-        return self._owned(claim).update(
-            state=JobState.SUCCEEDED, result=result, finished_at=Now(),
-            claim_token=None, lease_expires_at=None,
-        ) == 1
+        return (
+            self._owned(claim).update(
+                state=JobState.SUCCEEDED,
+                result=result,
+                finished_at=Now(),
+                claim_token=None,
+                lease_expires_at=None,
+            )
+            == 1
+        )
 
     # A batch of acks on PostgreSQL: the same predicate as ack() and ack_many().
     _PG_ACK = """
@@ -549,12 +623,21 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
             return set()
         db = self._db or router.db_for_write(self.model)
         if on_postgresql(db):
-            return _pg_ids(self.model, db, self._PG_ACK, {
-                "ids": [c.pk for c, _ in outcomes], "tokens": [c.claim_token for c, _ in outcomes],
-                "results": [json_param(results[c.pk]) for c, _ in outcomes]})
+            return _pg_ids(
+                self.model,
+                db,
+                self._PG_ACK,
+                {
+                    "ids": [c.pk for c, _ in outcomes],
+                    "tokens": [c.claim_token for c, _ in outcomes],
+                    "results": [json_param(results[c.pk]) for c, _ in outcomes],
+                },
+            )
         owned = self.model._default_manager.using(db).filter(
-            pk__in=list(results), claim_token__in=[c.claim_token for c, _ in outcomes],
-            state=JobState.CLAIMED)
+            pk__in=list(results),
+            claim_token__in=[c.claim_token for c, _ in outcomes],
+            state=JobState.CLAIMED,
+        )
         with transaction.atomic(using=db):
             ids = set(owned.select_for_update().values_list("pk", flat=True))
             if not ids:
@@ -562,13 +645,18 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
             result: Any = None
             if any(results[pk] is not None for pk in ids):
                 result = Case(
-                    *[When(pk=pk, then=Value(results[pk], output_field=models.JSONField()))
-                      for pk in ids],
+                    *[
+                        When(pk=pk, then=Value(results[pk], output_field=models.JSONField()))
+                        for pk in ids
+                    ],
                     output_field=models.JSONField(),
                 )
             owned.filter(pk__in=ids).update(
-                state=JobState.SUCCEEDED, result=result, finished_at=Now(),
-                claim_token=None, lease_expires_at=None,
+                state=JobState.SUCCEEDED,
+                result=result,
+                finished_at=Now(),
+                claim_token=None,
+                lease_expires_at=None,
             )
         return ids
 
@@ -601,7 +689,9 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
 
         db = self._db or router.db_for_write(self.model)
         if retry_in is None:
-            retry_in = _retry_delay(getattr(claim, "retry", None), getattr(claim, "attempts", 1) or 1)
+            retry_in = _retry_delay(
+                getattr(claim, "retry", None), getattr(claim, "attempts", 1) or 1
+            )
         if retry:
             reason: Any = Case(
                 When(deadline__lt=Now(), then=Value(DeadReason.DEADLINE)),
@@ -609,25 +699,46 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
                 default=Value(""),
             )
             dead = Q(deadline__lt=Now()) | Q(attempts__gte=F("max_attempts"))
-            state: Any = Case(When(dead, then=Value(JobState.DEAD)), default=Value(JobState.PENDING))
-            finished: Any = Case(When(dead, then=Now()), default=Value(None),
-                                 output_field=models.DateTimeField())
+            state: Any = Case(
+                When(dead, then=Value(JobState.DEAD)), default=Value(JobState.PENDING)
+            )
+            finished: Any = Case(
+                When(dead, then=Now()), default=Value(None), output_field=models.DateTimeField()
+            )
         else:
-            reason = DeadReason.UNRUNNABLE if kind == FailureKind.UNRUNNABLE else DeadReason.NON_RETRYABLE
+            reason = (
+                DeadReason.UNRUNNABLE
+                if kind == FailureKind.UNRUNNABLE
+                else DeadReason.NON_RETRYABLE
+            )
             state, finished = JobState.DEAD, Now()
         with transaction.atomic(using=db):
             # dead_reason and finished_at read attempts/deadline, which this UPDATE leaves
             # alone, so MySQL's left-to-right assignment cannot change their answers.
-            if self._owned(claim).update(
-                dead_reason=reason, finished_at=finished, state=state,
-                available_at=_lease_end(max(retry_in, 0.0)),
-                claim_token=None, lease_expires_at=None,
-            ) != 1:
+            if (
+                self._owned(claim).update(
+                    dead_reason=reason,
+                    finished_at=finished,
+                    state=state,
+                    available_at=_lease_end(max(retry_in, 0.0)),
+                    claim_token=None,
+                    lease_expires_at=None,
+                )
+                != 1
+            ):
                 return False
-            job = self.model._default_manager.using(db).only("attempts", "fence", "claimed_by").get(pk=claim.pk)
+            job = (
+                self.model._default_manager.using(db)
+                .only("attempts", "fence", "claimed_by")
+                .get(pk=claim.pk)
+            )
             apps.get_model("django_leases", "JobFailure").objects.using(db).create(
-                job_id=claim.pk, attempt=job.attempts, fence=job.fence, worker_id=job.claimed_by,
-                kind=kind, exception_class_path=storable_name(exception_class_path),
+                job_id=claim.pk,
+                attempt=job.attempts,
+                fence=job.fence,
+                worker_id=job.claimed_by,
+                kind=kind,
+                exception_class_path=storable_name(exception_class_path),
                 message=storable_text(message, MESSAGE_LIMIT),
                 traceback=storable_text(traceback, TRACEBACK_LIMIT, keep_tail=True),
             )
@@ -636,21 +747,30 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     @retry_deadlock_victims
     def release(self, claim: ClaimRef) -> bool:
         """Give the job back to pending at once without counting the attempt."""
-        return self._owned(claim).update(
-            state=JobState.PENDING, available_at=Now(), attempts=F("attempts") - 1,
-            claim_token=None, lease_expires_at=None,
-        ) == 1
+        return (
+            self._owned(claim).update(
+                state=JobState.PENDING,
+                available_at=Now(),
+                attempts=F("attempts") - 1,
+                claim_token=None,
+                lease_expires_at=None,
+            )
+            == 1
+        )
 
     @retry_deadlock_victims
     def checkpoint(self, claim: ClaimRef, cursor: Any, lease: float | None = None) -> bool:
         """Commit ``cursor`` and renew the lease in one conditional UPDATE."""
         cursor = ensure_json(cursor, "cursor")
         lease = _checked_lease(lease)
-        return self._owned(claim).update(
-            cursor=cursor,
-            lease_expires_at=_lease_end_by_job([claim], lease),
-            heartbeat_at=Now(),
-        ) == 1
+        return (
+            self._owned(claim).update(
+                cursor=cursor,
+                lease_expires_at=_lease_end_by_job([claim], lease),
+                heartbeat_at=Now(),
+            )
+            == 1
+        )
 
 
 def _retry_delay(ladder: Any, attempts: int) -> float:

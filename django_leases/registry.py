@@ -88,9 +88,12 @@ def is_discovered(task: Task[..., Any]) -> bool:
         return True
     from django.tasks import Task
 
-    return any(isinstance(value, Task) and value.module_path == path
-               for name in found if name in sys.modules
-               for value in list(vars(sys.modules[name]).values()))
+    return any(
+        isinstance(value, Task) and value.module_path == path
+        for name in found
+        if name in sys.modules
+        for value in list(vars(sys.modules[name]).values())
+    )
 
 
 def discover() -> None:

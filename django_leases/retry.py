@@ -40,10 +40,20 @@ class Retry:
             _non_negative(f"retry.delays[{i}]", d)
         _non_negative("retry.base", self.base)
         _non_negative("retry.cap", self.cap)
-        if isinstance(self.factor, bool) or not isinstance(self.factor, int | float) or not 1 <= self.factor < math.inf:
+        if (
+            isinstance(self.factor, bool)
+            or not isinstance(self.factor, int | float)
+            or not 1 <= self.factor < math.inf
+        ):
             raise InvalidLeaseOption("retry.factor", f"must be a number >= 1, got {self.factor!r}")
-        if isinstance(self.jitter, bool) or not isinstance(self.jitter, int | float) or not 0 <= self.jitter < 1:
-            raise InvalidLeaseOption("retry.jitter", f"must be from 0 to below 1, got {self.jitter!r}")
+        if (
+            isinstance(self.jitter, bool)
+            or not isinstance(self.jitter, int | float)
+            or not 0 <= self.jitter < 1
+        ):
+            raise InvalidLeaseOption(
+                "retry.jitter", f"must be from 0 to below 1, got {self.jitter!r}"
+            )
 
     def nominal(self, failures: int) -> float:
         """The delay after the ``failures``-th failure, before jitter."""
@@ -76,7 +86,9 @@ class Retry:
         if isinstance(data, list | tuple):
             return cls(delays=tuple(data))
         if not isinstance(data, dict):
-            raise InvalidLeaseOption("retry", f"must be a Retry, a list of delays or a dict, got {data!r}")
+            raise InvalidLeaseOption(
+                "retry", f"must be a Retry, a list of delays or a dict, got {data!r}"
+            )
         unknown = set(data) - {"delays", "base", "factor", "cap", "jitter"}
         if unknown:
             raise InvalidLeaseOption("retry", f"unknown keys {sorted(unknown)}")
@@ -85,10 +97,15 @@ class Retry:
 
 
 def _non_negative(name: str, value: Any) -> None:
-    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
-            or not 0 <= value <= MAX_DELAY_SECONDS):
-        raise InvalidLeaseOption(name, f"must be seconds from 0 to {MAX_DELAY_SECONDS:g}, "
-                                       f"got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value <= MAX_DELAY_SECONDS
+    ):
+        raise InvalidLeaseOption(
+            name, f"must be seconds from 0 to {MAX_DELAY_SECONDS:g}, got {value!r}"
+        )
 
 
 DEFAULT_RETRY = Retry()
@@ -115,4 +132,3 @@ def worst_case_completion(
         raised = handler_seconds + retry.longest(failures) + poll
         total += max(crashed, raised)
     return total + poll + handler_seconds
-

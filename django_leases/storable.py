@@ -50,8 +50,9 @@ def storable_text(value: Any, limit: int, *, keep_tail: bool = False) -> str:
     if not keep_tail:
         return (_escape(text[:room])[:room] + note)[:limit]
     head, tail = room - room // 2, room // 2
-    return (_escape(text[:head])[:head] + note
-            + (_escape(text[-tail:])[-tail:] if tail else ""))[:limit]
+    return (_escape(text[:head])[:head] + note + (_escape(text[-tail:])[-tail:] if tail else ""))[
+        :limit
+    ]
 
 
 def storable_name(value: Any, limit: int = CLASS_PATH_LIMIT) -> str:
@@ -84,7 +85,9 @@ def class_path(cls: type) -> str:
         module = None
     if not isinstance(module, str):
         module = "<unknown>"
-    return storable_name(f"{_plain(module)[:CLASS_PATH_LIMIT]}.{_plain(qualname)[:CLASS_PATH_LIMIT]}")
+    return storable_name(
+        f"{_plain(module)[:CLASS_PATH_LIMIT]}.{_plain(qualname)[:CLASS_PATH_LIMIT]}"
+    )
 
 
 def describe_exception(exc: BaseException) -> tuple[str, str, str]:
@@ -95,8 +98,11 @@ def describe_exception(exc: BaseException) -> tuple[str, str, str]:
     """
     path = class_path(type(exc))
     message = _message(exc)
-    return (path, storable_text(message, MESSAGE_LIMIT),
-            storable_text(_traceback(exc, path, message), TRACEBACK_LIMIT, keep_tail=True))
+    return (
+        path,
+        storable_text(message, MESSAGE_LIMIT),
+        storable_text(_traceback(exc, path, message), TRACEBACK_LIMIT, keep_tail=True),
+    )
 
 
 def readable_class_path(path: str, fallback: str = "builtins.Exception") -> str:
@@ -165,15 +171,19 @@ def storable_result(value: Any) -> Any:
     except InvalidJobArgument as e:
         raise TypeError(f"the task returned a value that cannot be stored as JSON: {e}") from None
     except RecursionError:
-        raise TypeError("the task returned a value that cannot be stored as JSON: result: "
-                        "nested too deeply") from None
+        raise TypeError(
+            "the task returned a value that cannot be stored as JSON: result: nested too deeply"
+        ) from None
     except BaseException as e:  # noqa: BLE001 -- ValueError from json, or whatever the
         # value's own methods raise (user code: even KeyboardInterrupt is its failure)
-        raise TypeError("the task returned a value that cannot be stored as JSON: result: "
-                        f"{_message(e)}") from None
+        raise TypeError(
+            f"the task returned a value that cannot be stored as JSON: result: {_message(e)}"
+        ) from None
     if len(text) > RESULT_LIMIT:
-        raise TypeError(f"the task returned a value too large to store: result: its JSON form "
-                        f"is {len(text):,} characters, over the limit of {RESULT_LIMIT:,}")
+        raise TypeError(
+            f"the task returned a value too large to store: result: its JSON form "
+            f"is {len(text):,} characters, over the limit of {RESULT_LIMIT:,}"
+        )
     # A fresh copy of plain types: no subclass of str or int (whose pickling a handler may
     # have overridden) goes on to the worker.
     return json.loads(text)

@@ -61,7 +61,9 @@ class LeaseTask(_TaskBase):
         allowed = LEASE_OPTIONS
         unknown = set(changes) - allowed
         if unknown:
-            raise TypeError(f"using_lease() got unknown options {sorted(unknown)}; use {sorted(allowed)}")
+            raise TypeError(
+                f"using_lease() got unknown options {sorted(unknown)}; use {sorted(allowed)}"
+            )
         return replace(self, **changes)
 
 
@@ -95,8 +97,10 @@ class UndeclaredTask(LeaseTask):
         return self.path.rpartition(".")[2]
 
     def _refuse(self) -> InvalidTask:
-        return InvalidTask(f"{self.path!r} is not a task declared for backend {self.backend!r}; "
-                           "this result's task can be read, not enqueued or called.")
+        return InvalidTask(
+            f"{self.path!r} is not a task declared for backend {self.backend!r}; "
+            "this result's task can be read, not enqueued or called."
+        )
 
     def enqueue(self, *args: Any, **kwargs: Any) -> Any:
         raise self._refuse()

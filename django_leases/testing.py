@@ -42,9 +42,14 @@ def expire_lease(job: Any, *, using: str | None = None) -> bool:
     return expired == 1
 
 
-def run_burst(*, backend: str | None = None, queues: list[str] | None = None,
-              max_jobs: int | None = None, lease: float | None = None,
-              worker_id: str = "test-worker") -> None:
+def run_burst(
+    *,
+    backend: str | None = None,
+    queues: list[str] | None = None,
+    max_jobs: int | None = None,
+    lease: float | None = None,
+    worker_id: str = "test-worker",
+) -> None:
     """Run a worker in this process until nothing is claimable (``--burst``): every due job
     is claimed, run on a handler thread under a renewed lease and acknowledged or failed,
     exactly as run_lease_worker would. Jobs whose retry is due later stay pending."""
@@ -54,12 +59,22 @@ def run_burst(*, backend: str | None = None, queues: list[str] | None = None,
     # None (a project with no lease backend) is not refused here: the worker fails on it.
     alias = cast(str, backend or conf.first_lease_backend())
     options = conf.get_options(alias)
-    Worker(alias=alias, database=options.database,
-           # As run_lease_worker: the backend's QUEUES, or every queue when it lists none.
-           queues=queues or conf.served_queues(alias),
-           concurrency=1, lease=lease, heartbeat=conf.worker_heartbeat(options, lease),
-           poll=0.05, burst=True, max_jobs=max_jobs, grace=0, worker_id=worker_id,
-           notify=False, connect_handlers=False).run()
+    Worker(
+        alias=alias,
+        database=options.database,
+        # As run_lease_worker: the backend's QUEUES, or every queue when it lists none.
+        queues=queues or conf.served_queues(alias),
+        concurrency=1,
+        lease=lease,
+        heartbeat=conf.worker_heartbeat(options, lease),
+        poll=0.05,
+        burst=True,
+        max_jobs=max_jobs,
+        grace=0,
+        worker_id=worker_id,
+        notify=False,
+        connect_handlers=False,
+    ).run()
 
 
 def run_job(job: Any, *, using: str | None = None, **options: Any) -> Any:
@@ -96,6 +111,7 @@ def assert_ran_once(job: Any, *, using: str | None = None) -> Any:
     if failures:
         problems.append(f"failures recorded: {failures}")
     if problems:
-        raise AssertionError(f"job {found.pk} ({found.task_path}) did not run exactly once: "
-                             + "; ".join(problems))
+        raise AssertionError(
+            f"job {found.pk} ({found.task_path}) did not run exactly once: " + "; ".join(problems)
+        )
     return found

@@ -22,8 +22,14 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
     def register(self, worker_id: str, *, hostname: str, pid: int, queues: list[str]) -> None:
         self.update_or_create(
             worker_id=worker_id,
-            defaults={"hostname": hostname, "pid": pid, "queues": queues,
-                      "started_at": Now(), "last_seen_at": Now(), "stopped_at": None},
+            defaults={
+                "hostname": hostname,
+                "pid": pid,
+                "queues": queues,
+                "started_at": Now(),
+                "last_seen_at": Now(),
+                "stopped_at": None,
+            },
         )
 
     def seen(self, worker_id: str) -> int:
@@ -36,7 +42,8 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
 
     def _gone_q(self, heartbeat_seconds: float) -> Q:
         return Q(stopped_at__isnull=False) | Q(
-            last_seen_at__lt=Now() - Value(timedelta(seconds=2 * heartbeat_seconds)))
+            last_seen_at__lt=Now() - Value(timedelta(seconds=2 * heartbeat_seconds))
+        )
 
     def gone(self, heartbeat_seconds: float) -> WorkerQuerySet:
         """Stopped, or not seen for more than two heartbeat periods (database clock)."""
@@ -49,15 +56,23 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
         Job = apps.get_model("django_leases", "Job")
 
         def count(**lookups: Any) -> Any:
-            held = (Job.objects.using(self.db)
-                    .filter(state=JobState.CLAIMED, claimed_by=models.OuterRef("worker_id"), **lookups)
-                    .order_by().values("claimed_by").annotate(n=models.Count("*")).values("n"))
+            held = (
+                Job.objects.using(self.db)
+                .filter(state=JobState.CLAIMED, claimed_by=models.OuterRef("worker_id"), **lookups)
+                .order_by()
+                .values("claimed_by")
+                .annotate(n=models.Count("*"))
+                .values("n")
+            )
             return Coalesce(models.Subquery(held), 0)
 
         return self.annotate(
             db_now=Now(),
             claims_held=count(),
             claims_expired=count(lease_expires_at__lt=Now()),
-            looks_gone=Case(When(self._gone_q(heartbeat_seconds), then=Value(True)),
-                            default=Value(False), output_field=models.BooleanField()),
+            looks_gone=Case(
+                When(self._gone_q(heartbeat_seconds), then=Value(True)),
+                default=Value(False),
+                output_field=models.BooleanField(),
+            ),
         )

@@ -1,18 +1,18 @@
 """A claiming process for the concurrency tests.
 
-    python -m tests.claimer WORKER_ID LIMIT LEASE IDLE_ROUNDS
-        claims, records, acknowledges until IDLE_ROUNDS claims in a row found nothing.
-        Prints one JSON line per claim: job id, token, fence, and whether its ack was applied.
+python -m tests.claimer WORKER_ID LIMIT LEASE IDLE_ROUNDS
+    claims, records, acknowledges until IDLE_ROUNDS claims in a row found nothing.
+    Prints one JSON line per claim: job id, token, fence, and whether its ack was applied.
 
-    python -m tests.claimer --commands WORKER_ID LIMIT LEASE
-        takes its orders from stdin, one per line, so that a test can start several of them
-        on the same instant (takeover races). Prints {"ready": true} once connected, then for
-        each order its JSON lines and {"done": true}:
-          claim          claim until a claim finds nothing; one line per claim (no ack),
-                         with the fence the row stores under the claim's token just after
-          race SECONDS   claim for SECONDS, whatever each claim finds; lines as for claim
-          ack            for every claim made so far (newest first): checkpoint, then ack,
-                         each answering whether it touched the row
+python -m tests.claimer --commands WORKER_ID LIMIT LEASE
+    takes its orders from stdin, one per line, so that a test can start several of them
+    on the same instant (takeover races). Prints {"ready": true} once connected, then for
+    each order its JSON lines and {"done": true}:
+      claim          claim until a claim finds nothing; one line per claim (no ack),
+                     with the fence the row stores under the claim's token just after
+      race SECONDS   claim for SECONDS, whatever each claim finds; lines as for claim
+      ack            for every claim made so far (newest first): checkpoint, then ack,
+                     each answering whether it touched the row
 """
 
 from __future__ import annotations
@@ -40,8 +40,13 @@ def drain(worker_id: str, limit: int, lease: float, idle_rounds: int) -> None:
         idle = 0
         for job in claims:
             acked = Job.objects.ack(job, {"by": worker_id})
-            emit(job=job.pk, token=str(job.claim_token), fence=job.fence, acked=acked,
-                 worker=worker_id)
+            emit(
+                job=job.pk,
+                token=str(job.claim_token),
+                fence=job.fence,
+                acked=acked,
+                worker=worker_id,
+            )
 
 
 def commands(worker_id: str, limit: int, lease: float) -> None:
@@ -55,10 +60,18 @@ def commands(worker_id: str, limit: int, lease: float) -> None:
             held.append(job)
             # The fence the row carries while it still carries this claim's token (None once
             # taken over): it must be the fence the claim handed out.
-            stored = Job.objects.filter(pk=job.pk, claim_token=job.claim_token).values_list(
-                "fence", flat=True).first()
-            emit(job=job.pk, token=str(job.claim_token), fence=job.fence, stored_fence=stored,
-                 worker=worker_id)
+            stored = (
+                Job.objects.filter(pk=job.pk, claim_token=job.claim_token)
+                .values_list("fence", flat=True)
+                .first()
+            )
+            emit(
+                job=job.pk,
+                token=str(job.claim_token),
+                fence=job.fence,
+                stored_fence=stored,
+                worker=worker_id,
+            )
         return len(claims)
 
     Job.objects.exists()  # connected before the first order, so that orders start together
@@ -79,8 +92,14 @@ def commands(worker_id: str, limit: int, lease: float) -> None:
                 cursor = {"fence": job.fence, "worker": worker_id}
                 checkpointed = Job.objects.checkpoint(job, cursor)
                 acked = Job.objects.ack(job, {"fence": job.fence, "worker": worker_id})
-                emit(job=job.pk, token=str(job.claim_token), fence=job.fence, worker=worker_id,
-                     checkpointed=checkpointed, acked=acked)
+                emit(
+                    job=job.pk,
+                    token=str(job.claim_token),
+                    fence=job.fence,
+                    worker=worker_id,
+                    checkpointed=checkpointed,
+                    acked=acked,
+                )
         else:
             raise SystemExit(f"unknown order {line!r}")
         emit(done=True)

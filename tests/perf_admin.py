@@ -63,6 +63,7 @@ CROSS JOIN LATERAL (SELECT CASE
 CROSS JOIN (SELECT now() AS t0) AS t
 """
 
+
 def load_sql(job_model, rows: int) -> tuple[str, dict]:
     """LOAD_SQL, plus a constant for each NOT NULL column the record has grown since, so the
     script keeps working as fields are added (their Python default, as a parameter)."""
@@ -70,18 +71,31 @@ def load_sql(job_model, rows: int) -> tuple[str, dict]:
 
     from django.db.models import NOT_PROVIDED, JSONField
 
-    named = set(re.search(r"INSERT INTO \w+ \((.*?)\)", LOAD_SQL, re.S).group(1).replace(" ", "")
-                .replace("\n", "").split(","))
+    named = set(
+        re.search(r"INSERT INTO \w+ \((.*?)\)", LOAD_SQL, re.S)
+        .group(1)
+        .replace(" ", "")
+        .replace("\n", "")
+        .split(",")
+    )
     params = {"rows": rows, "tasks": TASKS[:11], "rare_task": TASKS[11]}
-    extra = [f for f in job_model._meta.concrete_fields
-             if f.column not in named and not f.primary_key and not f.null
-             and not getattr(f, "generated", False) and f.db_default is NOT_PROVIDED]
+    extra = [
+        f
+        for f in job_model._meta.concrete_fields
+        if f.column not in named
+        and not f.primary_key
+        and not f.null
+        and not getattr(f, "generated", False)
+        and f.db_default is NOT_PROVIDED
+    ]
     sql = LOAD_SQL
     for f in extra:
         value = f.get_default()
         params[f"x_{f.column}"] = json.dumps(value) if isinstance(f, JSONField) else value
         sql = sql.replace(")\nSELECT", f", {f.column})\nSELECT", 1)
-        sql = sql.replace("\nFROM generate_series", f",\n    %(x_{f.column})s\nFROM generate_series", 1)
+        sql = sql.replace(
+            "\nFROM generate_series", f",\n    %(x_{f.column})s\nFROM generate_series", 1
+        )
     return sql, params
 
 
@@ -128,26 +142,32 @@ def main() -> int:
     if args.reload or Job.objects.order_by().values("pk")[: args.rows + 1].count() != args.rows:
         started = time.perf_counter()
         with connection.cursor() as cursor:
-            cursor.execute("TRUNCATE django_leases_jobfailure, django_leases_job, "
-                           "django_leases_workerprocess RESTART IDENTITY")
+            cursor.execute(
+                "TRUNCATE django_leases_jobfailure, django_leases_job, "
+                "django_leases_workerprocess RESTART IDENTITY"
+            )
             cursor.execute(*load_sql(Job, args.rows))
             cursor.execute(
                 "INSERT INTO django_leases_workerprocess "
                 "(worker_id, hostname, pid, queues, started_at, last_seen_at, stopped_at) "
                 "SELECT 'worker-' || n, 'host-' || (n % 4), 1000 + n, '[\"default\", \"emails\"]', "
                 "now() - interval '1 day', now() - CASE WHEN n < 15 THEN interval '1 second' "
-                "ELSE interval '10 minutes' END, NULL FROM generate_series(0, 19) AS n")
+                "ELSE interval '10 minutes' END, NULL FROM generate_series(0, 19) AS n"
+            )
             cursor.execute("VACUUM ANALYZE django_leases_job")
             cursor.execute("VACUUM ANALYZE django_leases_workerprocess")
         print(f"loaded {args.rows:,} jobs in {time.perf_counter() - started:.1f} s")
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_size_pretty(pg_total_relation_size('django_leases_job'))")
         size = cursor.fetchone()[0]
-    print(f"{args.rows:,} jobs, table with indexes {size}, PostgreSQL "
-          f"{connection.pg_version // 10000}, Django {django.get_version()}, {args.runs} runs each")
+    print(
+        f"{args.rows:,} jobs, table with indexes {size}, PostgreSQL "
+        f"{connection.pg_version // 10000}, Django {django.get_version()}, {args.runs} runs each"
+    )
 
     user, _ = get_user_model().objects.get_or_create(
-        username="perf-admin", defaults={"is_staff": True, "is_superuser": True})
+        username="perf-admin", defaults={"is_staff": True, "is_superuser": True}
+    )
     client = Client()
     client.force_login(user)
     detail = f"/admin/django_leases/job/{Job.objects.order_by('-pk').values_list('pk', flat=True)[:1][0]}/change/"

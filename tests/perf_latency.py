@@ -41,12 +41,29 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     Job.objects.all().delete()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), LEASES_WORKER_DB_NAME=connection.settings_dict["NAME"],
-               LEASES_WORKER_NOTIFY="1" if args.notify == "on" else "0")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        LEASES_WORKER_DB_NAME=connection.settings_dict["NAME"],
+        LEASES_WORKER_NOTIFY="1" if args.notify == "on" else "0",
+    )
     worker = subprocess.Popen(
-        [sys.executable, "-m", "django", "run_lease_worker", "--settings=tests.worker_settings",
-         "--poll", str(args.poll), "--concurrency", "4"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "run_lease_worker",
+            "--settings=tests.worker_settings",
+            "--poll",
+            str(args.poll),
+            "--concurrency",
+            "4",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(2)  # let it start and go idle
         ids = []
@@ -61,12 +78,16 @@ def main() -> None:
     finally:
         worker.terminate()
         worker.wait(30)
-    waits = sorted((j.last_attempted_at - j.enqueued_at).total_seconds() * 1000
-                   for j in Job.objects.filter(pk__in=ids))
+    waits = sorted(
+        (j.last_attempted_at - j.enqueued_at).total_seconds() * 1000
+        for j in Job.objects.filter(pk__in=ids)
+    )
     p99 = waits[min(len(waits) - 1, int(len(waits) * 0.99))]
-    print(f"{connection.vendor} {connection.Database.__name__} poll={args.poll}s notify={args.notify} "
-          f"jobs={len(waits)}: enqueue-to-start p50 {statistics.median(waits):.0f} ms, "
-          f"p99 {p99:.0f} ms, max {waits[-1]:.0f} ms")
+    print(
+        f"{connection.vendor} {connection.Database.__name__} poll={args.poll}s notify={args.notify} "
+        f"jobs={len(waits)}: enqueue-to-start p50 {statistics.median(waits):.0f} ms, "
+        f"p99 {p99:.0f} ms, max {waits[-1]:.0f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -29,12 +29,14 @@ def current_database_url() -> str:
 
 def child_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "DATABASE_URL": current_database_url(),
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "DATABASE_URL": current_database_url(),
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.update(extra)
     return env
 

@@ -1,7 +1,7 @@
 """Test settings: SQLite by default, PostgreSQL or MySQL when DATABASE_URL names one.
 
-    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test
-    DATABASE_URL=sqlite:///path/to/file.sqlite3   (a file: worker processes share it)
+DATABASE_URL=postgres://postgres@127.0.0.1:5432/test
+DATABASE_URL=sqlite:///path/to/file.sqlite3   (a file: worker processes share it)
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ def queue_database(default: dict) -> dict:
     queue = {**default, "OPTIONS": dict(default.get("OPTIONS", {})), "TEST": dict(default["TEST"])}
     if default["ENGINE"].endswith("sqlite3"):
         queue["NAME"] = default["NAME"].replace(".sqlite3", "") + "-queue.sqlite3"
-        queue["TEST"]["NAME"] = default["TEST"]["NAME"].replace("-test.sqlite3", "") + "-queue-test.sqlite3"
+        queue["TEST"]["NAME"] = (
+            default["TEST"]["NAME"].replace("-test.sqlite3", "") + "-queue-test.sqlite3"
+        )
     else:
         # A TEST NAME of its own, or Django takes both aliases for one database.
         queue["TEST"]["NAME"] = (default["TEST"]["NAME"] or f"test_{default['NAME']}") + "_queue"
@@ -86,15 +88,19 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
-TEMPLATES = [{
-    "BACKEND": "django.template.backends.django.DjangoTemplates",
-    "APP_DIRS": True,
-    "OPTIONS": {"context_processors": [
-        "django.template.context_processors.request",
-        "django.contrib.auth.context_processors.auth",
-        "django.contrib.messages.context_processors.messages",
-    ]},
-}]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
 ROOT_URLCONF = "tests.urls"
 STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -32,8 +32,11 @@ def main() -> None:
     else:
         raise SystemExit(f"unknown action {action!r}")
     db_now = Job.objects.annotate(now=Now()).values_list("now", flat=True).first()
-    print(json.dumps({"answer": answer, "local": time.time(),
-                      "db": db_now.timestamp() if db_now else None}))
+    print(
+        json.dumps(
+            {"answer": answer, "local": time.time(), "db": db_now.timestamp() if db_now else None}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,14 @@ def seconds(n: float) -> Value:
     return Value(timedelta(seconds=n))
 
 
-def claimed_job(worker: str = "w1", *, queue: str = "default", task: str = TASK,
-                expires_in: float = 25, heartbeat_ago: float = 0) -> Job:
+def claimed_job(
+    worker: str = "w1",
+    *,
+    queue: str = "default",
+    task: str = TASK,
+    expires_in: float = 25,
+    heartbeat_ago: float = 0,
+) -> Job:
     """A job claimed by ``worker``, its lease and last renewal placed on the database clock.
 
     The claim is made in a queue of its own, so that older pending or expired jobs of the
@@ -49,7 +55,9 @@ def claimed_job(worker: str = "w1", *, queue: str = "default", task: str = TASK,
     assert claim.pk == job.pk
     Job.objects.filter(pk=job.pk).update(
         queue_name=queue,
-        lease_expires_at=Now() + seconds(expires_in), heartbeat_at=Now() - seconds(heartbeat_ago))
+        lease_expires_at=Now() + seconds(expires_in),
+        heartbeat_at=Now() - seconds(heartbeat_ago),
+    )
     return Job.objects.get(pk=job.pk)
 
 
@@ -78,7 +86,8 @@ def rows(response) -> dict[int, str]:
 
 def cell(response, pk: int, field: str) -> str:
     row = re.search(
-        rf'<tr>(?:(?!</tr>).)*?/{pk}/change/(?:(?!</tr>).)*?</tr>', response.content.decode(), re.S)
+        rf"<tr>(?:(?!</tr>).)*?/{pk}/change/(?:(?!</tr>).)*?</tr>", response.content.decode(), re.S
+    )
     assert row, f"no row for {pk}"
     value = re.search(rf'class="field-{field}[ "][^>]*>(.*?)</t[dh]>', row.group(0), re.S)
     assert value, f"no {field} cell for {pk}"
@@ -87,8 +96,9 @@ def cell(response, pk: int, field: str) -> str:
 
 def staff(username: str, *codenames: str) -> User:
     user = User.objects.create_user(username, password="pw", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(
-        content_type__app_label="django_leases", codename__in=codenames))
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="django_leases", codename__in=codenames)
+    )
     return user
 
 
@@ -144,10 +154,19 @@ def test_a_claim_whose_worker_is_gone_is_stalled_though_it_renewed_recently(admi
     assert job.state == JobState.CLAIMED and job.lease_expires_at > job.heartbeat_at
 
 
-@pytest.mark.parametrize(("value", "text"), [
-    (0.4, "0 s"), (42.9, "42 s"), (119, "119 s"), (180, "3 min"), (7199, "119 min"),
-    (7200, "2 h"), (3 * 86400, "3 d"), (-95, "95 s"),
-])
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0.4, "0 s"),
+        (42.9, "42 s"),
+        (119, "119 s"),
+        (180, "3 min"),
+        (7199, "119 min"),
+        (7200, "2 h"),
+        (3 * 86400, "3 d"),
+        (-95, "95 s"),
+    ],
+)
 def test_humanize_seconds(value, text):
     assert humanize_seconds(value) == text
 
@@ -170,15 +189,18 @@ def lease_mix():
     return jobs
 
 
-@pytest.mark.parametrize(("query", "expected"), [
-    ("lease=expired", {"expired"}),
-    ("lease=stalled", {"silent", "orphan"}),
-    ("lease=claimed", {"healthy", "silent", "orphan", "emails"}),
-    ("state__exact=pending", {"pending"}),
-    ("queue=emails", {"emails"}),
-    ("task=tests.testapp.tasks.send_receipt", {"emails"}),
-    ("queue=default&lease=claimed", {"healthy", "silent", "orphan"}),
-])
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("lease=expired", {"expired"}),
+        ("lease=stalled", {"silent", "orphan"}),
+        ("lease=claimed", {"healthy", "silent", "orphan", "emails"}),
+        ("state__exact=pending", {"pending"}),
+        ("queue=emails", {"emails"}),
+        ("task=tests.testapp.tasks.send_receipt", {"emails"}),
+        ("queue=default&lease=claimed", {"healthy", "silent", "orphan"}),
+    ],
+)
 def test_filters(admin_client, lease_mix, query, expected):
     """Invariant 1: expired and stalled are predicates on Now(), evaluated by the database."""
     response = admin_client.get(f"{LIST}?{query}")
@@ -188,8 +210,11 @@ def test_filters(admin_client, lease_mix, query, expected):
 
 def test_filter_choices_come_from_the_table_and_the_configured_queues(admin_client, lease_mix):
     response = admin_client.get(LIST)
-    specs = {spec.parameter_name: [c["display"] for c in spec.choices(response.context["cl"])]
-             for spec in response.context["cl"].filter_specs if hasattr(spec, "parameter_name")}
+    specs = {
+        spec.parameter_name: [c["display"] for c in spec.choices(response.context["cl"])]
+        for spec in response.context["cl"].filter_specs
+        if hasattr(spec, "parameter_name")
+    }
     assert specs["queue"] == ["All", "default", "emails", "reports"]
     assert specs["task"] == ["All", TASK, "tests.testapp.tasks.send_receipt"]
     assert len(specs["lease"]) == 4
@@ -208,13 +233,21 @@ def test_search_by_id_task_and_worker(admin_client, lease_mix):
 def test_counts_per_state_and_queue_above_the_list(admin_client, lease_mix):
     dead_job(queue="emails")
     response = admin_client.get(f"{LIST}?lease=expired")
-    table = {row["queue"]: (dict(zip(response.context["leases_states"], [n for n, _ in row["cells"]],
-                                     strict=True)), row["total"])
-             for row in response.context["leases_rows"]}
-    assert table["default"] == ({"Pending": 1, "Claimed": 4, "Succeeded": 0, "Dead": 0,
-                                 "Cancelled": 0}, 5)
-    assert table["emails"] == ({"Pending": 0, "Claimed": 1, "Succeeded": 0, "Dead": 1,
-                                "Cancelled": 0}, 2)
+    table = {
+        row["queue"]: (
+            dict(zip(response.context["leases_states"], [n for n, _ in row["cells"]], strict=True)),
+            row["total"],
+        )
+        for row in response.context["leases_rows"]
+    }
+    assert table["default"] == (
+        {"Pending": 1, "Claimed": 4, "Succeeded": 0, "Dead": 0, "Cancelled": 0},
+        5,
+    )
+    assert table["emails"] == (
+        {"Pending": 0, "Claimed": 1, "Succeeded": 0, "Dead": 1, "Cancelled": 0},
+        2,
+    )
     assert [n for n, _ in response.context["leases_totals"]] == [1, 5, 0, 1, 0]
     # The counts describe the whole table, whatever the list is filtered on.
     assert response.context["leases_total"] == 7
@@ -244,11 +277,17 @@ def test_paginator_counts_a_bounded_number_of_rows(admin_client, monkeypatch):
 
 def test_detail_shows_pretty_json_error_history_and_timestamps(admin_client):
     """Invariant 3: every failed attempt stays visible, with its traceback."""
-    job = Job.objects.enqueue(TASK, [{"order": 7, "lines": [1, 2]}], {"notify": True}, max_attempts=3)
+    job = Job.objects.enqueue(
+        TASK, [{"order": 7, "lines": [1, 2]}], {"notify": True}, max_attempts=3
+    )
     [claim] = Job.objects.claim("w1")
     assert Job.objects.checkpoint(claim, {"done": 40})
-    assert Job.objects.fail(claim, exception_class_path="builtins.ValueError", message="bad order",
-                            traceback='Traceback (most recent call last):\n  File "shop.py"\nValueError: bad order')
+    assert Job.objects.fail(
+        claim,
+        exception_class_path="builtins.ValueError",
+        message="bad order",
+        traceback='Traceback (most recent call last):\n  File "shop.py"\nValueError: bad order',
+    )
     assert Job.objects.filter(pk=job.pk).retry_now() == 1  # skip the retry backoff
     [claim] = Job.objects.claim("w2")
     Job.objects.filter(pk=job.pk).update(lease_expires_at=Now() - seconds(1))
@@ -260,7 +299,10 @@ def test_detail_shows_pretty_json_error_history_and_timestamps(admin_client):
     assert '"notify": true' in page and '"done": 40' in page and '"total": 12.5' in page
     failures = re.findall(r'<tr class="leases-failure">(.*?)</tr>', page, re.S)
     assert len(failures) == 2 == JobFailure.objects.filter(job=job).count()
-    assert "builtins.ValueError" in failures[0] and "<pre class=\"leases-traceback\">Traceback" in failures[0]
+    assert (
+        "builtins.ValueError" in failures[0]
+        and '<pre class="leases-traceback">Traceback' in failures[0]
+    )
     assert "w1" in failures[0] and "w2" in failures[1] and "Lease expired" in failures[1]
     for label in ("Enqueued at", "First claimed at", "Last claimed at", "Finished at"):
         assert label in page
@@ -280,7 +322,10 @@ def test_detail_is_read_only_and_cannot_be_posted(admin_client):
     assert admin_client.post(f"/admin/django_leases/job/{job.pk}/delete/").status_code == 403
     after = Job.objects.get(pk=job.pk)
     assert (after.state, after.claim_token, after.lease_expires_at) == (
-        job.state, job.claim_token, job.lease_expires_at)
+        job.state,
+        job.claim_token,
+        job.lease_expires_at,
+    )
 
 
 # -- permissions -----------------------------------------------------------------------------
@@ -314,8 +359,11 @@ def test_staff_without_view_permission_are_refused(client):
 
 def act(client, action, jobs):
     """Run an action, answering yes where it asks first."""
-    response = client.post(LIST, {"action": action, "_selected_action": [j.pk for j in jobs],
-                                  "post": "yes"}, follow=True)
+    response = client.post(
+        LIST,
+        {"action": action, "_selected_action": [j.pk for j in jobs], "post": "yes"},
+        follow=True,
+    )
     assert response.status_code == 200
     return [str(m) for m in response.context["messages"]]
 
@@ -325,10 +373,14 @@ def test_requeue_reports_what_really_changed(operator):
     dead = [dead_job() for _ in range(3)]
     others = [succeeded_job(), claimed_job("w9")]
     assert act(operator, "requeue", dead + others) == [
-        "3 of 5 requeued; 2 were no longer dead or cancelled."]
+        "3 of 5 requeued; 2 were no longer dead or cancelled."
+    ]
     assert sorted(Job.objects.values_list("state", flat=True)) == sorted(
-        [JobState.PENDING] * 3 + [JobState.SUCCEEDED, JobState.CLAIMED])
-    assert act(operator, "requeue", dead[:1]) == ["0 of 1 requeued; 1 was no longer dead or cancelled."]
+        [JobState.PENDING] * 3 + [JobState.SUCCEEDED, JobState.CLAIMED]
+    )
+    assert act(operator, "requeue", dead[:1]) == [
+        "0 of 1 requeued; 1 was no longer dead or cancelled."
+    ]
 
 
 def test_retry_now_makes_delayed_pending_jobs_due(operator):
@@ -343,7 +395,8 @@ def test_cancel_reports_finished_jobs_as_skipped(operator):
     pending = Job.objects.enqueue(TASK, [1, 1])
     done = succeeded_job()
     assert act(operator, "cancel", [pending, done]) == [
-        "1 of 2 cancelled; 1 was no longer pending or claimed."]
+        "1 of 2 cancelled; 1 was no longer pending or claimed."
+    ]
     assert Job.objects.get(pk=pending.pk).state == JobState.CANCELLED
     assert Job.objects.get(pk=done.pk).state == JobState.SUCCEEDED
 
@@ -354,7 +407,8 @@ def test_expire_stalled_ends_only_stalled_leases(operator):
     healthy = claimed_job("w1", expires_in=25)
     stalled = claimed_job("w2", expires_in=25, heartbeat_ago=30)
     assert act(operator, "expire_stalled", [healthy, stalled]) == [
-        "1 of 2 expired; 1 was not stalled claims."]
+        "1 of 2 expired; 1 was not stalled claims."
+    ]
     assert set(Job.objects.expired().values_list("pk", flat=True)) == {stalled.pk}
     assert Job.objects.get(pk=healthy.pk).lease_expires_at == healthy.lease_expires_at
     [taken] = Job.objects.claim("w3")
@@ -370,16 +424,19 @@ def test_purge_counts_jobs_not_their_failure_rows(operator):
     dead = dead_job()
     JobFailure.objects.create(job=done, attempt=1, fence=1, kind=FailureKind.EXCEPTION, message="x")
     assert act(operator, "purge_finished", [done, cancelled, dead]) == [
-        "2 of 3 purged; 1 was not succeeded or cancelled."]
+        "2 of 3 purged; 1 was not succeeded or cancelled."
+    ]
     assert list(Job.objects.values_list("pk", flat=True)) == [dead.pk]
     assert JobFailure.objects.filter(job_id=done.pk).count() == 0
 
 
 def test_actions_apply_to_every_row_selected_across_pages(operator):
     dead = [dead_job() for _ in range(3)]
-    response = operator.post(f"{LIST}?state__exact=dead", {
-        "action": "requeue", "select_across": "1", "index": "0",
-        "_selected_action": [dead[0].pk]}, follow=True)
+    response = operator.post(
+        f"{LIST}?state__exact=dead",
+        {"action": "requeue", "select_across": "1", "index": "0", "_selected_action": [dead[0].pk]},
+        follow=True,
+    )
     assert [str(m) for m in response.context["messages"]] == ["3 of 3 requeued."]
 
 
@@ -388,7 +445,9 @@ def test_actions_apply_to_every_row_selected_across_pages(operator):
 
 def test_workers_page_shows_hosts_claims_and_who_looks_gone(admin_client):
     """Invariant 1: "gone" is judged on the database clock (last_seen_at vs Now())."""
-    WorkerProcess.objects.register("w-alive", hostname="web-1", pid=101, queues=["default", "emails"])
+    WorkerProcess.objects.register(
+        "w-alive", hostname="web-1", pid=101, queues=["default", "emails"]
+    )
     WorkerProcess.objects.register("w-quiet", hostname="web-2", pid=102, queues=["reports"])
     WorkerProcess.objects.filter(worker_id="w-quiet").update(last_seen_at=Now() - seconds(95.5))
     WorkerProcess.objects.register("w-stopped", hostname="web-3", pid=103, queues=["default"])
@@ -400,16 +459,28 @@ def test_workers_page_shows_hosts_claims_and_who_looks_gone(admin_client):
     pk = dict(WorkerProcess.objects.values_list("worker_id", "pk"))
     alive, quiet, stopped = pk["w-alive"], pk["w-quiet"], pk["w-stopped"]
     assert [cell(response, alive, f) for f in ("hostname", "pid", "queue_list")] == [
-        "web-1", "101", "default, emails"]
+        "web-1",
+        "101",
+        "default, emails",
+    ]
     assert cell(response, alive, "started_at")
     assert [cell(response, alive, f) for f in ("last_seen", "claims", "status")] == [
-        "0 s ago", "2 (1 expired)", "alive"]
+        "0 s ago",
+        "2 (1 expired)",
+        "alive",
+    ]
     assert [cell(response, quiet, f) for f in ("last_seen", "claims", "status")] == [
-        "95 s ago", "1", "gone: not seen for 95 s"]
+        "95 s ago",
+        "1",
+        "gone: not seen for 95 s",
+    ]
     assert [cell(response, stopped, f) for f in ("claims", "status")] == [
-        "0", "gone: stopped 0 s ago"]
+        "0",
+        "gone: stopped 0 s ago",
+    ]
     assert 'href="/admin/django_leases/job/?claimed_by=w-alive&amp;state__exact=claimed"' in (
-        response.content.decode())
+        response.content.decode()
+    )
     # The claims link lists exactly that worker's claims.
     listed = admin_client.get(LIST, {"claimed_by": "w-alive", "state__exact": "claimed"})
     assert len(rows(listed)) == 2
@@ -419,8 +490,9 @@ def test_workers_page_is_read_only(admin_client):
     WorkerProcess.objects.register("w1", hostname="h", pid=1, queues=["default"])
     worker = WorkerProcess.objects.get()
     assert admin_client.get("/admin/django_leases/workerprocess/add/").status_code == 403
-    response = admin_client.post(f"/admin/django_leases/workerprocess/{worker.pk}/change/",
-                                 {"hostname": "evil"})
+    response = admin_client.post(
+        f"/admin/django_leases/workerprocess/{worker.pk}/change/", {"hostname": "evil"}
+    )
     assert response.status_code == 403
     assert WorkerProcess.objects.get().hostname == "h"
 
@@ -431,9 +503,11 @@ def test_workers_page_is_read_only(admin_client):
 @pytest.mark.parametrize("action", ["cancel", "expire_stalled", "purge_finished"])
 def test_actions_that_stop_or_delete_ask_first_and_change_nothing_until_confirmed(operator, action):
     """The first POST shows the selected jobs and a question; only the second acts (2)."""
-    jobs = {"cancel": claimed_job("w1"),
-            "expire_stalled": claimed_job("w1", heartbeat_ago=600),
-            "purge_finished": succeeded_job()}
+    jobs = {
+        "cancel": claimed_job("w1"),
+        "expire_stalled": claimed_job("w1", heartbeat_ago=600),
+        "purge_finished": succeeded_job(),
+    }
     job = jobs[action]
     response = operator.post(LIST, {"action": action, "_selected_action": [job.pk]})
     page = response.content.decode()
@@ -450,12 +524,21 @@ def test_a_confirmed_action_across_every_page_acts_on_the_filtered_jobs(operator
     """select_across carries through the question: the filter, not the page, is acted on."""
     expired = [claimed_job("w1", expires_in=-5) for _ in range(3)]
     healthy = claimed_job("w2")
-    ask = operator.post(f"{LIST}?lease=expired", {
-        "action": "cancel", "select_across": "1", "_selected_action": [expired[0].pk]})
+    ask = operator.post(
+        f"{LIST}?lease=expired",
+        {"action": "cancel", "select_across": "1", "_selected_action": [expired[0].pk]},
+    )
     assert 'name="select_across" value="1"' in ask.content.decode()
-    response = operator.post(f"{LIST}?lease=expired", {
-        "action": "cancel", "select_across": "1", "_selected_action": [expired[0].pk],
-        "post": "yes"}, follow=True)
+    response = operator.post(
+        f"{LIST}?lease=expired",
+        {
+            "action": "cancel",
+            "select_across": "1",
+            "_selected_action": [expired[0].pk],
+            "post": "yes",
+        },
+        follow=True,
+    )
     assert [str(m) for m in response.context["messages"]] == ["3 of 3 cancelled."]
     assert Job.objects.get(pk=healthy.pk).state == JobState.CLAIMED
 
@@ -470,7 +553,10 @@ def test_each_job_an_action_changed_gets_an_admin_log_entry(operator):
     act(operator, "cancel", [pending, done])
     [entry] = LogEntry.objects.all()
     assert (entry.object_id, entry.action_flag, entry.user.username) == (
-        str(pending.pk), CHANGE, "operator")
+        str(pending.pk),
+        CHANGE,
+        "operator",
+    )
     assert entry.get_change_message() == "Cancelled by the admin action."
     act(operator, "purge_finished", [done, Job.objects.get(pk=pending.pk), dead_job()])
     deleted = LogEntry.objects.filter(action_flag=DELETION)
@@ -487,7 +573,10 @@ def test_requeue_reports_jobs_whose_unique_key_is_held_apart(operator):
     assert Job.objects.fail(claim, message="boom", retry=False)
     Job.objects.enqueue(TASK, [1, 1], unique_key="report-2026-11")
     other_dead = dead_job()
-    assert act(operator, "requeue", [Job.objects.get(pk=first.pk), other_dead, succeeded_job()]) == [
+    assert act(
+        operator, "requeue", [Job.objects.get(pk=first.pk), other_dead, succeeded_job()]
+    ) == [
         "1 of 3 requeued; 1 was no longer dead or cancelled; "
-        "1 stays: another active job holds its unique key."]
+        "1 stays: another active job holds its unique key."
+    ]
     assert Job.objects.get(pk=first.pk).state == JobState.DEAD

@@ -29,8 +29,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # The screenshots in docs/images are remade with LEASES_SCREENSHOTS=docs/images; a plain run
 # writes them to a temporary folder, so testing leaves the working tree as it was.
 IMAGES = Path(os.environ.get("LEASES_SCREENSHOTS") or tempfile.mkdtemp(prefix="leases-shots-"))
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 
 def chromium_path() -> str:
@@ -90,40 +97,63 @@ def seconds_in(pattern: str, cells: list[str]) -> int:
 @pytest.fixture
 def jobs():
     """A small, lifelike queue: running, expired, stalled, failed, done and waiting jobs."""
-    WorkerProcess.objects.register("web-1:4242", hostname="web-1", pid=4242, queues=["default", "emails"])
+    WorkerProcess.objects.register(
+        "web-1:4242", hostname="web-1", pid=4242, queues=["default", "emails"]
+    )
     WorkerProcess.objects.register("web-2:977", hostname="web-2", pid=977, queues=["reports"])
     WorkerProcess.objects.filter(worker_id="web-2:977").update(last_seen_at=Now() - seconds(340))
     healthy = claim("web-1:4242", "shop.tasks.send_receipt", [1042], "emails")
     expired = claim("web-2:977", "shop.tasks.build_report", [{"month": "2026-10"}], "reports")
     stalled = claim("web-1:4242", "shop.tasks.resize_images", [77, {"sizes": [64, 256]}])
-    failing = Job.objects.enqueue("shop.tasks.charge_card", [{"order": 991, "amount": "12.50"}],
-                                  {"idempotency_key": "ord-991"}, max_attempts=2)
+    failing = Job.objects.enqueue(
+        "shop.tasks.charge_card",
+        [{"order": 991, "amount": "12.50"}],
+        {"idempotency_key": "ord-991"},
+        max_attempts=2,
+    )
     [attempt] = Job.objects.claim("web-1:4242")
     assert attempt.pk == failing.pk
-    assert Job.objects.fail(attempt, exception_class_path="shop.errors.CardDeclined",
-                            message="card declined (insufficient funds)",
-                            traceback='Traceback (most recent call last):\n'
-                                      '  File "shop/tasks.py", line 48, in charge_card\n'
-                                      '    gateway.charge(order, amount)\n'
-                                      'shop.errors.CardDeclined: card declined (insufficient funds)')
+    assert Job.objects.fail(
+        attempt,
+        exception_class_path="shop.errors.CardDeclined",
+        message="card declined (insufficient funds)",
+        traceback="Traceback (most recent call last):\n"
+        '  File "shop/tasks.py", line 48, in charge_card\n'
+        "    gateway.charge(order, amount)\n"
+        "shop.errors.CardDeclined: card declined (insufficient funds)",
+    )
     Job.objects.filter(pk=failing.pk).update(available_at=Now())
     [attempt] = Job.objects.claim("web-1:4242")
-    assert Job.objects.fail(attempt, exception_class_path="shop.errors.CardDeclined",
-                            message="card declined (insufficient funds)", traceback="...")
+    assert Job.objects.fail(
+        attempt,
+        exception_class_path="shop.errors.CardDeclined",
+        message="card declined (insufficient funds)",
+        traceback="...",
+    )
     done = Job.objects.enqueue("shop.tasks.send_receipt", [1041], queue_name="emails")
     [attempt] = Job.objects.claim("web-1:4242", ["emails"])
     assert Job.objects.ack(attempt, {"sent_to": "ada@example.com"})
     waiting = Job.objects.enqueue("shop.tasks.send_newsletter", [], {"issue": 12}, delay=3600)
     # Time passes on the database clock: one lease ran out, one worker stopped renewing.
-    Job.objects.filter(pk=expired.pk).update(lease_expires_at=Now() - seconds(185),
-                                             heartbeat_at=Now() - seconds(340))
+    Job.objects.filter(pk=expired.pk).update(
+        lease_expires_at=Now() - seconds(185), heartbeat_at=Now() - seconds(340)
+    )
     Job.objects.filter(pk=stalled.pk).update(heartbeat_at=Now() - seconds(95))
     Job.objects.filter(pk=healthy.pk).update(lease_expires_at=Now() + seconds(24))
-    return {"seeded_at": time.monotonic(), "healthy": healthy, "expired": expired, "stalled": stalled, "failing": failing,
-            "done": done, "waiting": waiting}
+    return {
+        "seeded_at": time.monotonic(),
+        "healthy": healthy,
+        "expired": expired,
+        "stalled": stalled,
+        "failing": failing,
+        "done": done,
+        "waiting": waiting,
+    }
 
 
-def test_operator_filters_expired_jobs_cancels_one_and_reads_the_result(admin_server, jobs, monkeypatch):
+def test_operator_filters_expired_jobs_cancels_one_and_reads_the_result(
+    admin_server, jobs, monkeypatch
+):
     """Invariants 1 and 2 end to end: the expired filter is the database's Now() predicate, and
     the message reports the cancel verb's rowcount."""
     from playwright.sync_api import sync_playwright
@@ -152,7 +182,9 @@ def test_operator_filters_expired_jobs_cancels_one_and_reads_the_result(admin_se
             # wording follows the database clock, so the bounds widen by what has passed.
             passed = time.monotonic() - jobs["seeded_at"] + 1
             assert "expired 3 min ago" in lease_cells
-            assert 95 <= seconds_in(r"stalled: no heartbeat for (\d+) s", lease_cells) <= 95 + passed
+            assert (
+                95 <= seconds_in(r"stalled: no heartbeat for (\d+) s", lease_cells) <= 95 + passed
+            )
             assert 24 - passed <= seconds_in(r"expires in (\d+) s", lease_cells) <= 24
             page.screenshot(path=str(IMAGES / "admin-job-list.png"), full_page=True)
 

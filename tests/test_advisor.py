@@ -23,7 +23,7 @@ from django_leases.states import JobState
 
 pytestmark = pytest.mark.django_db
 
-ADD = "tests.testapp.tasks.add"              # queue "default": lease 30 s (tests/settings.py)
+ADD = "tests.testapp.tasks.add"  # queue "default": lease 30 s (tests/settings.py)
 RECEIPT = "tests.testapp.tasks.send_receipt"  # queue "emails"
 ADVISOR = "/admin/django_leases/job/advisor/"
 
@@ -36,15 +36,31 @@ def db_now():
     return now
 
 
-def seed(task_path: str, durations: list[float], *, lease: float = 30.0, ago: timedelta = timedelta(0),
-         state: str = JobState.SUCCEEDED) -> None:
+def seed(
+    task_path: str,
+    durations: list[float],
+    *,
+    lease: float = 30.0,
+    ago: timedelta = timedelta(0),
+    state: str = JobState.SUCCEEDED,
+) -> None:
     """Finished jobs of ``task_path``, one per duration, that finished ``ago`` before now."""
     end = db_now() - ago
-    Job.objects.bulk_create([
-        Job(task_path=task_path, queue_name="default", state=state, lease_seconds=lease,
-            attempts=1, fence=1, last_attempted_at=end - timedelta(seconds=d), finished_at=end)
-        for d in durations
-    ])
+    Job.objects.bulk_create(
+        [
+            Job(
+                task_path=task_path,
+                queue_name="default",
+                state=state,
+                lease_seconds=lease,
+                attempts=1,
+                fence=1,
+                last_attempted_at=end - timedelta(seconds=d),
+                finished_at=end,
+            )
+            for d in durations
+        ]
+    )
 
 
 def by_task(rows):
@@ -65,7 +81,8 @@ def test_durations_come_from_database_stamps_and_only_succeeded_jobs():
     rows = list(Job.objects.handler_durations())
     assert len(rows) == 30
     assert {(task, lease, duration) for task, lease, duration in rows} == {
-        (ADD, 30.0, timedelta(seconds=2.5))}
+        (ADD, 30.0, timedelta(seconds=2.5))
+    }
 
 
 def test_days_window_is_measured_on_the_database_clock():
@@ -97,9 +114,15 @@ def test_lease_that_fits_is_ok_and_never_recommended_below_the_floor():
     assert (row.p999, row.recommended_lease) == (1.0, 30.0)
 
 
-@override_settings(TASKS={"default": {
-    "BACKEND": "django_leases.backends.LeaseBackend", "QUEUES": ["default", "emails"],
-    "OPTIONS": {"LEASE_SECONDS": 30, "QUEUE_OPTIONS": {"emails": {"LEASE_SECONDS": 600}}}}})
+@override_settings(
+    TASKS={
+        "default": {
+            "BACKEND": "django_leases.backends.LeaseBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {"LEASE_SECONDS": 30, "QUEUE_OPTIONS": {"emails": {"LEASE_SECONDS": 600}}},
+        }
+    }
+)
 def test_lease_far_above_need_is_flagged():
     """A 600 s lease for sub-second handlers: a crash stalls the job 600 s; recommend 30 s."""
     seed(RECEIPT, [i / 100 for i in range(1, 101)], lease=600)
@@ -109,9 +132,15 @@ def test_lease_far_above_need_is_flagged():
     assert row.recommended_lease == 30.0
 
 
-@override_settings(TASKS={"default": {
-    "BACKEND": "django_leases.backends.LeaseBackend", "QUEUES": ["default", "emails"],
-    "OPTIONS": {"LEASE_SECONDS": 30, "HEARTBEAT_SECONDS": 15}}})
+@override_settings(
+    TASKS={
+        "default": {
+            "BACKEND": "django_leases.backends.LeaseBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {"LEASE_SECONDS": 30, "HEARTBEAT_SECONDS": 15},
+        }
+    }
+)
 def test_heartbeat_above_a_third_of_the_lease_is_flagged():
     """HEARTBEAT_SECONDS 15 for a 30 s lease: fewer than two beats may fail; at most 10 s."""
     seed(ADD, [1.0] * 50)
@@ -143,10 +172,29 @@ def test_command_prints_a_table_and_verdicts_per_task():
     call_command("lease_report", stdout=out, no_color=True)
     text = out.getvalue()
     header, rule, add_line, receipt_line = text.splitlines()[:4]
-    assert header.split() == ["task", "jobs", "p50", "p99", "p99.9", "max", "lease", "heartbeat", "advice"]
+    assert header.split() == [
+        "task",
+        "jobs",
+        "p50",
+        "p99",
+        "p99.9",
+        "max",
+        "lease",
+        "heartbeat",
+        "advice",
+    ]
     cells = re.split(r"\s{2,}", add_line.strip())
-    assert cells == [ADD, "1000", "500 s", "16.5 min", "16.6 min", "16.7 min", "30 s", "lease/3",
-                     advisor.SHORT]
+    assert cells == [
+        ADD,
+        "1000",
+        "500 s",
+        "16.5 min",
+        "16.6 min",
+        "16.7 min",
+        "30 s",
+        "lease/3",
+        advisor.SHORT,
+    ]
     assert re.split(r"\s{2,}", receipt_line.strip())[-1] == "ok"
     assert f"{ADD}: lease 30 s is below p99.9 16.6 min x 1.5" in text
 
@@ -195,8 +243,10 @@ def test_admin_advisor_page_needs_view_permission(client):
     assert client.get(ADVISOR).status_code == 403
 
 
-@pytest.mark.parametrize("days, window", [("-1", "7"), ("inf", "7"), ("nan", "7"), ("x", "7"),
-                                          ("1e9", "7"), ("30", "30"), ("0", "all")])
+@pytest.mark.parametrize(
+    "days, window",
+    [("-1", "7"), ("inf", "7"), ("nan", "7"), ("x", "7"), ("1e9", "7"), ("30", "30"), ("0", "all")],
+)
 def test_admin_advisor_page_falls_back_to_a_week_on_a_bad_window(client, days, window):
     """?days= that is not a sane number of days shows the default week instead of an error."""
     User.objects.create_superuser("admin", "a@example.com", "pw")

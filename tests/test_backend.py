@@ -22,7 +22,11 @@ pytestmark = pytest.mark.django_db
 def test_task_enqueue_writes_a_job_row_that_get_result_reads_back():
     result = add.enqueue(2, 3)
     job = Job.objects.get(pk=int(result.id))
-    assert (job.task_path, job.args, job.state) == ("tests.testapp.tasks.add", [2, 3], JobState.PENDING)
+    assert (job.task_path, job.args, job.state) == (
+        "tests.testapp.tasks.add",
+        [2, 3],
+        JobState.PENDING,
+    )
     assert result.status == TaskResultStatus.READY
     assert result.enqueued_at == job.enqueued_at
     again = add.get_result(result.id)
@@ -86,8 +90,12 @@ def test_a_dead_job_is_failed_with_its_errors():
     result = add.enqueue(1, 2)
     Job.objects.filter(pk=int(result.id)).update(max_attempts=1)
     [job] = Job.objects.claim("w")
-    Job.objects.fail(job, exception_class_path="builtins.ZeroDivisionError",
-                     message="division by zero", traceback="Traceback: ZeroDivisionError")
+    Job.objects.fail(
+        job,
+        exception_class_path="builtins.ZeroDivisionError",
+        message="division by zero",
+        traceback="Traceback: ZeroDivisionError",
+    )
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     [error] = result.errors
@@ -105,12 +113,21 @@ def test_unknown_result_id_raises_does_not_exist():
 def test_a_row_naming_an_undeclared_function_is_never_imported():
     """The registry, not the row, decides what code runs: the result still reads, with a
     stand-in task that names the path and can neither be enqueued nor called."""
-    job = Job.objects.enqueue("tests.testapp.tasks.not_a_task", [7], queue_name="emails", priority=3)
+    job = Job.objects.enqueue(
+        "tests.testapp.tasks.not_a_task", [7], queue_name="emails", priority=3
+    )
     assert registry.lookup("default", "tests.testapp.tasks.not_a_task") is None
     result = task_backends["default"].get_result(str(job.pk))
     assert (result.status, result.args, result.task.module_path) == (
-        TaskResultStatus.READY, [7], "tests.testapp.tasks.not_a_task")
-    assert (result.task.queue_name, result.task.priority, result.task.backend) == ("emails", 3, "default")
+        TaskResultStatus.READY,
+        [7],
+        "tests.testapp.tasks.not_a_task",
+    )
+    assert (result.task.queue_name, result.task.priority, result.task.backend) == (
+        "emails",
+        3,
+        "default",
+    )
     with pytest.raises(InvalidTask, match="not a task declared"):
         result.task.enqueue(7)
     with pytest.raises(InvalidTask, match="not a task declared"):
@@ -126,7 +143,8 @@ def test_queues_outside_the_backend_are_refused():
 
 needs_task_kwargs = pytest.mark.skipif(
     __import__("django").VERSION < (6, 1),
-    reason="Django 6.0's @task passes no extra options; per-queue OPTIONS cover it there")
+    reason="Django 6.0's @task passes no extra options; per-queue OPTIONS cover it there",
+)
 
 
 @needs_task_kwargs
@@ -141,15 +159,20 @@ def test_per_task_lease_options_reach_the_job():
 
 
 @needs_task_kwargs
-@pytest.mark.parametrize(("options", "named"), [({"lease": 0.1}, "lease"),
-                                                ({"lease": 50_000}, "lease"),
-                                                ({"lease": float("nan")}, "lease"),
-                                                ({"max_attempts": 0}, "max_attempts"),
-                                                ({"retry": [1e9]}, r"retry\.delays\[0\]"),
-                                                ({"non_retryable": ValueError}, "non_retryable"),
-                                                ({"non_retryable": ("x",)}, "non_retryable"),
-                                                ({"unique_key": 5}, "unique_key"),
-                                                ({"unique_key": ""}, "unique_key")])
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"lease": 0.1}, "lease"),
+        ({"lease": 50_000}, "lease"),
+        ({"lease": float("nan")}, "lease"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"retry": [1e9]}, r"retry\.delays\[0\]"),
+        ({"non_retryable": ValueError}, "non_retryable"),
+        ({"non_retryable": ("x",)}, "non_retryable"),
+        ({"unique_key": 5}, "unique_key"),
+        ({"unique_key": ""}, "unique_key"),
+    ],
+)
 def test_bad_per_task_options_fail_at_decoration_time_naming_the_option(options, named):
     from django.tasks import task
 
@@ -160,24 +183,39 @@ def test_bad_per_task_options_fail_at_decoration_time_naming_the_option(options,
 
 
 def test_per_queue_options_apply_where_the_task_sets_none(settings):
-    settings.TASKS = {"default": {
-        "BACKEND": "django_leases.backends.LeaseBackend",
-        "QUEUES": ["default", "emails"],
-        "OPTIONS": {"LEASE_SECONDS": 40, "QUEUE_OPTIONS": {"emails": {"LEASE_SECONDS": 300, "MAX_ATTEMPTS": 2}}},
-    }}
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "django_leases.backends.LeaseBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {
+                "LEASE_SECONDS": 40,
+                "QUEUE_OPTIONS": {"emails": {"LEASE_SECONDS": 300, "MAX_ATTEMPTS": 2}},
+            },
+        }
+    }
     receipt = send_receipt.enqueue(1)
     total = add.enqueue(1, 1)
-    assert Job.objects.filter(pk=int(receipt.id)).values_list("lease_seconds", "max_attempts").get() == (300, 2)
-    assert Job.objects.filter(pk=int(total.id)).values_list("lease_seconds", "max_attempts").get() == (40, 5)
+    assert Job.objects.filter(pk=int(receipt.id)).values_list(
+        "lease_seconds", "max_attempts"
+    ).get() == (300, 2)
+    assert Job.objects.filter(pk=int(total.id)).values_list(
+        "lease_seconds", "max_attempts"
+    ).get() == (40, 5)
 
 
 def test_using_lease_sets_per_task_options_on_every_django_version():
     from django_leases.retry import Retry
 
-    tuned = add.using_lease(lease=90, max_attempts=3, retry=[5, 50], on_lease_lost="park",
-                            unique_key="sum-1-2")
+    tuned = add.using_lease(
+        lease=90, max_attempts=3, retry=[5, 50], on_lease_lost="park", unique_key="sum-1-2"
+    )
     job = Job.objects.get(pk=int(tuned.enqueue(1, 2).id))
-    assert (job.lease_seconds, job.max_attempts, job.on_lease_lost, job.unique_key) == (90, 3, "park", "sum-1-2")
+    assert (job.lease_seconds, job.max_attempts, job.on_lease_lost, job.unique_key) == (
+        90,
+        3,
+        "park",
+        "sum-1-2",
+    )
     assert Retry.from_json(job.retry) == Retry(delays=(5, 50))
 
 
@@ -191,9 +229,14 @@ def test_a_duplicate_unique_key_through_django_tasks_raises_and_writes_nothing()
     assert Job.objects.count() == 1
 
 
-@pytest.mark.parametrize(("changes", "named"), [({"on_lease_lost": "sometimes"}, "on_lease_lost"),
-                                                ({"retry": [-1]}, "retry"),
-                                                ({"non_retryable": (int,)}, "non_retryable")])
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"on_lease_lost": "sometimes"}, "on_lease_lost"),
+        ({"retry": [-1]}, "retry"),
+        ({"non_retryable": (int,)}, "non_retryable"),
+    ],
+)
 def test_bad_using_lease_options_raise_invalid_task(changes, named):
     with pytest.raises(InvalidTask, match=named):
         add.using_lease(**changes)
@@ -262,15 +305,28 @@ def test_enqueue_many_results_read_like_get_result_and_each_is_signalled():
     for i, result in enumerate(results):
         again = send_receipt.get_result(result.id)
         assert (result.args, result.status, result.task.queue_name, result.task.priority) == (
-            [i], TaskResultStatus.READY, "emails", 10)
-        assert (again.args, again.enqueued_at, again.status) == (result.args, result.enqueued_at, result.status)
+            [i],
+            TaskResultStatus.READY,
+            "emails",
+            10,
+        )
+        assert (again.args, again.enqueued_at, again.status) == (
+            result.args,
+            result.enqueued_at,
+            result.status,
+        )
 
 
 def test_a_task_enqueued_again_after_the_settings_change_gets_the_new_options(settings):
     """The backend checks a task's options once, but a change of TASKS makes a new backend
     that checks them again."""
     add.enqueue(1, 1)
-    settings.TASKS = {"default": {**settings.TASKS["default"], "OPTIONS": {"LEASE_SECONDS": 77, "MAX_AGE_DAYS": 2}}}
+    settings.TASKS = {
+        "default": {
+            **settings.TASKS["default"],
+            "OPTIONS": {"LEASE_SECONDS": 77, "MAX_AGE_DAYS": 2},
+        }
+    }
     job = Job.objects.get(pk=int(add.enqueue(1, 1).id))
     assert (job.lease_seconds, job.deadline - job.enqueued_at) == (77, timedelta(days=2))
 
@@ -302,8 +358,10 @@ def test_enqueue_many_without_insert_returning_still_answers_real_ids():
 
     # Django's own feature flags (a property on MySQL's features class): MySQL's answers.
     features = type(connection.features)
-    with mock.patch.object(features, "can_return_rows_from_bulk_insert", False), \
-            mock.patch.object(features, "can_return_columns_from_insert", False):
+    with (
+        mock.patch.object(features, "can_return_rows_from_bulk_insert", False),
+        mock.patch.object(features, "can_return_columns_from_insert", False),
+    ):
         results = add.enqueue_many([((1, 2), {}), ((3, 4), {}), ((5, 6), {})])
         one = add.enqueue(7, 8)
     assert one.enqueued_at == Job.objects.get(pk=int(one.id)).enqueued_at
@@ -330,8 +388,11 @@ def test_using_lease_gives_django_tasks_jobs_a_deadline_a_max_age_and_merging():
     first = add.using_lease(unique_key="nightly", on_duplicate="merge").enqueue(2, 2)
     again = add.using_lease(unique_key="nightly", on_duplicate="merge").enqueue(3, 3)
     assert again.id == first.id and Job.objects.filter(unique_key="nightly").count() == 1
-    for bad, named in (({"on_duplicate": "ignore"}, "on_duplicate"), ({"max_age": -1}, "max_age"),
-                       ({"deadline": when.replace(tzinfo=None)}, "deadline")):
+    for bad, named in (
+        ({"on_duplicate": "ignore"}, "on_duplicate"),
+        ({"max_age": -1}, "max_age"),
+        ({"deadline": when.replace(tzinfo=None)}, "deadline"),
+    ):
         with pytest.raises(InvalidTask, match=named):
             add.using_lease(**bad)
 
@@ -366,7 +427,9 @@ def test_get_result_gives_back_the_task_as_enqueue_was_given_it():
         backend = task_backends[result.backend]
         again = backend.get_result(result.id)
         assert _task_fields(again.task) == _task_fields(result.task), result.task
-        assert _task_fields(async_to_sync(backend.aget_result)(result.id).task) == _task_fields(result.task)
+        assert _task_fields(async_to_sync(backend.aget_result)(result.id).task) == _task_fields(
+            result.task
+        )
         assert again.task.func is result.task.func
     assert _task_fields(results[0].task)["run_after"] == later
 
@@ -397,7 +460,13 @@ def test_tasks_count_as_found_where_workers_import_them():
     assert registry.is_discovered(declared_in("tests.testapp.tasks.emails"))
     assert not registry.is_discovered(declared_in("tests.testapp.tasks_old"))
     assert not registry.is_discovered(declared_in("tests.testapp.jobs"))
-    with override_settings(TASKS={"default": {"BACKEND": "django_leases.backends.LeaseBackend",
-                                              "OPTIONS": {"TASK_MODULES": ["tests.testapp.jobs"]}}}):
+    with override_settings(
+        TASKS={
+            "default": {
+                "BACKEND": "django_leases.backends.LeaseBackend",
+                "OPTIONS": {"TASK_MODULES": ["tests.testapp.jobs"]},
+            }
+        }
+    ):
         assert registry.is_discovered(declared_in("tests.testapp.jobs"))
         assert registry.is_discovered(declared_in("tests.testapp.jobs.nightly"))

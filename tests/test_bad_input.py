@@ -41,14 +41,23 @@ def test_rows_whose_arguments_cannot_be_passed_end_dead_naming_the_field(workers
     good = Job.objects.enqueue(ADD, [2, 3])
     w = workers.start(f"vet-{isolation}", *FAST, "--isolation", isolation)
     wait_for(lambda: Job.objects.get(pk=good.pk).state == JobState.SUCCEEDED, 20, "the good job")
-    wait_for(lambda: not Job.objects.filter(pk__in=[j.pk for j in bad.values()],
-                                            state__in=[JobState.PENDING, JobState.CLAIMED]).exists(),
-             20, "the bad rows to end")
+    wait_for(
+        lambda: (
+            not Job.objects.filter(
+                pk__in=[j.pk for j in bad.values()], state__in=[JobState.PENDING, JobState.CLAIMED]
+            ).exists()
+        ),
+        20,
+        "the bad rows to end",
+    )
     for field, job in bad.items():
         job.refresh_from_db()
         failure = job.failures.get()
         assert (job.state, job.dead_reason, job.attempts) == (
-            JobState.DEAD, DeadReason.UNRUNNABLE, 1), field
+            JobState.DEAD,
+            DeadReason.UNRUNNABLE,
+            1,
+        ), field
         assert failure.kind == FailureKind.UNRUNNABLE
         assert failure.exception_class_path == "django_leases.exceptions.InvalidJobArgument"
         assert failure.message.startswith(f"{field}: "), failure.message
@@ -77,8 +86,11 @@ def test_a_worker_refuses_a_database_missing_a_migration():
     job = Job.objects.enqueue(ADD, [1, 2])
     call_command("migrate", "django_leases", "0001", verbosity=0)
     try:
-        with pytest.raises(CommandError, match=r"lacks django_leases migrations 0002_\w+; "
-                                               r"run: manage\.py migrate django_leases"):
+        with pytest.raises(
+            CommandError,
+            match=r"lacks django_leases migrations 0002_\w+; "
+            r"run: manage\.py migrate django_leases",
+        ):
             call_command("run_lease_worker", "--burst")
     finally:
         call_command("migrate", "django_leases", verbosity=0)
@@ -89,13 +101,30 @@ def test_a_worker_on_an_empty_database_exits_with_the_command_to_run(tmp_path):
     """A database that never saw migrate: the worker process exits at once with status 1
     and the error, instead of logging a missing table once per poll forever (3)."""
     if connection.vendor != "sqlite":
-        pytest.skip("an empty database is a new file on SQLite; the unapplied-migration test "
-                    "above covers every database")
-    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'empty.sqlite3'}",
-           "PYTHONPATH": str(ROOT)}
+        pytest.skip(
+            "an empty database is a new file on SQLite; the unapplied-migration test "
+            "above covers every database"
+        )
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'empty.sqlite3'}",
+        "PYTHONPATH": str(ROOT),
+    }
     run = subprocess.run(
-        [sys.executable, "-m", "django", "run_lease_worker", "--settings=tests.settings",
-         "--burst"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "run_lease_worker",
+            "--settings=tests.settings",
+            "--burst",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 1, run.stderr
     assert "lacks django_leases migrations 0001_initial, " in run.stderr
     assert "run: manage.py migrate django_leases --database default" in run.stderr

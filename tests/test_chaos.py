@@ -21,8 +21,11 @@ ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not ON_POSTGRES, reason="the chaos suite restarts and partitions a "
-                       "PostgreSQL cluster of its own; run with DATABASE_URL=postgres://..."),
+    pytest.mark.skipif(
+        not ON_POSTGRES,
+        reason="the chaos suite restarts and partitions a "
+        "PostgreSQL cluster of its own; run with DATABASE_URL=postgres://...",
+    ),
 ]
 
 
@@ -30,11 +33,27 @@ pytestmark = [
 def chaos_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("chaos")
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    done = subprocess.run([sys.executable, "-m", "tests.chaos", "--profile", "short",
-                           "--sabotage", "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=290)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.chaos",
+            "--profile",
+            "short",
+            "--sabotage",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=290,
+    )
     report_path = out / "report.json"
-    assert report_path.exists(), f"the harness crashed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    assert report_path.exists(), (
+        f"the harness crashed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    )
     report = json.loads(report_path.read_text())
     report["exit"], report["stderr"] = done.returncode, done.stderr[-4000:]
     return report
@@ -43,7 +62,9 @@ def chaos_report(tmp_path_factory):
 def test_every_fault_was_injected_at_least_once(chaos_report):
     """The run is a real chaos run: each fault kind happened and skewed clocks took part."""
     f = chaos_report["figures"]
-    assert set(f["faults"]) == {"kill", "sigstop", "partition", "pg_restart", "pressure"}, f["faults"]
+    assert set(f["faults"]) == {"kill", "sigstop", "partition", "pg_restart", "pressure"}, f[
+        "faults"
+    ]
     assert f["skewed_workers"] == ["+5m", "-5m"]
     assert f["job_kinds"].get("hog") and f["job_kinds"].get("deaf"), f["job_kinds"]
     assert f["takeovers"] > 0 and f["recovery_after_kill"]["n"] > 0

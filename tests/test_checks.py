@@ -41,10 +41,16 @@ def ids(options):
         ({"GRACE_SECONDS": -1}, "django_leases.E009", "GRACE_SECONDS"),
         ({"DATABASE": "nowhere"}, "django_leases.E010", "DATABASE"),
         ({"NOTIFY": "yes"}, "django_leases.E011", "NOTIFY"),
-        ({"QUEUE_OPTIONS": {"reports": {"LEASE_SECONDS": 0}}}, "django_leases.E012",
-         "QUEUE_OPTIONS['reports']['LEASE_SECONDS']"),
-        ({"QUEUE_OPTIONS": {"reports": {"LEASE": 60}}}, "django_leases.E012",
-         "QUEUE_OPTIONS['reports']['LEASE']"),
+        (
+            {"QUEUE_OPTIONS": {"reports": {"LEASE_SECONDS": 0}}},
+            "django_leases.E012",
+            "QUEUE_OPTIONS['reports']['LEASE_SECONDS']",
+        ),
+        (
+            {"QUEUE_OPTIONS": {"reports": {"LEASE": 60}}},
+            "django_leases.E012",
+            "QUEUE_OPTIONS['reports']['LEASE']",
+        ),
         ({"TASK_MODULES": "shop.jobs"}, "django_leases.E016", "TASK_MODULES"),
         ({"TASK_MODULES": ["tests.testapp.no_such_module"]}, "django_leases.E016", "TASK_MODULES"),
         ({"TASK_MODULES": [""]}, "django_leases.E016", "TASK_MODULES"),
@@ -118,14 +124,21 @@ def test_sqlite_without_immediate_transactions_is_warned_about():
     assert check_database("default", "default") == []
 
 
-
-
 def run_in_project_without_the_app(*command: str) -> subprocess.CompletedProcess:
     """``command`` (python arguments) in a project whose TASKS use the lease backend but
     whose INSTALLED_APPS lack 'django_leases' (tests/testapp/no_app_settings.py)."""
-    return subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT),
-                                            "DJANGO_SETTINGS_MODULE": "tests.testapp.no_app_settings"})
+    return subprocess.run(
+        [sys.executable, *command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DJANGO_SETTINGS_MODULE": "tests.testapp.no_app_settings",
+        },
+    )
 
 
 def test_a_backend_configured_without_the_app_installed_is_refused_at_enqueue():
@@ -139,19 +152,26 @@ def test_a_backend_configured_without_the_app_installed_is_refused_at_enqueue():
     assert "System check identified no issues" in plain.stdout
     assert "django_leases.E017" not in plain.stdout + plain.stderr
 
-    imported = run_in_project_without_the_app("-c", (
-        "import django; django.setup(); import django.tasks; "
-        "from django.core.management import call_command; call_command('check')"))
+    imported = run_in_project_without_the_app(
+        "-c",
+        (
+            "import django; django.setup(); import django.tasks; "
+            "from django.core.management import call_command; call_command('check')"
+        ),
+    )
     assert imported.returncode != 0
     assert "django_leases.E017" in imported.stderr
     assert "HINT: Add 'django_leases' to INSTALLED_APPS" in imported.stderr
 
-    enqueued = run_in_project_without_the_app("-m", "django", "shell", "-c",
-                                              "from tests.testapp.tasks import add; add.enqueue(1, 2)")
+    enqueued = run_in_project_without_the_app(
+        "-m", "django", "shell", "-c", "from tests.testapp.tasks import add; add.enqueue(1, 2)"
+    )
     assert enqueued.returncode != 0
-    assert ("django.core.exceptions.ImproperlyConfigured: TASKS['default'] uses "
-            "django_leases.backends.LeaseBackend: add 'django_leases' to INSTALLED_APPS, then run "
-            "`python manage.py migrate`") in enqueued.stderr
+    assert (
+        "django.core.exceptions.ImproperlyConfigured: TASKS['default'] uses "
+        "django_leases.backends.LeaseBackend: add 'django_leases' to INSTALLED_APPS, then run "
+        "`python manage.py migrate`"
+    ) in enqueued.stderr
     assert "RuntimeError" not in enqueued.stderr
 
     worker = run_in_project_without_the_app("-m", "django", "run_lease_worker")
@@ -167,12 +187,25 @@ def test_tasks_declared_where_no_worker_looks_are_listed_with_the_fix():
 
     [error] = [m for m in task_backends["default"].check() if m.id == "django_leases.E018"]
     assert shipped.module_path in error.msg
-    assert "TASKS['default']['OPTIONS']['TASK_MODULES']" in error.hint and "'tests.testapp.jobs'" in error.hint
-    with override_settings(TASKS={"default": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"],
-                                              "OPTIONS": {"TASK_MODULES": ["tests.testapp.jobs"]}}}):
+    assert (
+        "TASKS['default']['OPTIONS']['TASK_MODULES']" in error.hint
+        and "'tests.testapp.jobs'" in error.hint
+    )
+    with override_settings(
+        TASKS={
+            "default": {
+                "BACKEND": BACKEND,
+                "QUEUES": ["default", "emails"],
+                "OPTIONS": {"TASK_MODULES": ["tests.testapp.jobs"]},
+            }
+        }
+    ):
         # (Other tests of this process may have imported tests/shopapp/jobs_only.py.)
-        assert [m.id for m in task_backends["default"].check()
-                if m.id == "django_leases.E018" and shipped.module_path in m.msg] == []
+        assert [
+            m.id
+            for m in task_backends["default"].check()
+            if m.id == "django_leases.E018" and shipped.module_path in m.msg
+        ] == []
 
 
 @pytest.mark.django_db(databases="__all__")
@@ -181,9 +214,14 @@ def test_a_backend_whose_task_modules_cannot_import_does_not_break_the_others_ch
     the E016 of its own backend, not a crash of `manage.py check`."""
     from django.core.checks import run_checks
 
-    with override_settings(TASKS={
-        "default": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"]},
-        "broken": {"BACKEND": BACKEND, "OPTIONS": {"TASK_MODULES": ["tests.testapp.no_such_module"]}},
-    }):
+    with override_settings(
+        TASKS={
+            "default": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"]},
+            "broken": {
+                "BACKEND": BACKEND,
+                "OPTIONS": {"TASK_MODULES": ["tests.testapp.no_such_module"]},
+            },
+        }
+    ):
         found = [(m.id, m.obj) for m in run_checks() if m.id.startswith("django_leases.E01")]
     assert ("django_leases.E016", "TASKS['broken']") in found

@@ -38,13 +38,22 @@ def faketime_library() -> str:
         try:
             import libfaketime
         except ImportError:
-            pytest.fail("the libfaketime package is missing: pip install -e '.[test]' "
-                        "(it builds the library: needs a C compiler and make)")
-        path = os.path.join(os.path.dirname(libfaketime.__file__),
-                            "vendor", "libfaketime", "src", "libfaketime.so.1")
+            pytest.fail(
+                "the libfaketime package is missing: pip install -e '.[test]' "
+                "(it builds the library: needs a C compiler and make)"
+            )
+        path = os.path.join(
+            os.path.dirname(libfaketime.__file__),
+            "vendor",
+            "libfaketime",
+            "src",
+            "libfaketime.so.1",
+        )
     if not os.path.exists(path):
-        pytest.fail(f"libfaketime not found at {path}: reinstall the libfaketime package, or "
-                    "set LEASES_CHAOS_FAKETIME_LIB to a build of it")
+        pytest.fail(
+            f"libfaketime not found at {path}: reinstall the libfaketime package, or "
+            "set LEASES_CHAOS_FAKETIME_LIB to a build of it"
+        )
     return path
 
 
@@ -52,8 +61,11 @@ def skewed_env(offset: str) -> dict[str, str]:
     """What ``faketime -f OFFSET`` sets, without its wrapper process in between (so signals
     reach the process itself). Monotonic time stays real: the worker times its beats and
     waits with it, and a faked one makes every timed wait hang or spin."""
-    return {"LD_PRELOAD": faketime_library(), "FAKETIME": offset,
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    return {
+        "LD_PRELOAD": faketime_library(),
+        "FAKETIME": offset,
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -63,9 +75,16 @@ def _needs_server_clock():
 
 
 def run_skewed(skew, action, arg):
-    child = procs.python("-m", "tests.skewed", action, str(arg),
-                         env=procs.child_env(**skewed_env(SKEWS[skew])),
-                         stdout=-1, stderr=-1, text=True)
+    child = procs.python(
+        "-m",
+        "tests.skewed",
+        action,
+        str(arg),
+        env=procs.child_env(**skewed_env(SKEWS[skew])),
+        stdout=-1,
+        stderr=-1,
+        text=True,
+    )
     out, err = child.communicate(timeout=60)
     assert child.returncode == 0, err
     report = json.loads(out)
@@ -142,7 +161,8 @@ def first_log_stamp(worker):
 @pytest.mark.slow
 @pytest.mark.parametrize("skew", ["ahead", "behind"])
 def test_a_worker_whose_clock_is_ten_minutes_off_claims_renews_and_acks_on_the_database_clock(
-        workers, monkeypatch, skew):
+    workers, monkeypatch, skew
+):
     """Invariant 1 for a real worker process: ``manage.py run_lease_worker`` with its wall
     clock ten minutes ahead or behind (libfaketime). Every lease it writes, at the claim and
     at each renewal, ends the database's now() + lease, never its own clock's; its heartbeat
@@ -170,14 +190,18 @@ def test_a_worker_whose_clock_is_ten_minutes_off_claims_renews_and_acks_on_the_d
             beats.add(job.heartbeat_at)
             # Written by one statement from the database clock: now() + lease exactly, and
             # that statement ran moments ago by the database's clock (not ten minutes off).
-            ok = (job.lease_expires_at - job.heartbeat_at == lease
-                  and timedelta(0) <= job.db_now - job.heartbeat_at < lease)
+            ok = (
+                job.lease_expires_at - job.heartbeat_at == lease
+                and timedelta(0) <= job.db_now - job.heartbeat_at < lease
+            )
             if not ok:
                 wrong.append((job.heartbeat_at, job.lease_expires_at, job.db_now))
         return job.state == "succeeded"
 
     wait_for(watch, 4 * LEASE + 30, "the job to be acknowledged", interval=0.1)
-    assert not wrong, f"leases not on the database clock (heartbeat, lease end, db now): {wrong[:3]}"
+    assert not wrong, (
+        f"leases not on the database clock (heartbeat, lease end, db now): {wrong[:3]}"
+    )
     # Claimed, then renewed at each beat: at least half of the beats were seen.
     assert len(beats) >= 4 * LEASE / BEAT / 2, sorted(beats)
     job = Job.objects.annotate(db_now=Now()).get(pk=int(result.id))
@@ -186,7 +210,11 @@ def test_a_worker_whose_clock_is_ten_minutes_off_claims_renews_and_acks_on_the_d
     # Its other stamps are the database's too: the attempt started after the enqueue and
     # lasted the hold, and it finished moments ago by the database's clock.
     assert job.enqueued_at <= job.last_attempted_at < job.finished_at <= job.db_now
-    assert timedelta(seconds=4 * LEASE) <= job.finished_at - job.last_attempted_at < timedelta(seconds=4 * LEASE + 10)
+    assert (
+        timedelta(seconds=4 * LEASE)
+        <= job.finished_at - job.last_attempted_at
+        < timedelta(seconds=4 * LEASE + 10)
+    )
     assert job.db_now - job.finished_at < timedelta(seconds=30)
     seen = WorkerProcess.objects.annotate(db_now=Now()).get(worker_id=f"skewed-{skew}")
     assert timedelta(0) <= seen.db_now - seen.last_seen_at < timedelta(seconds=30)

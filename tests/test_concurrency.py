@@ -62,8 +62,12 @@ def test_processes_claiming_at_once_never_hold_the_same_job():
     """Invariants 3 and 4: four real processes drain 2,000 jobs; each job is claimed and
     acknowledged exactly once and none is left behind."""
     fill(2000)
-    children = [procs.python("-m", "tests.claimer", f"proc-{n}", "5", "300", "3",
-                             stdout=-1, stderr=-1, text=True) for n in range(4)]
+    children = [
+        procs.python(
+            "-m", "tests.claimer", f"proc-{n}", "5", "300", "3", stdout=-1, stderr=-1, text=True
+        )
+        for n in range(4)
+    ]
     records = []
     for child in children:
         out, err = child.communicate(timeout=180)
@@ -112,8 +116,10 @@ def test_a_stale_checkpoint_chosen_as_deadlock_victim_answers_lost_not_an_error(
         writer.start()
         with connections["default"].cursor() as cursor:
             for _ in range(200):  # until the checkpoint waits for the row this block holds
-                cursor.execute("SELECT COUNT(*) FROM information_schema.innodb_trx "
-                               "WHERE trx_state = 'LOCK WAIT'")
+                cursor.execute(
+                    "SELECT COUNT(*) FROM information_schema.innodb_trx "
+                    "WHERE trx_state = 'LOCK WAIT'"
+                )
                 if cursor.fetchone()[0]:
                     break
                 threading.Event().wait(0.01)
@@ -123,7 +129,11 @@ def test_a_stale_checkpoint_chosen_as_deadlock_victim_answers_lost_not_an_error(
     assert answer == [False]
     job = Job.objects.get(pk=stale.pk)
     assert (job.claimed_by, job.fence, job.cursor, job.claim_token) == (
-        "thief", 2, None, thief.claim_token)
+        "thief",
+        2,
+        None,
+        thief.claim_token,
+    )
 
 
 # -- takeovers of expired claims, raced ------------------------------------------------------
@@ -145,9 +155,18 @@ class Racers:
         self.children, self.lines, self.logs, self.readers = [], [], [], []
         for i in range(n):
             log = open(tmp_path / f"racer-{i}.log", "w")  # noqa: SIM115 -- closed in close()
-            child = procs.python("-m", "tests.claimer", "--commands", f"racer-{i}", str(limit),
-                                 str(lease), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=log, text=True)
+            child = procs.python(
+                "-m",
+                "tests.claimer",
+                "--commands",
+                f"racer-{i}",
+                str(limit),
+                str(lease),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
             lines: queue.Queue = queue.Queue()
             reader = threading.Thread(target=self._read, args=(child, lines), daemon=True)
             reader.start()
@@ -171,8 +190,10 @@ class Racers:
             raise AssertionError(f"racer-{i} said nothing for {timeout} s") from None
         if record is None:
             self.children[i].wait(10)
-            raise AssertionError(f"racer-{i} exited ({self.children[i].returncode}):\n"
-                                 f"{Path(self.logs[i].name).read_text()[-3000:]}")
+            raise AssertionError(
+                f"racer-{i} exited ({self.children[i].returncode}):\n"
+                f"{Path(self.logs[i].name).read_text()[-3000:]}"
+            )
         return record
 
     def order(self, text, timeout=90):
@@ -203,8 +224,9 @@ class Racers:
 
 def fill_for_takeovers(n):
     """Jobs that survive many takeovers: the attempts never run out during a test."""
-    Job.objects.bulk_create([Job(task_path=TASK, args=[i, i], lease_seconds=300, max_attempts=1000)
-                             for i in range(n)])
+    Job.objects.bulk_create(
+        [Job(task_path=TASK, args=[i, i], lease_seconds=300, max_attempts=1000) for i in range(n)]
+    )
     return set(Job.objects.values_list("pk", flat=True))
 
 
@@ -258,7 +280,8 @@ def test_processes_racing_to_take_over_expired_claims_each_win_one_fence(tmp_pat
     # Each takeover recorded the claim it ended: its fence and its owner, once.
     failures = JobFailure.objects.filter(kind=FailureKind.LEASE_EXPIRED)
     assert sorted(failures.values_list("job_id", "fence", "worker_id")) == sorted(
-        (pk, fence, owner[pk, fence]) for pk in ids for fence in range(1, rounds + 1))
+        (pk, fence, owner[pk, fence]) for pk in ids for fence in range(1, rounds + 1)
+    )
     assert set(Job.objects.values_list("leases_lost", flat=True)) == {rounds}
     assert_only_the_newest_claim_acks([c for records in by_round for c in records], acks)
 
@@ -306,14 +329,21 @@ def test_takeovers_racing_a_stream_of_expiries_never_hand_out_a_fence_twice(tmp_
     assert set(per_job) <= ids and len(per_job) >= len(ids) // 2, sorted(per_job)
     for pk, mine in per_job.items():
         wrong = [c for c in mine if c["stored_fence"] not in (None, c["fence"])]
-        assert not wrong, (f"job {pk}: {len(wrong)} of {len(mine)} claims handed out a fence "
-                           f"the row does not hold under their token, e.g. {wrong[:3]}")
+        assert not wrong, (
+            f"job {pk}: {len(wrong)} of {len(mine)} claims handed out a fence "
+            f"the row does not hold under their token, e.g. {wrong[:3]}"
+        )
         fences = [c["fence"] for c in mine]
-        assert len(fences) == len(set(fences)), f"job {pk}: a fence handed out twice: {sorted(fences)}"
+        assert len(fences) == len(set(fences)), (
+            f"job {pk}: a fence handed out twice: {sorted(fences)}"
+        )
         newest = max(mine, key=lambda c: c["fence"])
         job = rows[pk]
         assert (job.fence, str(job.claim_token), job.claimed_by) == (
-            newest["fence"], newest["token"], newest["worker"])
+            newest["fence"],
+            newest["token"],
+            newest["worker"],
+        )
     assert max(len(mine) for mine in per_job.values()) > 3, "too few takeovers to call it a race"
     assert len({c["worker"] for c in claims}) > 1, "one racer took every claim: no race"
     assert_only_the_newest_claim_acks(claims, acks)

@@ -66,17 +66,26 @@ def test_failures_follow_the_jobs_ladder_on_the_database_clock():
 def test_a_non_retryable_failure_goes_straight_to_dead_with_its_reason():
     enqueue()
     [claim] = Job.objects.claim("w")
-    Job.objects.fail(claim, exception_class_path="shop.errors.CardDeclined", message="no", retry=False)
+    Job.objects.fail(
+        claim, exception_class_path="shop.errors.CardDeclined", message="no", retry=False
+    )
     job = Job.objects.get(pk=claim.pk)
     assert (job.state, job.dead_reason) == (JobState.DEAD, DeadReason.NON_RETRYABLE)
     failure = job.failures.get()
-    assert (failure.exception_class_path, failure.fence, failure.worker_id) == ("shop.errors.CardDeclined", 1, "w")
+    assert (failure.exception_class_path, failure.fence, failure.worker_id) == (
+        "shop.errors.CardDeclined",
+        1,
+        "w",
+    )
 
 
-@pytest.mark.parametrize(("policy", "state", "reason"), [
-    (LeaseLostPolicy.DEAD, JobState.DEAD, DeadReason.LEASE_LOST),
-    (LeaseLostPolicy.PARK, JobState.PENDING, ""),
-])
+@pytest.mark.parametrize(
+    ("policy", "state", "reason"),
+    [
+        (LeaseLostPolicy.DEAD, JobState.DEAD, DeadReason.LEASE_LOST),
+        (LeaseLostPolicy.PARK, JobState.PENDING, ""),
+    ],
+)
 def test_a_lost_lease_of_a_non_idempotent_task_is_not_run_again(policy, state, reason):
     """Invariants 3 and 4: the expired claim is not taken over; it is dead-lettered or
     parked for a person, and the loss is counted apart from failures."""
@@ -102,8 +111,15 @@ def test_a_job_that_keeps_losing_its_lease_ends_dead_after_max_attempts():
         Job.objects.filter(pk=job.pk).expire_now()
     assert Job.objects.claim("w") == []
     job.refresh_from_db()
-    assert (job.state, job.dead_reason, job.leases_lost, job.attempts) == (JobState.DEAD, DeadReason.ATTEMPTS, 3, 3)
-    assert list(job.failures.values_list("attempt", "kind")) == [(n, FailureKind.LEASE_EXPIRED) for n in (1, 2, 3)]
+    assert (job.state, job.dead_reason, job.leases_lost, job.attempts) == (
+        JobState.DEAD,
+        DeadReason.ATTEMPTS,
+        3,
+        3,
+    )
+    assert list(job.failures.values_list("attempt", "kind")) == [
+        (n, FailureKind.LEASE_EXPIRED) for n in (1, 2, 3)
+    ]
 
 
 def test_requeue_gives_a_dead_job_a_fresh_deadline_and_clears_the_reason():
@@ -140,14 +156,17 @@ def test_a_unique_key_is_free_again_once_its_job_finished():
     assert Job.objects.filter(pk=second.pk).requeue() == 0
 
 
-@pytest.mark.parametrize(("kw", "named"), [
-    ({"on_lease_lost": "maybe"}, "on_lease_lost"),
-    ({"retry": {"delays": [-1]}}, "retry.delays[0]"),
-    ({"unique_key": ""}, "unique_key"),
-    ({"on_duplicate": "ignore"}, "on_duplicate"),
-    ({"max_age": -5}, "max_age"),
-    ({"deadline": "tomorrow"}, "deadline"),
-])
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"on_lease_lost": "maybe"}, "on_lease_lost"),
+        ({"retry": {"delays": [-1]}}, "retry.delays[0]"),
+        ({"unique_key": ""}, "unique_key"),
+        ({"on_duplicate": "ignore"}, "on_duplicate"),
+        ({"max_age": -5}, "max_age"),
+        ({"deadline": "tomorrow"}, "deadline"),
+    ],
+)
 def test_bad_enqueue_options_are_refused_naming_the_field(kw, named):
     with pytest.raises(InvalidLeaseOption) as info:
         enqueue(**kw)
@@ -199,7 +218,10 @@ def test_prune_dead_letters_pending_jobs_no_claim_will_reach_past_their_deadline
     for job in (parked, unserved, scheduled):
         job.refresh_from_db()
         assert (job.state, job.dead_reason, job.finished_at is not None) == (
-            JobState.DEAD, DeadReason.DEADLINE, True)
+            JobState.DEAD,
+            DeadReason.DEADLINE,
+            True,
+        )
     assert Job.objects.get(pk=alive.pk).state == JobState.PENDING
     assert Job.objects.get(pk=claimed.pk).state == JobState.CLAIMED
 

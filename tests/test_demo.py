@@ -19,10 +19,18 @@ SHOP = Path(__file__).resolve().parent.parent / "example_project"
 
 
 def manage(tmp_path: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
+    }
     env["SHOP_SQLITE"] = str(tmp_path / "shop.sqlite3")
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=SHOP, env=env, timeout=timeout,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=SHOP,
+        env=env,
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+    )
 
 
 @pytest.fixture
@@ -161,9 +169,11 @@ def _function_source(text: str, name: str) -> str:
     """The decorator line, the def and its body: up to the first line back at column 0."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"def {name}("))
-    end = next((i for i in range(start + 1, len(lines))
-                if lines[i] and not lines[i][0].isspace()), len(lines))
-    return "\n".join(lines[start - 1:end]).rstrip()
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i] and not lines[i][0].isspace()),
+        len(lines),
+    )
+    return "\n".join(lines[start - 1 : end]).rstrip()
 
 
 def test_the_quick_starts_checkpoint_example_is_the_code_the_demo_runs():

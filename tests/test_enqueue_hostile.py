@@ -36,13 +36,20 @@ pytestmark = pytest.mark.django_db
 TASK = "tests.testapp.tasks.add"
 # The test settings' "any_queue" backend lets the manager take any queue name on "default";
 # here the QUEUES of the one backend on "default" decide, as in a project.
-STRICT_TASKS = {"default": {"BACKEND": "django_leases.backends.LeaseBackend",
-                            "QUEUES": ["default", "emails", "reports"],
-                            "OPTIONS": {"LEASE_SECONDS": 30}}}
+STRICT_TASKS = {
+    "default": {
+        "BACKEND": "django_leases.backends.LeaseBackend",
+        "QUEUES": ["default", "emails", "reports"],
+        "OPTIONS": {"LEASE_SECONDS": 30},
+    }
+}
 EXAMPLES = int(os.environ.get("LEASES_HYPOTHESIS_EXAMPLES", "40"))
-PROPERTY = hypothesis_settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-                               suppress_health_check=[HealthCheck.too_slow,
-                                                      HealthCheck.function_scoped_fixture])
+PROPERTY = hypothesis_settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 def nested(depth: int, kind: str = "list") -> object:
@@ -79,7 +86,9 @@ def same(expected, got) -> bool:
     if type(expected) is not type(got):
         return False
     if isinstance(got, list):
-        return len(got) == len(expected) and all(same(e, g) for e, g in zip(expected, got, strict=True))
+        return len(got) == len(expected) and all(
+            same(e, g) for e, g in zip(expected, got, strict=True)
+        )
     if isinstance(got, dict):
         return got.keys() == expected.keys() and all(same(expected[k], got[k]) for k in got)
     return expected == got
@@ -88,73 +97,87 @@ def same(expected, got) -> bool:
 # -- concrete cases, one per bullet of issue 14.4 -----------------------------------------
 
 
-@pytest.mark.parametrize(("call", "named"), [
-    # argument types: a string or a dict is iterable, and used to be stored as its items
-    ({"args": "abc"}, "args"),
-    ({"args": {"a": 1}}, "args"),
-    ({"args": 5}, "args"),
-    ({"kwargs": [("a", 1)]}, "kwargs"),
-    ({"kwargs": {1: "one"}}, "kwargs[1]"),
-    # nesting: past MAX_DEPTH, and far past it (a RecursionError before)
-    ({"args": [nested(MAX_DEPTH)]}, "args[0]"),
-    ({"kwargs": {"k": nested(MAX_DEPTH, "dict")}}, "kwargs['k']"),
-    ({"args": [nested(1200)]}, "args[0]"),
-    # int size: past 64 bits, and 4,300+ digits (a ValueError from json before)
-    ({"args": [2**63]}, "args[0]"),
-    ({"args": [-(2**63) - 1]}, "args[0]"),
-    ({"args": [10**5000]}, "args[0]"),
-    # floats PostgreSQL's jsonb would give back as ints, and floats with no JSON form
-    ({"args": [1e16]}, "args[0]"),
-    ({"args": [float("nan")]}, "args[0]"),
-    ({"kwargs": {"x": [float("-inf")]}}, "kwargs['x'][0]"),
-    # text no database stores
-    ({"args": ["a\x00b"]}, "args[0]"),
-    ({"args": ["\ud800"]}, "args[0]"),
-    ({"args": [Decimal("1.5")]}, "args[0]"),
-])
+@pytest.mark.parametrize(
+    ("call", "named"),
+    [
+        # argument types: a string or a dict is iterable, and used to be stored as its items
+        ({"args": "abc"}, "args"),
+        ({"args": {"a": 1}}, "args"),
+        ({"args": 5}, "args"),
+        ({"kwargs": [("a", 1)]}, "kwargs"),
+        ({"kwargs": {1: "one"}}, "kwargs[1]"),
+        # nesting: past MAX_DEPTH, and far past it (a RecursionError before)
+        ({"args": [nested(MAX_DEPTH)]}, "args[0]"),
+        ({"kwargs": {"k": nested(MAX_DEPTH, "dict")}}, "kwargs['k']"),
+        ({"args": [nested(1200)]}, "args[0]"),
+        # int size: past 64 bits, and 4,300+ digits (a ValueError from json before)
+        ({"args": [2**63]}, "args[0]"),
+        ({"args": [-(2**63) - 1]}, "args[0]"),
+        ({"args": [10**5000]}, "args[0]"),
+        # floats PostgreSQL's jsonb would give back as ints, and floats with no JSON form
+        ({"args": [1e16]}, "args[0]"),
+        ({"args": [float("nan")]}, "args[0]"),
+        ({"kwargs": {"x": [float("-inf")]}}, "kwargs['x'][0]"),
+        # text no database stores
+        ({"args": ["a\x00b"]}, "args[0]"),
+        ({"args": ["\ud800"]}, "args[0]"),
+        ({"args": [Decimal("1.5")]}, "args[0]"),
+    ],
+)
 def test_arguments_that_would_not_round_trip_are_refused_naming_them(call, named):
     """(3, 6) InvalidJobArgument names the argument; no row, the transaction usable."""
-    error = refused(lambda: Job.objects.enqueue(TASK, call.get("args", []), call.get("kwargs")),
-                    InvalidJobArgument, named)
+    error = refused(
+        lambda: Job.objects.enqueue(TASK, call.get("args", []), call.get("kwargs")),
+        InvalidJobArgument,
+        named,
+    )
     assert error.path.startswith(named)
 
 
-@pytest.mark.parametrize(("options", "named"), [
-    # durations: finite, from 0 to MAX_INTERVAL_SECONDS (a DataError after the row was
-    # committed, or an OverflowError, before)
-    ({"max_age": 1e12}, "max_age"),
-    ({"delay": 3e11}, "delay"),
-    ({"delay": 1e300}, "delay"),
-    ({"delay": float("inf")}, "delay"),
-    ({"delay": -1}, "delay"),
-    ({"delay": timedelta(days=conf.MAX_INTERVAL_DAYS + 1)}, "delay"),
-    ({"max_age": float("nan")}, "max_age"),
-    # times: aware, within MySQL's DATETIME range in UTC
-    ({"run_after": datetime(999, 12, 31, tzinfo=UTC)}, "run_after"),
-    ({"run_after": datetime(1000, 1, 1, tzinfo=timezone(timedelta(hours=1)))}, "run_after"),
-    ({"run_after": datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5)))}, "run_after"),
-    ({"run_after": datetime(2030, 1, 1)}, "run_after"),
-    ({"deadline": datetime(999, 1, 1, tzinfo=UTC)}, "deadline"),
-    ({"deadline": "2030-01-01"}, "deadline"),
-    # names stored in character columns
-    ({"task_path": "x" * 300}, "task_path"),
-    ({"task_path": "a.b\x00"}, "task_path"),
-    ({"task_path": ""}, "task_path"),
-    ({"queue_name": "q\x00"}, "queue_name"),
-    ({"queue_name": "x" * 101}, "queue_name"),
-    ({"unique_key": "k\x00"}, "unique_key"),
-    ({"unique_key": "\udc80"}, "unique_key"),
-    # choices and ladders
-    ({"priority": 101}, "priority"),
-    ({"priority": True}, "priority"),
-    ({"retry": {"delays": 5}}, "retry"),
-    ({"retry": [1e12]}, "retry"),
-])
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        # durations: finite, from 0 to MAX_INTERVAL_SECONDS (a DataError after the row was
+        # committed, or an OverflowError, before)
+        ({"max_age": 1e12}, "max_age"),
+        ({"delay": 3e11}, "delay"),
+        ({"delay": 1e300}, "delay"),
+        ({"delay": float("inf")}, "delay"),
+        ({"delay": -1}, "delay"),
+        ({"delay": timedelta(days=conf.MAX_INTERVAL_DAYS + 1)}, "delay"),
+        ({"max_age": float("nan")}, "max_age"),
+        # times: aware, within MySQL's DATETIME range in UTC
+        ({"run_after": datetime(999, 12, 31, tzinfo=UTC)}, "run_after"),
+        ({"run_after": datetime(1000, 1, 1, tzinfo=timezone(timedelta(hours=1)))}, "run_after"),
+        (
+            {"run_after": datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5)))},
+            "run_after",
+        ),
+        ({"run_after": datetime(2030, 1, 1)}, "run_after"),
+        ({"deadline": datetime(999, 1, 1, tzinfo=UTC)}, "deadline"),
+        ({"deadline": "2030-01-01"}, "deadline"),
+        # names stored in character columns
+        ({"task_path": "x" * 300}, "task_path"),
+        ({"task_path": "a.b\x00"}, "task_path"),
+        ({"task_path": ""}, "task_path"),
+        ({"queue_name": "q\x00"}, "queue_name"),
+        ({"queue_name": "x" * 101}, "queue_name"),
+        ({"unique_key": "k\x00"}, "unique_key"),
+        ({"unique_key": "\udc80"}, "unique_key"),
+        # choices and ladders
+        ({"priority": 101}, "priority"),
+        ({"priority": True}, "priority"),
+        ({"retry": {"delays": 5}}, "retry"),
+        ({"retry": [1e12]}, "retry"),
+    ],
+)
 def test_options_out_of_range_are_refused_naming_them(options, named):
     """(3, 6) InvalidLeaseOption names the option; no row, the transaction usable."""
     options = dict(options)
     task_path = options.pop("task_path", TASK)
-    error = refused(lambda: Job.objects.enqueue(task_path, [1, 2], **options), InvalidLeaseOption, named)
+    error = refused(
+        lambda: Job.objects.enqueue(task_path, [1, 2], **options), InvalidLeaseOption, named
+    )
     assert error.option.startswith(named)
 
 
@@ -162,9 +185,14 @@ def test_options_out_of_range_are_refused_naming_them(options, named):
 def test_a_queue_no_backend_on_the_database_accepts_is_refused():
     """(3) No worker serves a queue outside QUEUES (run_lease_worker refuses it), so the
     manager refuses such a job instead of letting it wait forever."""
-    refused(lambda: Job.objects.enqueue(TASK, [1, 2], queue_name="nope"), InvalidLeaseOption, "'nope'")
-    refused(lambda: Job.objects.enqueue_many(TASK, [([1, 2], {})], queue_name="nope"),
-            InvalidLeaseOption, "queue_name")
+    refused(
+        lambda: Job.objects.enqueue(TASK, [1, 2], queue_name="nope"), InvalidLeaseOption, "'nope'"
+    )
+    refused(
+        lambda: Job.objects.enqueue_many(TASK, [([1, 2], {})], queue_name="nope"),
+        InvalidLeaseOption,
+        "queue_name",
+    )
     assert Job.objects.enqueue(TASK, [1, 2], queue_name="reports").queue_name == "reports"
 
 
@@ -181,13 +209,26 @@ def test_limits_themselves_are_accepted_and_read_back_exactly():
     args = [nested(MAX_DEPTH - 1), 2**63 - 1, -(2**63), float(2**53), 9999999999999998.0, "é😀"]
     kwargs = {"deep": nested(MAX_DEPTH - 1, "dict")}
     far = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
-    job = Job.objects.enqueue("t." + "x" * (255 - 2), args, kwargs, run_after=far,
-                              deadline=datetime(1000, 1, 1, tzinfo=UTC))
+    job = Job.objects.enqueue(
+        "t." + "x" * (255 - 2),
+        args,
+        kwargs,
+        run_after=far,
+        deadline=datetime(1000, 1, 1, tzinfo=UTC),
+    )
     back = Job.objects.get(pk=job.pk)
     assert same(args, back.args) and same(kwargs, back.kwargs)
-    assert (back.run_after, back.available_at, back.deadline) == (far, far, datetime(1000, 1, 1, tzinfo=UTC))
-    longest = Job.objects.enqueue(TASK, [1, 2], delay=conf.MAX_INTERVAL_SECONDS,
-                                  max_age=timedelta(days=conf.MAX_INTERVAL_DAYS))
+    assert (back.run_after, back.available_at, back.deadline) == (
+        far,
+        far,
+        datetime(1000, 1, 1, tzinfo=UTC),
+    )
+    longest = Job.objects.enqueue(
+        TASK,
+        [1, 2],
+        delay=conf.MAX_INTERVAL_SECONDS,
+        max_age=timedelta(days=conf.MAX_INTERVAL_DAYS),
+    )
     longest = Job.objects.get(pk=longest.pk)
     assert longest.available_at - longest.enqueued_at == timedelta(days=conf.MAX_INTERVAL_DAYS)
     assert longest.deadline - longest.enqueued_at == timedelta(days=conf.MAX_INTERVAL_DAYS)
@@ -195,15 +236,27 @@ def test_limits_themselves_are_accepted_and_read_back_exactly():
 
 def test_enqueue_many_names_the_call_it_refuses_and_writes_none():
     """(3) One bad call among many: nothing is written, the call and argument are named."""
-    refused(lambda: Job.objects.enqueue_many(TASK, [([1, 2], {}), "ab"]), InvalidJobArgument, "calls[1]")
-    refused(lambda: Job.objects.enqueue_many(TASK, [([1, 2], {}), ([1e16], None)]),
-            InvalidJobArgument, "calls[1].args[0]")
-    refused(lambda: Job.objects.enqueue_many(TASK, [([1, 2], {}), ({"a": 1}, None)]),
-            InvalidJobArgument, "calls[1].args")
-    refused(lambda: Job.objects.enqueue_many(TASK, [([1], {})], delay=3e11), InvalidLeaseOption, "delay")
+    refused(
+        lambda: Job.objects.enqueue_many(TASK, [([1, 2], {}), "ab"]), InvalidJobArgument, "calls[1]"
+    )
+    refused(
+        lambda: Job.objects.enqueue_many(TASK, [([1, 2], {}), ([1e16], None)]),
+        InvalidJobArgument,
+        "calls[1].args[0]",
+    )
+    refused(
+        lambda: Job.objects.enqueue_many(TASK, [([1, 2], {}), ({"a": 1}, None)]),
+        InvalidJobArgument,
+        "calls[1].args",
+    )
+    refused(
+        lambda: Job.objects.enqueue_many(TASK, [([1], {})], delay=3e11), InvalidLeaseOption, "delay"
+    )
     refused(lambda: Job.objects.enqueue_many(TASK, "ab"), InvalidJobArgument, "calls")
     refused(lambda: Job.objects.enqueue_many(TASK, {"args": [1]}), InvalidJobArgument, "calls")
-    refused(lambda: add.enqueue_many([((1, 2), {}), ((1,), {"b": 2}, "extra")]), InvalidTask, "calls[1]")
+    refused(
+        lambda: add.enqueue_many([((1, 2), {}), ((1,), {"b": 2}, "extra")]), InvalidTask, "calls[1]"
+    )
 
 
 def test_an_unknown_option_is_a_type_error_naming_it():
@@ -214,23 +267,33 @@ def test_an_unknown_option_is_a_type_error_naming_it():
 # -- the same through Django Tasks: InvalidTask naming what was refused -----------------
 
 
-@pytest.mark.parametrize(("call", "named"), [
-    (lambda: add.using_lease(max_age=1e12).enqueue(1, 2), "max_age"),
-    (lambda: add.using_lease(deadline=datetime(999, 1, 1, tzinfo=UTC)).enqueue(1, 2), "deadline"),
-    (lambda: add.using(run_after=datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))))
-     .enqueue(1, 2), "run_after"),
-    (lambda: add.enqueue(10**5000, 1), "args[0]"),
-    (lambda: add.enqueue(1, b=nested(1200)), "kwargs['b']"),
-    (lambda: add.enqueue(1, b="\x00"), "kwargs['b']"),
-    (lambda: add.enqueue_many([((1, 2), {}), ((1, 1e300), {})]), "calls[1].args[1]"),
-    (lambda: add.using(queue_name="nope").enqueue(1, 2), "Queue 'nope'"),
-    (lambda: async_to_sync(add.aenqueue)(1, [1.5, 2**64]), "args[1][1]"),
-    # arguments the task's function cannot take: the worker would dead-letter the job
-    (lambda: add.enqueue(1), "args/kwargs"),
-    (lambda: add.enqueue(1, 2, c=3), "args/kwargs"),
-    (lambda: with_context.enqueue(), "args/kwargs"),
-    (lambda: add.enqueue_many([((1, 2), {}), ((1,), {})]), "calls[1].args/kwargs"),
-])
+@pytest.mark.parametrize(
+    ("call", "named"),
+    [
+        (lambda: add.using_lease(max_age=1e12).enqueue(1, 2), "max_age"),
+        (
+            lambda: add.using_lease(deadline=datetime(999, 1, 1, tzinfo=UTC)).enqueue(1, 2),
+            "deadline",
+        ),
+        (
+            lambda: add.using(
+                run_after=datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5)))
+            ).enqueue(1, 2),
+            "run_after",
+        ),
+        (lambda: add.enqueue(10**5000, 1), "args[0]"),
+        (lambda: add.enqueue(1, b=nested(1200)), "kwargs['b']"),
+        (lambda: add.enqueue(1, b="\x00"), "kwargs['b']"),
+        (lambda: add.enqueue_many([((1, 2), {}), ((1, 1e300), {})]), "calls[1].args[1]"),
+        (lambda: add.using(queue_name="nope").enqueue(1, 2), "Queue 'nope'"),
+        (lambda: async_to_sync(add.aenqueue)(1, [1.5, 2**64]), "args[1][1]"),
+        # arguments the task's function cannot take: the worker would dead-letter the job
+        (lambda: add.enqueue(1), "args/kwargs"),
+        (lambda: add.enqueue(1, 2, c=3), "args/kwargs"),
+        (lambda: with_context.enqueue(), "args/kwargs"),
+        (lambda: add.enqueue_many([((1, 2), {}), ((1,), {})]), "calls[1].args/kwargs"),
+    ],
+)
 def test_the_backend_refuses_with_invalid_task_naming_the_argument(call, named):
     """(3, 6) Through @task: InvalidTask naming the argument or option, nothing written."""
     refused(call, InvalidTask, named)
@@ -249,8 +312,15 @@ def test_a_task_declared_where_workers_do_not_look_is_refused_with_the_fix():
 
     error = refused(lambda: shipped.enqueue(1), InvalidTask, "TASK_MODULES")
     assert "'tests.testapp.jobs'" in str(error)
-    with override_settings(TASKS={**STRICT_TASKS, "default": {
-            **STRICT_TASKS["default"], "OPTIONS": {"TASK_MODULES": ["tests.testapp.jobs"]}}}):
+    with override_settings(
+        TASKS={
+            **STRICT_TASKS,
+            "default": {
+                **STRICT_TASKS["default"],
+                "OPTIONS": {"TASK_MODULES": ["tests.testapp.jobs"]},
+            },
+        }
+    ):
         result = shipped.enqueue(1)
     assert Job.objects.get(pk=int(result.id)).task_path == "tests.testapp.jobs.shipped"
 
@@ -262,12 +332,14 @@ def test_a_refused_enqueue_leaves_the_callers_transaction_to_commit():
     transaction; none reaches the database."""
     with transaction.atomic():
         mark("first")
-        for call in (lambda: Job.objects.enqueue("x" * 300, []),
-                     lambda: Job.objects.enqueue(TASK, [1], max_age=1e12),
-                     lambda: Job.objects.enqueue(TASK, [1], delay=3e11),
-                     lambda: Job.objects.enqueue(TASK, ["\x00"]),
-                     lambda: add.using_lease(max_age=1e12).enqueue(1, 2),
-                     lambda: add.enqueue(1, nested(40))):
+        for call in (
+            lambda: Job.objects.enqueue("x" * 300, []),
+            lambda: Job.objects.enqueue(TASK, [1], max_age=1e12),
+            lambda: Job.objects.enqueue(TASK, [1], delay=3e11),
+            lambda: Job.objects.enqueue(TASK, ["\x00"]),
+            lambda: add.using_lease(max_age=1e12).enqueue(1, 2),
+            lambda: add.enqueue(1, nested(40)),
+        ):
             with pytest.raises((InvalidLeaseOption, InvalidJobArgument, InvalidTask)):
                 call()
         mark("last")
@@ -294,59 +366,114 @@ def test_enqueue_before_migrate_says_to_run_migrate():
 # Each strategy mixes what a careful caller passes (most draws) with what a hostile or
 # careless one does, so that both outcomes are exercised in every run.
 _offsets = st.integers(-23 * 60, 23 * 60).map(lambda m: timezone(timedelta(minutes=m)))
-_good_times = st.datetimes(min_value=datetime(1001, 1, 2), max_value=datetime(9998, 12, 30),
-                           timezones=st.just(UTC)) | st.builds(
-    lambda d, tz: d.replace(tzinfo=tz), st.datetimes(datetime(1001, 1, 2), datetime(9998, 12, 30)), _offsets)
+_good_times = st.datetimes(
+    min_value=datetime(1001, 1, 2), max_value=datetime(9998, 12, 30), timezones=st.just(UTC)
+) | st.builds(
+    lambda d, tz: d.replace(tzinfo=tz),
+    st.datetimes(datetime(1001, 1, 2), datetime(9998, 12, 30)),
+    _offsets,
+)
 times = st.one_of(
-    _good_times, _good_times,
+    _good_times,
+    _good_times,
     st.builds(lambda d, tz: d.replace(tzinfo=tz), st.datetimes(), _offsets),  # years 1-9999
     st.datetimes(),  # naive
     st.sampled_from([datetime(1000, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, 23, 59, tzinfo=UTC)]),
 )
 _good_seconds = st.floats(0, conf.MAX_INTERVAL_SECONDS) | st.integers(0, 10**6)
-seconds = st.one_of(_good_seconds, _good_seconds, st.floats(), st.integers(-5, 10**14),
-                    st.timedeltas(min_value=timedelta(0)), st.builds(pow, st.just(10), st.just(5000)))
+seconds = st.one_of(
+    _good_seconds,
+    _good_seconds,
+    st.floats(),
+    st.integers(-5, 10**14),
+    st.timedeltas(min_value=timedelta(0)),
+    st.builds(pow, st.just(10), st.just(5000)),
+)
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=6).filter(
-        lambda t: "\x00" not in t), st.floats(-1e15, 1e15))
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.text(max_size=6).filter(lambda t: "\x00" not in t),
+    st.floats(-1e15, 1e15),
+)
 hostile_scalars = st.one_of(
-    st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=6),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.text(max_size=6),
     st.sampled_from(["\x00", "a\ud800", "é😀", 1e16, -1e300, 2**63 - 1, -(2**63)]),
     st.builds(pow, st.just(10), st.sampled_from([19, 5000])),  # the repr of 10**5000 raises
     st.sampled_from([Decimal("1"), b"bytes", {1, 2}, datetime(2030, 1, 1, tzinfo=UTC), object()]),
 )
 _json_values = st.recursive(
     json_scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.tuples(inner) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner)
+        | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 _hostile_values = st.recursive(
     hostile_scalars | json_scalars,
     lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.tuples(inner),
-        st.dictionaries(st.one_of(st.text(max_size=3), st.integers(0, 2), st.just("\x00")), inner, max_size=3)),
+        st.lists(inner, max_size=3),
+        st.tuples(inner),
+        st.dictionaries(
+            st.one_of(st.text(max_size=3), st.integers(0, 2), st.just("\x00")), inner, max_size=3
+        ),
+    ),
     max_leaves=8,
 ) | st.builds(nested, st.integers(MAX_DEPTH - 3, MAX_DEPTH + 2), st.sampled_from(["list", "dict"]))
 values = st.one_of(*[_json_values] * 8, _hostile_values)
 _good_args = st.lists(values, max_size=3) | st.tuples(values, values)
-manager_args = st.one_of(_good_args, _good_args, _good_args, st.text(max_size=3),
-                         st.dictionaries(st.text(max_size=2), values, max_size=2), st.integers())
+manager_args = st.one_of(
+    _good_args,
+    _good_args,
+    _good_args,
+    st.text(max_size=3),
+    st.dictionaries(st.text(max_size=2), values, max_size=2),
+    st.integers(),
+)
 _good_kwargs = st.none() | st.dictionaries(st.text(max_size=3), values, max_size=3)
-manager_kwargs = st.one_of(_good_kwargs, _good_kwargs, _good_kwargs,
-                           st.dictionaries(st.integers(0, 2), values, min_size=1, max_size=2),
-                           st.lists(values, max_size=2))
-manager_options = st.fixed_dictionaries({}, optional={
-    "delay": seconds, "max_age": seconds, "run_after": times, "deadline": times,
-    "priority": st.one_of(st.integers(-100, 100), st.integers(-150, 150), st.booleans(), st.floats(-5, 5)),
-    "queue_name": st.sampled_from(["default", "emails", "reports", "nope", "", "q\x00", "x" * 101]),
-    "lease_seconds": st.one_of(st.floats(1, 43200), st.floats(), st.integers(-1, 10**6)),
-    "max_attempts": st.one_of(st.integers(1, 1000), st.integers(-1, 2000), st.floats(0, 10)),
-    "retry": st.one_of(st.lists(st.floats(0, 30 * 86400), max_size=2),
-                       st.lists(seconds, max_size=2), st.dictionaries(
-        st.sampled_from(["base", "factor", "cap", "jitter", "delays", "bogus"]), seconds, max_size=2)),
-})
-task_paths = st.one_of(st.just(TASK), st.just(TASK), st.text(max_size=4),
-                       st.sampled_from(["x" * 256, "a\x00", "ok.path", "x" * 255]))
+manager_kwargs = st.one_of(
+    _good_kwargs,
+    _good_kwargs,
+    _good_kwargs,
+    st.dictionaries(st.integers(0, 2), values, min_size=1, max_size=2),
+    st.lists(values, max_size=2),
+)
+manager_options = st.fixed_dictionaries(
+    {},
+    optional={
+        "delay": seconds,
+        "max_age": seconds,
+        "run_after": times,
+        "deadline": times,
+        "priority": st.one_of(
+            st.integers(-100, 100), st.integers(-150, 150), st.booleans(), st.floats(-5, 5)
+        ),
+        "queue_name": st.sampled_from(
+            ["default", "emails", "reports", "nope", "", "q\x00", "x" * 101]
+        ),
+        "lease_seconds": st.one_of(st.floats(1, 43200), st.floats(), st.integers(-1, 10**6)),
+        "max_attempts": st.one_of(st.integers(1, 1000), st.integers(-1, 2000), st.floats(0, 10)),
+        "retry": st.one_of(
+            st.lists(st.floats(0, 30 * 86400), max_size=2),
+            st.lists(seconds, max_size=2),
+            st.dictionaries(
+                st.sampled_from(["base", "factor", "cap", "jitter", "delays", "bogus"]),
+                seconds,
+                max_size=2,
+            ),
+        ),
+    },
+)
+task_paths = st.one_of(
+    st.just(TASK),
+    st.just(TASK),
+    st.text(max_size=4),
+    st.sampled_from(["x" * 256, "a\x00", "ok.path", "x" * 255]),
+)
 
 
 def _named(error: Exception) -> str:
@@ -365,8 +492,16 @@ def _root(name: str) -> str:
 
 def _assert_stored_as_given(job, args, kwargs, options) -> None:
     back = Job.objects.get(pk=job.pk)
-    assert same(args, back.args) and same(kwargs or {}, back.kwargs), (args, back.args, kwargs, back.kwargs)
-    assert (back.priority, back.queue_name) == (options.get("priority", 0), options.get("queue_name", "default"))
+    assert same(args, back.args) and same(kwargs or {}, back.kwargs), (
+        args,
+        back.args,
+        kwargs,
+        back.kwargs,
+    )
+    assert (back.priority, back.queue_name) == (
+        options.get("priority", 0),
+        options.get("queue_name", "default"),
+    )
     if "run_after" in options:
         assert back.run_after == back.available_at == options["run_after"]
     if "delay" in options:
@@ -405,8 +540,10 @@ def test_property_manager_enqueue_round_trips_or_refuses_cleanly(task_path, args
 
 @override_settings(TASKS=STRICT_TASKS)
 @PROPERTY
-@given(calls=st.lists(st.tuples(manager_args, manager_kwargs) | values, max_size=4),
-       options=manager_options)
+@given(
+    calls=st.lists(st.tuples(manager_args, manager_kwargs) | values, max_size=4),
+    options=manager_options,
+)
 def test_property_enqueue_many_is_all_or_nothing(calls, options):
     """(3) enqueue_many() with hostile calls: every job, each as given, or none and the
     refusal names the call (``calls[i]...``) or the option."""
@@ -430,18 +567,26 @@ def test_property_enqueue_many_is_all_or_nothing(calls, options):
             _assert_stored_as_given(job, args, kwargs, options)
 
 
-backend_options = st.fixed_dictionaries({}, optional={
-    "priority": st.integers(-150, 150), "queue_name": st.sampled_from(["default", "emails", "nope"]),
-    "run_after": times,
-})
+backend_options = st.fixed_dictionaries(
+    {},
+    optional={
+        "priority": st.integers(-150, 150),
+        "queue_name": st.sampled_from(["default", "emails", "nope"]),
+        "run_after": times,
+    },
+)
 lease_options = st.fixed_dictionaries({}, optional={"max_age": seconds, "deadline": times})
 # What Django's own messages call the options it checks.
 _SPOKEN = {"queue_name": "queue", "run_after": "run_after", "priority": "priority"}
 
 
 @PROPERTY
-@given(args=st.lists(values, max_size=2), kwargs=st.dictionaries(st.sampled_from(["a", "b"]), values, max_size=2),
-       using=backend_options, lease=lease_options)
+@given(
+    args=st.lists(values, max_size=2),
+    kwargs=st.dictionaries(st.sampled_from(["a", "b"]), values, max_size=2),
+    using=backend_options,
+    lease=lease_options,
+)
 def test_property_backend_enqueue_round_trips_or_refuses_cleanly(args, kwargs, using, lease):
     """(3, 6) @task enqueue with hostile arguments and options: a result whose row and
     get_result() give back what was passed, or InvalidTask naming what was refused."""
@@ -466,10 +611,15 @@ def test_property_backend_enqueue_round_trips_or_refuses_cleanly(args, kwargs, u
     again = echo.get_result(result.id)
     assert same(args, again.args) and same(kwargs, again.kwargs)
     assert (again.task.priority, again.task.queue_name, again.task.run_after) == (
-        result.task.priority, result.task.queue_name, result.task.run_after)
+        result.task.priority,
+        result.task.queue_name,
+        result.task.run_after,
+    )
 
 
-@pytest.mark.parametrize("offset", [timedelta(hours=-7, minutes=-30), timedelta(hours=16), timedelta(hours=-23)])
+@pytest.mark.parametrize(
+    "offset", [timedelta(hours=-7, minutes=-30), timedelta(hours=16), timedelta(hours=-23)]
+)
 def test_times_compare_on_the_database_after_a_round_trip(offset):
     """A run_after given in any offset Python allows (PostgreSQL refuses offsets past 15:59)
     is the same instant when read back."""

@@ -16,7 +16,8 @@ def load_rows():
     """200,000 jobs: 97% finished, 2.5% pending (a tenth of them not yet due), 0.5% claimed."""
     table = Job._meta.db_table
     with connection.cursor() as cursor:
-        cursor.execute(f"""
+        cursor.execute(
+            f"""
             INSERT INTO {table} (queue_name, task_path, args, kwargs, priority, state,
                 available_at, lease_seconds, lease_expires_at, claim_token, fence, attempts,
                 max_attempts, leases_lost, claimed_by, enqueued_at, finished_at, on_lease_lost, dead_reason)
@@ -31,7 +32,9 @@ def load_rows():
                    1, 1, 5, 0, 'bench', now() - interval '2 hours',
                    CASE WHEN i % 200 <> 0 AND i % 40 <> 1 THEN now() END, 'retry', ''
             FROM generate_series(1, %s) AS i
-        """.replace("%", "%%").replace("%%s", "%s"), [ROWS])
+        """.replace("%", "%%").replace("%%s", "%s"),
+            [ROWS],
+        )
         cursor.execute(f"ANALYZE {table}")
 
 
@@ -52,8 +55,10 @@ MYSQL_ROWS = f"""
           FROM {{digits}} a, {{digits}} b, {{digits}} c, {{digits}} e, {{digits}} f, {{digits}} g) s
     WHERE i <= {ROWS}
 """
-DIGITS = "(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 " \
-         "UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)"
+DIGITS = (
+    "(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 "
+    "UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)"
+)
 
 
 def test_the_claim_on_200000_rows_uses_indexes_and_no_full_scan_on_mysql():
@@ -67,7 +72,9 @@ def test_the_claim_on_200000_rows_uses_indexes_and_no_full_scan_on_mysql():
         cursor.execute(f"ANALYZE TABLE {Job._meta.db_table}")
     assert Job.objects.count() == ROWS
     with transaction.atomic():
-        query = Job.objects.claim_order(["default", "emails"]).select_for_update(skip_locked=True)[:10]
+        query = Job.objects.claim_order(["default", "emails"]).select_for_update(skip_locked=True)[
+            :10
+        ]
         plan = query.explain()
     # EXPLAIN's access type column: ALL is a full table scan.
     assert " ALL " not in f" {plan} ", plan
@@ -154,8 +161,11 @@ def test_the_claim_on_200000_rows_uses_indexes_and_no_sequential_scan():
                 assert_claim_plan_uses_indexes(unindexed)
             with pytest.raises(AssertionError):
                 assert_claim_plan_uses_indexes(explain(every))
-            cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s "
-                           "AND indexdef NOT LIKE 'CREATE UNIQUE%%'", [Job._meta.db_table])
+            cursor.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename = %s "
+                "AND indexdef NOT LIKE 'CREATE UNIQUE%%'",
+                [Job._meta.db_table],
+            )
             for (name,) in cursor.fetchall():
                 cursor.execute(f'DROP INDEX "{name}"')
             unindexed = explain(statement)

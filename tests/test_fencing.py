@@ -18,10 +18,19 @@ pytestmark = pytest.mark.django_db
 
 
 def handle_for(job):
-    return JobHandle(job_id=job.pk, fence=job.fence, attempt=job.attempts, cursor=job.cursor,
-                     lease_seconds=job.lease_seconds, worker_id=job.claimed_by,
-                     lost=threading.Event(), stamp=Stamp(0.0), checkpointer=lambda c: True,
-                     claim_token=job.claim_token, database="default")
+    return JobHandle(
+        job_id=job.pk,
+        fence=job.fence,
+        attempt=job.attempts,
+        cursor=job.cursor,
+        lease_seconds=job.lease_seconds,
+        worker_id=job.claimed_by,
+        lost=threading.Event(),
+        stamp=Stamp(0.0),
+        checkpointer=lambda c: True,
+        claim_token=job.claim_token,
+        database="default",
+    )
 
 
 def claimed():
@@ -31,7 +40,9 @@ def claimed():
 
 
 def effect(job, phase):
-    return Effect.objects.create(key="k", job_id=job.pk, fence=job.fence, worker_id="w", pid=1, phase=phase)
+    return Effect.objects.create(
+        key="k", job_id=job.pk, fence=job.fence, worker_id="w", pid=1, phase=phase
+    )
 
 
 def test_fenced_commits_the_block_while_the_claim_is_held():
@@ -138,7 +149,12 @@ def assert_the_stale_owner_changed_nothing(job, thief, handle, phase):
     assert not Effect.objects.filter(phase=phase).exists()
     stored = Job.objects.get(pk=job.pk)
     assert (stored.state, stored.fence, stored.claim_token, stored.claimed_by, stored.result) == (
-        JobState.CLAIMED, 2, thief.claim_token, "thief", None)
+        JobState.CLAIMED,
+        2,
+        thief.claim_token,
+        "thief",
+        None,
+    )
     assert Job.objects.renew([job]) == set()
     assert Job.objects.checkpoint(job, {"stale": True}) is False
     assert Job.objects.ack(job, "stale") is False
@@ -147,16 +163,20 @@ def assert_the_stale_owner_changed_nothing(job, thief, handle, phase):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("ack", [False, True], ids=["renew", "ack"])
-def test_fenced_refuses_the_commit_when_the_claim_is_taken_over_on_another_connection_mid_block(ack):
+def test_fenced_refuses_the_commit_when_the_claim_is_taken_over_on_another_connection_mid_block(
+    ack,
+):
     """Invariant 5, by the check inside the transaction alone: the owner enters fenced()
     with its claim held and its lost flag unset (so the entry check passes), writes, and
     while the block is open another connection expires the lease and claims the job, and
     commits. Nothing tells the owner; the block's closing conditional UPDATE (renewal, or
     the ack) touches no row, so the block is rolled back and LeaseLost raised."""
     if connection.vendor == "sqlite":
-        pytest.skip("SQLite in IMMEDIATE mode holds the write lock for the whole block: a "
-                    "takeover on another connection waits for its end, it cannot commit mid-block "
-                    "(see the test below for a takeover the owner has not heard of)")
+        pytest.skip(
+            "SQLite in IMMEDIATE mode holds the write lock for the whole block: a "
+            "takeover on another connection waits for its end, it cannot commit mid-block "
+            "(see the test below for a takeover the owner has not heard of)"
+        )
     job = claimed()
     handle = handle_for(job)
     with pytest.raises(LeaseLost), fenced(ack=ack, result={"stale": True}, handle=handle):

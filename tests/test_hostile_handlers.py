@@ -48,8 +48,10 @@ def _key(prefix: str) -> str:
 
 def _escaped(text: str) -> str:
     """What the worker stores of ``text``: NUL and lone surrogates as backslash escapes."""
-    return "".join("\\x00" if c == "\x00" else f"\\u{ord(c):04x}" if 0xD800 <= ord(c) <= 0xDFFF
-                   else c for c in text)
+    return "".join(
+        "\\x00" if c == "\x00" else f"\\u{ord(c):04x}" if 0xD800 <= ord(c) <= 0xDFFF else c
+        for c in text
+    )
 
 
 def _storable(text: str) -> bool:
@@ -59,8 +61,17 @@ def _storable(text: str) -> bool:
 
 def _burst(workers, name: str, isolation: str, *extra: str) -> int:
     """Run one --burst worker with two slots over what is enqueued; its exit status."""
-    worker = workers.start(name, *STEADY, "--burst", "--concurrency", "2", "--isolation",
-                           isolation, *extra, ready=False)
+    worker = workers.start(
+        name,
+        *STEADY,
+        "--burst",
+        "--concurrency",
+        "2",
+        "--isolation",
+        isolation,
+        *extra,
+        ready=False,
+    )
     return worker.wait_exit(180)
 
 
@@ -113,12 +124,15 @@ def test_whatever_a_handler_raises_fails_its_job_not_the_worker(workers, isolati
     poison = {}
     for kind in t.HOSTILE_EXCEPTIONS:
         poison[kind] = t.hostile_raise.using_lease(max_attempts=1).enqueue(
-            _key(kind), kind, codepoints)
+            _key(kind), kind, codepoints
+        )
     for kind in ("RuntimeError", "SystemExit", "KeyboardInterrupt", "HandlerExit", "Nameless"):
         poison[f"async {kind}"] = t.hostile_araise.using_lease(max_attempts=1).enqueue(
-            _key(kind), kind, codepoints)
+            _key(kind), kind, codepoints
+        )
     huge = t.hostile_raise.using_lease(max_attempts=1).enqueue(
-        _key("huge"), "RuntimeError", codepoints, repeat=20_000)
+        _key("huge"), "RuntimeError", codepoints, repeat=20_000
+    )
     good = [t.add.enqueue(i, 1) for i in range(3)]
 
     assert _burst(workers, f"raise-{isolation}", isolation) == 0
@@ -129,7 +143,9 @@ def test_whatever_a_handler_raises_fails_its_job_not_the_worker(workers, isolati
         # Unpicklable args print with their addresses, which differ in a child process.
         expected = None if kind == "unpicklable" else describe_exception(exc)[1]
         failure = _assert_failed_once(result, t.HOSTILE_EXCEPTION_PATHS[kind], expected)
-        assert ("hostile_araise" if name.startswith("async") else "hostile_raise") in failure.traceback
+        assert (
+            "hostile_araise" if name.startswith("async") else "hostile_raise"
+        ) in failure.traceback
         error = _result(result.id).errors[0]
         assert error.traceback == failure.traceback
         assert error.exception_class_path == _readable(failure.exception_class_path)
@@ -155,19 +171,30 @@ def test_a_return_value_that_cannot_be_stored_fails_as_type_error(workers, isola
     pickling raises is stored as the plain string it is (6)."""
     # Where in the value, and what: the words are jsonsafe's, as for enqueue's arguments.
     where = {
-        "object": ("result: ", "builtins.object"), "set": ("result: ", "builtins.set"),
-        "bytes": ("result: ", "builtins.bytes"), "datetime": ("result: ", "datetime.datetime"),
-        "deep": ("result",), "bigint": ("result: ",), "nan": ("result: ", "nan"),
-        "inf": ("result[1]: ", "-inf"), "int_key": ("result['ok'][1]",),
-        "surrogate": ("result['text']: ",), "nul": ("result[0]: ", "NUL"),
-        "huge": ("too large to store: result",), "nameless": ("result",),
-        "dict_items_raise": ("result",), "dict_items_interrupt": ("result",),
+        "object": ("result: ", "builtins.object"),
+        "set": ("result: ", "builtins.set"),
+        "bytes": ("result: ", "builtins.bytes"),
+        "datetime": ("result: ", "datetime.datetime"),
+        "deep": ("result",),
+        "bigint": ("result: ",),
+        "nan": ("result: ", "nan"),
+        "inf": ("result[1]: ", "-inf"),
+        "int_key": ("result['ok'][1]",),
+        "surrogate": ("result['text']: ",),
+        "nul": ("result[0]: ", "NUL"),
+        "huge": ("too large to store: result",),
+        "nameless": ("result",),
+        "dict_items_raise": ("result",),
+        "dict_items_interrupt": ("result",),
     }
-    poison = {kind: t.hostile_return.using_lease(max_attempts=1).enqueue(_key(kind), kind)
-              for kind in where}
+    poison = {
+        kind: t.hostile_return.using_lease(max_attempts=1).enqueue(_key(kind), kind)
+        for kind in where
+    }
     for kind in ("object", "deep", "bigint", "nan"):
         poison[f"async {kind}"] = t.hostile_areturn.using_lease(max_attempts=1).enqueue(
-            _key(kind), kind)
+            _key(kind), kind
+        )
     plain = t.hostile_return.enqueue(_key("plain"), "str_subclass_reduce")
     good = t.add.enqueue(2, 3)
 
@@ -262,13 +289,19 @@ def refusing_database():
             WHEN {on_failure} BEGIN SELECT RAISE(ABORT, 'refused by the test trigger'); END""",
         ],
     }
-    drop_both = ["DROP TRIGGER IF EXISTS hostile_refuse_job", "DROP TRIGGER IF EXISTS hostile_refuse_failure"]
+    drop_both = [
+        "DROP TRIGGER IF EXISTS hostile_refuse_job",
+        "DROP TRIGGER IF EXISTS hostile_refuse_failure",
+    ]
     drops = {
-        "postgresql": [f"DROP TRIGGER IF EXISTS hostile_refuse_job ON {q(job)}",
-                       f"DROP TRIGGER IF EXISTS hostile_refuse_failure ON {q(failure)}",
-                       "DROP FUNCTION IF EXISTS hostile_refuse_job()",
-                       "DROP FUNCTION IF EXISTS hostile_refuse_failure()"],
-        "mysql": drop_both, "sqlite": drop_both,
+        "postgresql": [
+            f"DROP TRIGGER IF EXISTS hostile_refuse_job ON {q(job)}",
+            f"DROP TRIGGER IF EXISTS hostile_refuse_failure ON {q(failure)}",
+            "DROP FUNCTION IF EXISTS hostile_refuse_job()",
+            "DROP FUNCTION IF EXISTS hostile_refuse_failure()",
+        ],
+        "mysql": drop_both,
+        "sqlite": drop_both,
     }
     yield from _triggers(create, drops)
 
@@ -276,16 +309,19 @@ def refusing_database():
 @workers_db
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_write_the_database_refuses_ends_the_attempt_not_the_worker(
-        workers, isolation, refusing_database):
+    workers, isolation, refusing_database
+):
     """An ack whose result the database refuses fails the attempt with the database's
     error; a failure record it refuses is replaced by a minimal one; a checkpoint it
     refuses raises in the handler, which fails; none of it is taken for an outage and
     retried forever, and the good jobs beside them succeed (3, 6)."""
     ack = t.note.using_lease(max_attempts=1).enqueue(_key("ack"), "refuse-ack")
     failing = t.hostile_raise.using_lease(max_attempts=1).enqueue(
-        _key("fail"), "RuntimeError", [ord(c) for c in "refuse-failure"])
+        _key("fail"), "RuntimeError", [ord(c) for c in "refuse-failure"]
+    )
     cursor = t.hostile_checkpoint.using_lease(max_attempts=1).enqueue(
-        _key("cursor"), {"note": "refuse-cursor"})
+        _key("cursor"), {"note": "refuse-cursor"}
+    )
     good = [t.add.enqueue(i, 10) for i in range(3)]
 
     assert _burst(workers, f"refused-{isolation}", isolation) == 0
@@ -320,28 +356,35 @@ def disk_full_while_flagged():
         pytest.skip("a trigger raising a SQLSTATE of our choosing needs PostgreSQL")
     q = connection.ops.quote_name
     job = q(Job._meta.db_table)
-    create = {"postgresql": [
-        "CREATE TABLE hostile_disk_full (id integer)",
-        "INSERT INTO hostile_disk_full VALUES (1)",
-        """CREATE OR REPLACE FUNCTION hostile_disk_full() RETURNS trigger
+    create = {
+        "postgresql": [
+            "CREATE TABLE hostile_disk_full (id integer)",
+            "INSERT INTO hostile_disk_full VALUES (1)",
+            """CREATE OR REPLACE FUNCTION hostile_disk_full() RETURNS trigger
         LANGUAGE plpgsql AS $$ BEGIN
           IF NEW.state = 'succeeded' AND EXISTS (SELECT 1 FROM hostile_disk_full) THEN
             RAISE EXCEPTION 'disk full, says the test trigger' USING ERRCODE = '53100';
           END IF;
           RETURN NEW;
         END $$""",
-        f"CREATE TRIGGER hostile_disk_full BEFORE UPDATE ON {job} "
-        "FOR EACH ROW EXECUTE FUNCTION hostile_disk_full()",
-    ]}
-    drops = {"postgresql": [f"DROP TRIGGER IF EXISTS hostile_disk_full ON {job}",
-                            "DROP FUNCTION IF EXISTS hostile_disk_full()",
-                            "DROP TABLE IF EXISTS hostile_disk_full"]}
+            f"CREATE TRIGGER hostile_disk_full BEFORE UPDATE ON {job} "
+            "FOR EACH ROW EXECUTE FUNCTION hostile_disk_full()",
+        ]
+    }
+    drops = {
+        "postgresql": [
+            f"DROP TRIGGER IF EXISTS hostile_disk_full ON {job}",
+            "DROP FUNCTION IF EXISTS hostile_disk_full()",
+            "DROP TABLE IF EXISTS hostile_disk_full",
+        ]
+    }
     yield from _triggers(create, drops)
 
 
 @workers_db
 def test_a_server_short_of_a_resource_is_waited_out_not_held_against_the_ack(
-        workers, disk_full_while_flagged):
+    workers, disk_full_while_flagged
+):
     """An ack failing with SQLSTATE 53100 (disk full) over a connection that still answers
     is an outage, however often it repeats: the worker sends it again until the server
     has room, and the job that succeeded ends succeeded, not as a failed attempt (3)."""
@@ -349,8 +392,11 @@ def test_a_server_short_of_a_resource_is_waited_out_not_held_against_the_ack(
 
     result = t.add.using_lease(max_attempts=1).enqueue(4, 4)
     worker = workers.start("disk-full", *STEADY, "--burst", ready=False)
-    wait_for(lambda: worker.log().count("disk full, says the test trigger") > WRITE_STRIKES,
-             90, "the ack to fail more often than the strikes allow")
+    wait_for(
+        lambda: worker.log().count("disk full, says the test trigger") > WRITE_STRIKES,
+        90,
+        "the ack to fail more often than the strikes allow",
+    )
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM hostile_disk_full")
     assert worker.wait_exit(120) == 0
@@ -360,12 +406,14 @@ def test_a_server_short_of_a_resource_is_waited_out_not_held_against_the_ack(
 
 @workers_db
 def test_a_failure_the_database_refuses_even_minimal_leaves_the_job_to_its_lease(
-        workers, refusing_database):
+    workers, refusing_database
+):
     """When the database refuses even the minimal failure record, the worker lets the
     claim go and carries on; the job stays visibly claimed until its lease runs out, then
     the next claim records the attempt as expired and dead-letters it (3)."""
     result = t.hostile_raise.using_lease(max_attempts=1).enqueue(
-        _key("all"), "RuntimeError", [ord(c) for c in "refuse-all"])
+        _key("all"), "RuntimeError", [ord(c) for c in "refuse-all"]
+    )
     good = t.add.enqueue(1, 1)
     worker = workers.start("refused-all", *STEADY, "--burst", ready=False)
     assert worker.wait_exit(120) == 0
@@ -386,12 +434,18 @@ def test_a_failure_the_database_refuses_even_minimal_leaves_the_job_to_its_lease
 def test_a_stop_signal_still_stops_the_worker(workers, isolation):
     """SystemExit and KeyboardInterrupt raised by handlers fail their jobs; SIGINT sent to
     the worker still stops it, releasing the job it runs (6)."""
-    poison = [t.hostile_raise.using_lease(max_attempts=1).enqueue(_key(kind), kind, [120])
-              for kind in ("SystemExit", "KeyboardInterrupt")]
-    worker = workers.start(f"stop-{isolation}", *STEADY, "--concurrency", "3", "--grace", "1",
-                           "--isolation", isolation)
-    wait_for(lambda: Job.objects.filter(pk__in=[p.id for p in poison], state=JobState.DEAD).count() == 2,
-             60, "the poison jobs to fail")
+    poison = [
+        t.hostile_raise.using_lease(max_attempts=1).enqueue(_key(kind), kind, [120])
+        for kind in ("SystemExit", "KeyboardInterrupt")
+    ]
+    worker = workers.start(
+        f"stop-{isolation}", *STEADY, "--concurrency", "3", "--grace", "1", "--isolation", isolation
+    )
+    wait_for(
+        lambda: Job.objects.filter(pk__in=[p.id for p in poison], state=JobState.DEAD).count() == 2,
+        60,
+        "the poison jobs to fail",
+    )
     held = t.hold.enqueue(60)
     wait_for(lambda: Job.objects.get(pk=held.id).state == JobState.CLAIMED, 30, "the hold job")
     worker.signal(signal.SIGINT)
@@ -407,29 +461,45 @@ def test_ctrl_c_to_the_process_group_releases_a_handler_that_reenabled_sigint(wo
     that is its stop, not the job's failure: the job is released, the attempt not
     counted, as when a child dies of the signal (3)."""
     result = t.interruptible.enqueue(_key("ctrl-c"), 60)
-    worker = workers.start("ctrl-c", *STEADY, "--isolation", "process", "--grace", "20",
-                           own_group=True)
-    wait_for(lambda: Effect.objects.filter(job_id=result.id, phase="start").exists(), 60,
-             "the handler to start")
+    worker = workers.start(
+        "ctrl-c", *STEADY, "--isolation", "process", "--grace", "20", own_group=True
+    )
+    wait_for(
+        lambda: Effect.objects.filter(job_id=result.id, phase="start").exists(),
+        60,
+        "the handler to start",
+    )
     worker.signal_group(signal.SIGINT)
     assert worker.wait_exit(60) == 0
     job = Job.objects.get(pk=result.id)
-    assert (job.state, job.attempts, job.failures.count()) == (JobState.PENDING, 0, 0), worker.log()[-3000:]
+    assert (job.state, job.attempts, job.failures.count()) == (JobState.PENDING, 0, 0), (
+        worker.log()[-3000:]
+    )
 
 
 # -- the property: hostile batches, generated ----------------------------------------
 
-_codepoint = st.one_of(st.sampled_from([0, 0xD800, 0xDBFF, 0xDC00, 0xDFFF, 0x1F600, 0x7F, 0xFFFF]),
-                       st.integers(0, 0x10FFFF))
-_raise = st.tuples(st.just("raise"), st.sampled_from(t.HOSTILE_EXCEPTIONS),
-                   st.lists(_codepoint, max_size=12),
-                   st.one_of(st.just(1), st.integers(1_000, 30_000)), st.booleans())
-_return = st.tuples(st.just("return"),
-                    st.sampled_from([k for k in t.HOSTILE_RESULTS if k != "huge"]),
-                    st.integers(1_000, 6_000), st.booleans())
-_good = st.tuples(st.just("good"), st.integers(-10**6, 10**6))
+_codepoint = st.one_of(
+    st.sampled_from([0, 0xD800, 0xDBFF, 0xDC00, 0xDFFF, 0x1F600, 0x7F, 0xFFFF]),
+    st.integers(0, 0x10FFFF),
+)
+_raise = st.tuples(
+    st.just("raise"),
+    st.sampled_from(t.HOSTILE_EXCEPTIONS),
+    st.lists(_codepoint, max_size=12),
+    st.one_of(st.just(1), st.integers(1_000, 30_000)),
+    st.booleans(),
+)
+_return = st.tuples(
+    st.just("return"),
+    st.sampled_from([k for k in t.HOSTILE_RESULTS if k != "huge"]),
+    st.integers(1_000, 6_000),
+    st.booleans(),
+)
+_good = st.tuples(st.just("good"), st.integers(-(10**6), 10**6))
 _batch = st.lists(st.one_of(_raise, _return, _good), min_size=4, max_size=8).map(
-    lambda specs: [*specs, ("good", 7)])
+    lambda specs: [*specs, ("good", 7)]
+)
 
 
 def _enqueue(spec):
@@ -458,7 +528,9 @@ def _check(spec, result) -> None:
         return
     _, kind, codepoints, repeat, is_async = spec
     text = "".join(map(chr, codepoints)) * repeat
-    expected = None if kind == "unpicklable" else describe_exception(t.hostile_exception(kind, text))[1]
+    expected = (
+        None if kind == "unpicklable" else describe_exception(t.hostile_exception(kind, text))[1]
+    )
     failure = _assert_failed_once(result, t.HOSTILE_EXCEPTION_PATHS[kind], expected)
     assert ("hostile_araise" if is_async else "hostile_raise") in failure.traceback
 
@@ -474,8 +546,12 @@ def test_property_hostile_batches_never_hurt_the_worker(workers, isolation):
     every good job succeeded, nothing half-written (6, 3)."""
     runs = itertools.count()
 
-    @settings(max_examples=6, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=6,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(_batch)
     def run(batch):
         results = [_enqueue(spec) for spec in batch]
@@ -521,7 +597,9 @@ def test_readable_class_paths_fall_back_to_the_nearest_importable_class():
     """What TaskError.exception_class imports: the class itself, else its nearest base
     that import_string() reaches, else Exception (6, issue 15)."""
     assert readable_class_path("builtins.KeyboardInterrupt") == "builtins.KeyboardInterrupt"
-    assert readable_class_path("tests.testapp.tasks.HandlerExit") == "tests.testapp.tasks.HandlerExit"
+    assert (
+        readable_class_path("tests.testapp.tasks.HandlerExit") == "tests.testapp.tasks.HandlerExit"
+    )
     assert readable_class_path("tests.testapp.tasks.Outer.InnerError") == "builtins.ValueError"
     assert readable_class_path(t.HOSTILE_EXCEPTION_PATHS["LocalError"]) == "builtins.Exception"
     assert readable_class_path("no_such_module.Error") == "builtins.Exception"
@@ -578,13 +656,22 @@ def test_contention_is_an_outage_not_a_refusal():
     except ImportError:
         pass
     else:
-        for cls in (psycopg.errors.LockNotAvailable, psycopg.errors.SerializationFailure,
-                    psycopg.errors.DeadlockDetected, psycopg.errors.QueryCanceled):
+        for cls in (
+            psycopg.errors.LockNotAvailable,
+            psycopg.errors.SerializationFailure,
+            psycopg.errors.DeadlockDetected,
+            psycopg.errors.QueryCanceled,
+        ):
             assert contention(wrapped(cls("x"))), cls
         assert not contention(wrapped(psycopg.errors.StatementTooComplex("x")))
-        for cls in (psycopg.errors.DiskFull, psycopg.errors.OutOfMemory,
-                    psycopg.errors.TooManyConnections, psycopg.errors.AdminShutdown,
-                    psycopg.errors.IoError, psycopg.errors.ConnectionFailure):
+        for cls in (
+            psycopg.errors.DiskFull,
+            psycopg.errors.OutOfMemory,
+            psycopg.errors.TooManyConnections,
+            psycopg.errors.AdminShutdown,
+            psycopg.errors.IoError,
+            psycopg.errors.ConnectionFailure,
+        ):
             assert error_kind(wrapped(cls("x"))) == "outage", cls
         for cls in (psycopg.errors.DataException, psycopg.errors.CheckViolation):
             assert error_kind(wrapped(cls("x"))) == "refusal", cls
@@ -622,8 +709,13 @@ def test_a_failure_row_naming_a_module_never_imports_it(workers, tmp_path, monke
     result = t.add.using_lease(max_attempts=3).enqueue(2, 3)
     Job.objects.filter(pk=result.id).update(attempts=2, fence=2)
     for attempt, path in ((1, "tests.testapp.trap_exit.Boom"), (2, "this.Zen")):
-        JobFailure.objects.create(job_id=result.id, attempt=attempt, fence=attempt,
-                                  kind=FailureKind.EXCEPTION, exception_class_path=path)
+        JobFailure.objects.create(
+            job_id=result.id,
+            attempt=attempt,
+            fence=attempt,
+            kind=FailureKind.EXCEPTION,
+            exception_class_path=path,
+        )
 
     errors = _result(result.id).errors
     assert [e.exception_class_path for e in errors] == ["builtins.Exception"] * 2
@@ -650,11 +742,13 @@ def test_a_handler_that_leaves_a_transaction_open_does_not_jam_the_slot(workers)
     left, good = {}, []
     for how in hows:
         left[how] = t.leave_transaction.using_lease(max_attempts=1).enqueue(_key(how), how)
-        good.append(t.hostile_checkpoint.using_lease(max_attempts=1).enqueue(
-            _key("after"), {"after": how}))
+        good.append(
+            t.hostile_checkpoint.using_lease(max_attempts=1).enqueue(_key("after"), {"after": how})
+        )
     added = t.add.enqueue(4, 5)
-    worker = workers.start("left-open", *STEADY, "--burst", "--concurrency", "1",
-                           "--isolation", "thread", ready=False)
+    worker = workers.start(
+        "left-open", *STEADY, "--burst", "--concurrency", "1", "--isolation", "thread", ready=False
+    )
     assert worker.wait_exit(120) == 0
     for how, result in left.items():
         job = Job.objects.get(pk=result.id)
@@ -676,7 +770,8 @@ def test_a_row_whose_retry_ladder_cannot_be_read_ends_dead_naming_it(workers):
     dead as unrunnable with a failure naming ``retry``, its handler never run; the good
     jobs of the same batch succeed and the worker exits 0 (6, 3)."""
     poison = t.hostile_raise.using_lease(max_attempts=3).enqueue(
-        _key("retry"), "RuntimeError", [ord("x")])
+        _key("retry"), "RuntimeError", [ord("x")]
+    )
     Job.objects.filter(pk=poison.id).update(retry={"delays": ["x"]})
     good = [t.add.enqueue(i, 20) for i in range(2)]
     worker = workers.start("bad-retry", *STEADY, "--burst", "--concurrency", "3", ready=False)
@@ -716,10 +811,19 @@ def test_a_log_file_stays_text_whatever_a_handler_raises(workers, tmp_path, log_
     NUL and is UTF-8, the two written as backslash escapes (6)."""
     text = "bad \ud800 msg\x00end"
     result = t.hostile_raise.using_lease(max_attempts=1).enqueue(
-        _key("log"), "RuntimeError", [ord(c) for c in text])
+        _key("log"), "RuntimeError", [ord(c) for c in text]
+    )
     log_file = tmp_path / f"worker.{log_format}.log"
-    worker = workers.start(f"log-{log_format}", *STEADY, "--burst", ready=False, env_extra={
-        "LEASES_WORKER_LOG_FILE": str(log_file), "LEASES_WORKER_LOG_FILE_FORMAT": log_format})
+    worker = workers.start(
+        f"log-{log_format}",
+        *STEADY,
+        "--burst",
+        ready=False,
+        env_extra={
+            "LEASES_WORKER_LOG_FILE": str(log_file),
+            "LEASES_WORKER_LOG_FILE_FORMAT": log_format,
+        },
+    )
     assert worker.wait_exit(120) == 0
     assert Job.objects.get(pk=result.id).state == JobState.DEAD
     assert "Logging error" not in worker.log()
@@ -730,8 +834,9 @@ def test_a_log_file_stays_text_whatever_a_handler_raises(workers, tmp_path, log_
         import json
 
         lines = [json.loads(line) for line in written.splitlines() if line.strip()]
-        failed = [line for line in lines
-                  if (line["logger"], line["level"]) == ("django.tasks", "ERROR")]
+        failed = [
+            line for line in lines if (line["logger"], line["level"]) == ("django.tasks", "ERROR")
+        ]
         assert len(failed) == 1 and text in failed[0]["exc_info"], failed
     else:
         assert "bad \\ud800 msg\\x00end" in written

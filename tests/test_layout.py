@@ -17,15 +17,33 @@ PACKAGE = Path(django_leases.__file__).parent
 
 # Modules that hold the data and the statements on it: none of them knows the worker, the
 # admin, the backend or the commands.
-DATA = {"django_leases.models", "django_leases.query", "django_leases.operators",
-        "django_leases.enqueue", "django_leases.worker_registry", "django_leases.states",
-        "django_leases.conf", "django_leases.exceptions", "django_leases.jsonsafe",
-        "django_leases.retry", "django_leases.storable", "django_leases.deadlocks"}
+DATA = {
+    "django_leases.models",
+    "django_leases.query",
+    "django_leases.operators",
+    "django_leases.enqueue",
+    "django_leases.worker_registry",
+    "django_leases.states",
+    "django_leases.conf",
+    "django_leases.exceptions",
+    "django_leases.jsonsafe",
+    "django_leases.retry",
+    "django_leases.storable",
+    "django_leases.deadlocks",
+}
 # What only the manager (models.py's Job.objects) and the backend's enqueue may use.
-STATEMENTS = {"django_leases.query", "django_leases.operators", "django_leases.enqueue",
-              "django_leases.worker_registry"}
-CALLERS = ("django_leases.worker", "django_leases.admin", "django_leases.backends",
-           "django_leases.management")
+STATEMENTS = {
+    "django_leases.query",
+    "django_leases.operators",
+    "django_leases.enqueue",
+    "django_leases.worker_registry",
+}
+CALLERS = (
+    "django_leases.worker",
+    "django_leases.admin",
+    "django_leases.backends",
+    "django_leases.management",
+)
 
 
 def _module_name(path: Path) -> str:
@@ -57,7 +75,7 @@ def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package[:len(package) - node.level + 1]
+                base = package[: len(package) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -121,7 +139,9 @@ def _under(name: str, prefixes: tuple[str, ...] | set[str]) -> bool:
 
 def test_the_scan_sees_the_package():
     """The rules below would pass vacuously on an empty graph."""
-    assert {"django_leases.query", "django_leases.enqueue", "django_leases.worker.loop"} <= set(GRAPH)
+    assert {"django_leases.query", "django_leases.enqueue", "django_leases.worker.loop"} <= set(
+        GRAPH
+    )
     assert "django_leases.enqueue" in GRAPH["django_leases.query"]
     assert "django_leases.models" in GRAPH["django_leases.worker.loop"]  # a function-level import
 
@@ -148,8 +168,11 @@ def test_the_worker_speaks_to_the_database_only_through_the_manager(module):
 
 def test_the_admin_reads_models_and_calls_verbs():
     imported = GRAPH["django_leases.admin"]
-    assert {t for t in imported if _under(t, STATEMENTS | {"django_leases.worker",
-                                                             "django_leases.backends"})} == set()
+    assert {
+        t
+        for t in imported
+        if _under(t, STATEMENTS | {"django_leases.worker", "django_leases.backends"})
+    } == set()
 
 
 def test_the_backend_enqueues_through_enqueue_py_not_query_internals():
@@ -160,7 +183,11 @@ def test_the_backend_enqueues_through_enqueue_py_not_query_internals():
 def test_enqueue_and_operators_stand_below_query():
     """query.py composes JobQuerySet from operators.py and calls enqueue.py, never the
     other way round."""
-    for module in ("django_leases.enqueue", "django_leases.operators", "django_leases.worker_registry"):
+    for module in (
+        "django_leases.enqueue",
+        "django_leases.operators",
+        "django_leases.worker_registry",
+    ):
         assert "django_leases.query" not in GRAPH[module], module
     assert "django_leases.models" not in GRAPH["django_leases.enqueue"]
 
@@ -168,7 +195,11 @@ def test_enqueue_and_operators_stand_below_query():
 def test_every_module_is_on_the_layout_page():
     """docs/layout.md names every module, so the page and the package cannot drift apart."""
     page = (PACKAGE.parent / "docs" / "layout.md").read_text(encoding="utf-8")
-    missing = [name for name in GRAPH
-               if f"`{name.removeprefix('django_leases.').replace('.', '/')}" not in page
-               and name != "django_leases" and not name.endswith((".management", ".commands"))]
+    missing = [
+        name
+        for name in GRAPH
+        if f"`{name.removeprefix('django_leases.').replace('.', '/')}" not in page
+        and name != "django_leases"
+        and not name.endswith((".management", ".commands"))
+    ]
     assert missing == []

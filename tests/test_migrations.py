@@ -31,9 +31,10 @@ def job_table_names() -> set[str]:
     with connection.cursor() as cursor:
         names = set(connection.introspection.get_constraints(cursor, Job._meta.db_table))
         if connection.vendor == "postgresql":
-            cursor.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass "
-                           "AND NOT tgisinternal",
-                           [Job._meta.db_table])
+            cursor.execute(
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal",
+                [Job._meta.db_table],
+            )
             names |= {row[0] for row in cursor.fetchall()}
     return names
 
@@ -48,8 +49,9 @@ def expected_names() -> set[str]:
 
 
 def foreign_names() -> set[str]:
-    return ((set() if connection.vendor == "mysql" else MYSQL_INDEXES)
-            | (set() if connection.vendor == "postgresql" else {TRIGGER}))
+    return (set() if connection.vendor == "mysql" else MYSQL_INDEXES) | (
+        set() if connection.vendor == "postgresql" else {TRIGGER}
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -66,8 +68,9 @@ def test_the_schema_has_its_named_indexes_constraints_and_trigger_and_unapplies_
         assert Job._meta.db_table not in connection.introspection.table_names()
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
-                cursor.execute("SELECT count(*) FROM pg_proc "
-                               "WHERE proname = 'django_leases_notify_enqueued'")
+                cursor.execute(
+                    "SELECT count(*) FROM pg_proc WHERE proname = 'django_leases_notify_enqueued'"
+                )
                 assert cursor.fetchone()[0] == 0
     finally:
         call_command("migrate", "django_leases", verbosity=0)

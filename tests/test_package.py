@@ -37,25 +37,32 @@ pytestmark = [
     pytest.mark.skipif(
         not os.environ.get("DATABASE_URL", "sqlite://").startswith("sqlite"),
         reason="builds and installs the package once per test run, in the SQLite pass, "
-               "where it runs its user project on SQLite and on PostgreSQL itself"),
+        "where it runs its user project on SQLite and on PostgreSQL itself",
+    ),
     pytest.mark.skipif(
         bool(os.environ.get("LEASES_DJANGO")),
         reason="runs in the main pass of tests/run.sh (its virtualenv takes the newest "
-               "Django); this pass pins another Django into the checkout's virtualenv"),
+        "Django); this pass pins another Django into the checkout's virtualenv",
+    ),
 ]
 
 
 def run(*args: str | Path, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
-    done = subprocess.run([str(a) for a in args], capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
+    done = subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, **kwargs
+    )
     assert done.returncode == 0, f"{args}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     return done
 
 
 def checkout_files(*paths: str) -> set[str]:
     """The files git has or would add (tracked, or new and not ignored), as they are now."""
-    done = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
-                           "--", *paths], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *paths],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         pytest.fail(f"git ls-files failed (the package test needs a git checkout): {done.stderr}")
     return {f for f in done.stdout.splitlines() if (ROOT / f).is_file()}
@@ -79,8 +86,11 @@ def dist(tmp_path_factory) -> Path:
     done = run(sys.executable, "-m", "build", "--outdir", out, source)
     # setuptools says what it finds ambiguous in the layout or the manifest as warnings
     # (byte-compiling is only off in this environment).
-    noise = [line for line in (done.stdout + done.stderr).splitlines()
-             if re.search(r"\w+Warning\b|^\s*warning: (?!.*byte-compiling is disabled)", line)]
+    noise = [
+        line
+        for line in (done.stdout + done.stderr).splitlines()
+        if re.search(r"\w+Warning\b|^\s*warning: (?!.*byte-compiling is disabled)", line)
+    ]
     assert noise == [], "\n".join(noise)
     return out
 
@@ -91,8 +101,11 @@ def only(dist: Path, pattern: str) -> Path:
 
 
 def app_entries(names: list[str], prefix: str = "") -> set[str]:
-    return {n.removeprefix(prefix) for n in names
-            if n.startswith(f"{prefix}django_leases/") and not n.endswith("/")}
+    return {
+        n.removeprefix(prefix)
+        for n in names
+        if n.startswith(f"{prefix}django_leases/") and not n.endswith("/")
+    }
 
 
 def test_the_wheel_holds_every_file_of_the_app(dist):
@@ -146,16 +159,27 @@ def venv(dist, tmp_path_factory) -> Path:
     home = outside_checkout(tmp_path_factory.mktemp("venv")) / "venv"
     run(sys.executable, "-m", "venv", home)
     wheel = only(dist, "django_leases-*.whl")
-    run(home / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check",
-        "--quiet", f"{wheel}[postgres]", env=user_env())
+    run(
+        home / "bin" / "python",
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--quiet",
+        f"{wheel}[postgres]",
+        env=user_env(),
+    )
     return home
 
 
 def user_env(**extra: str) -> dict[str, str]:
     """This process's environment without what points at the checkout or its settings."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV", "DATABASE_URL",
-                        "PYTHONHOME"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {"PYTHONPATH", "DJANGO_SETTINGS_MODULE", "VIRTUAL_ENV", "DATABASE_URL", "PYTHONHOME"}
+    }
     return {**env, **extra}
 
 
@@ -179,10 +203,14 @@ def postgres_database():
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
         admin.execute(sql.SQL("CREATE DATABASE {}").format(name))
         try:
-            yield {"USER_DATABASE": "postgres", "USER_PG_NAME": PG_NAME,
-                   "USER_PG_HOST": url.hostname or "127.0.0.1", "USER_PG_PORT": str(url.port or 5432),
-                   "USER_PG_USER": unquote(url.username or "postgres"),
-                   "USER_PG_PASSWORD": unquote(url.password or "")}
+            yield {
+                "USER_DATABASE": "postgres",
+                "USER_PG_NAME": PG_NAME,
+                "USER_PG_HOST": url.hostname or "127.0.0.1",
+                "USER_PG_PORT": str(url.port or 5432),
+                "USER_PG_USER": unquote(url.username or "postgres"),
+                "USER_PG_PASSWORD": unquote(url.password or ""),
+            }
         finally:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
 
@@ -201,8 +229,7 @@ def test_a_user_project_runs_on_the_installed_wheel(venv, database, tmp_path, di
     advisor, the workers, and the confirmation page of each action that asks first."""
     project = outside_checkout(tmp_path) / "project"
     shutil.copytree(ROOT / "tests" / "userproject", project)
-    done = run(venv / "bin" / "python", "check_project.py", cwd=project,
-               env=user_env(**database))
+    done = run(venv / "bin" / "python", "check_project.py", cwd=project, env=user_env(**database))
     report = json.loads(done.stdout)
 
     # The project ran on the installed wheel, not on the checkout.
@@ -215,10 +242,12 @@ def test_a_user_project_runs_on_the_installed_wheel(venv, database, tmp_path, di
 
     assert (report["enqueue_receipt"], report["enqueue_sync"]) == (200, 200)
     assert report["worker"]["exit"] == 0, report["worker"]["output"]
-    assert report["receipt"] == {"status": "SUCCESSFUL",
-                                 "return_value": "receipt for order 7 sent"}
-    assert report["sync"] == {"state": "succeeded", "attempts": 2,
-                              "failures": ["partner API unreachable for order 8"]}
+    assert report["receipt"] == {"status": "SUCCESSFUL", "return_value": "receipt for order 7 sent"}
+    assert report["sync"] == {
+        "state": "succeeded",
+        "attempts": 2,
+        "failures": ["partner API unreachable for order 8"],
+    }
     assert report["workers"] == ["package-test"]
 
     pages = report["pages"]

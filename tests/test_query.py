@@ -112,13 +112,21 @@ def test_enqueue_with_delay_is_not_claimable_until_the_database_clock_says_so():
 
 # -- enqueue: PostgreSQL's constant INSERT writes what the ORM writes ---------------------
 
-on_postgres = pytest.mark.skipif(connection.vendor != "postgresql",
-                                 reason="the constant INSERT is PostgreSQL's; elsewhere the ORM path runs")
+on_postgres = pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="the constant INSERT is PostgreSQL's; elsewhere the ORM path runs",
+)
 AHEAD = timezone.now() + timedelta(hours=1)
 OPTIONS = [
     {},
-    {"queue_name": "emails", "priority": 7, "lease_seconds": 45, "max_attempts": 3,
-     "retry": [5, 50], "on_lease_lost": "park"},
+    {
+        "queue_name": "emails",
+        "priority": 7,
+        "lease_seconds": 45,
+        "max_attempts": 3,
+        "retry": [5, 50],
+        "on_lease_lost": "park",
+    },
     {"delay": 60, "retry": {"base": 2, "factor": 3, "cap": 60, "jitter": 0}},
     {"delay": timedelta(seconds=1.25), "max_age": 3600, "on_lease_lost": "dead"},
     {"run_after": AHEAD, "deadline": AHEAD + timedelta(days=2), "priority": -100},
@@ -171,7 +179,9 @@ def test_the_postgresql_insert_writes_the_row_the_orm_writes(options):
     args, kwargs = ensure_json(ARGS, "args"), ensure_json(KWARGS, "kwargs")
     fast, orm, job = insert_both_ways(
         lambda: inserts._pg_insert_one(Job, "default", fields, args, kwargs),
-        lambda: inserts._insert_one(Job, "default", fields, args, kwargs), options)
+        lambda: inserts._insert_one(Job, "default", fields, args, kwargs),
+        options,
+    )
     assert fast == orm
     assert job.state == JobState.PENDING and job.args[1] == ARGS[1] and job.kwargs["t"] == [3, 4]
 
@@ -196,9 +206,12 @@ def test_the_rows_a_bulk_enqueue_answers_are_the_stored_ones():
     """What the Django Tasks backend reads back from a bulk enqueue (id, enqueued_at, args,
     kwargs), in the order of the calls, without model instances."""
     fields = inserts.EnqueueOptions(delay=5).check(TASK)
-    rows = inserts.insert_job_rows(Job, "default", fields, [([i], {"k": (i,)}) for i in range(5)], batch_size=2)
+    rows = inserts.insert_job_rows(
+        Job, "default", fields, [([i], {"k": (i,)}) for i in range(5)], batch_size=2
+    )
     assert [(pk, enqueued_at) for pk, enqueued_at, _, _ in rows] == list(
-        Job.objects.order_by("pk").values_list("pk", "enqueued_at"))
+        Job.objects.order_by("pk").values_list("pk", "enqueued_at")
+    )
     assert [(args, kwargs) for _, _, args, kwargs in rows] == [([i], {"k": [i]}) for i in range(5)]
 
 
@@ -239,8 +252,15 @@ def test_a_refused_call_of_a_later_batch_writes_nothing():
     assert Job.objects.count() == 0
 
 
-@pytest.mark.parametrize(("kw", "named"), [({"priority": 101}, "priority"), ({"delay": -1}, "delay"),
-                                           ({"max_age": "long"}, "max_age"), ({"unique_key": "k"}, "unique_key")])
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"priority": 101}, "priority"),
+        ({"delay": -1}, "delay"),
+        ({"max_age": "long"}, "max_age"),
+        ({"unique_key": "k"}, "unique_key"),
+    ],
+)
 def test_enqueue_many_refuses_bad_options_naming_the_field(kw, named):
     with pytest.raises(InvalidLeaseOption) as info:
         Job.objects.enqueue_many(TASK, [([1], {})], **kw)
@@ -287,7 +307,9 @@ def test_both_postgresql_inserts_still_wake_listeners():
     try:
         with transaction.atomic():
             # Two INSERTs of one queue in one transaction: PostgreSQL folds their NOTIFYs.
-            Job.objects.enqueue_many(TASK, [([i], {}) for i in range(3)], queue_name="reports", batch_size=2)
+            Job.objects.enqueue_many(
+                TASK, [([i], {}) for i in range(3)], queue_name="reports", batch_size=2
+            )
             assert list(listener.notifies(timeout=0.2)) == []  # nothing before the commit
         enqueue(queue_name="emails")
         payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
@@ -355,7 +377,12 @@ def test_an_expired_claim_is_taken_over_and_the_old_token_can_do_nothing():
     done = Job.objects.get(pk=old.pk)
     assert (done.state, done.result, done.leases_lost) == (JobState.SUCCEEDED, "fresh", 1)
     [lost] = JobFailure.objects.filter(job=done)
-    assert (lost.kind, lost.attempt, lost.fence, lost.worker_id) == (FailureKind.LEASE_EXPIRED, 1, 1, "w1")
+    assert (lost.kind, lost.attempt, lost.fence, lost.worker_id) == (
+        FailureKind.LEASE_EXPIRED,
+        1,
+        1,
+        "w1",
+    )
 
 
 def test_renew_is_one_statement_for_many_claims_and_reports_which_are_held():
@@ -397,7 +424,12 @@ def test_release_returns_the_job_without_counting_the_attempt():
     [job] = Job.objects.claim("w")
     assert Job.objects.release(job) is True
     stored = Job.objects.get(pk=job.pk)
-    assert (stored.state, stored.attempts, stored.fence, stored.claim_token) == (JobState.PENDING, 0, 1, None)
+    assert (stored.state, stored.attempts, stored.fence, stored.claim_token) == (
+        JobState.PENDING,
+        0,
+        1,
+        None,
+    )
     [again] = Job.objects.claim("w2")
     assert (again.attempts, again.fence) == (1, 2)
 
@@ -406,14 +438,24 @@ def test_fail_retries_until_max_attempts_then_dead_letters_with_history():
     """Invariant 3: a failing job ends dead, each attempt recorded, never lost."""
     enqueue(max_attempts=2)
     [job] = Job.objects.claim("w1")
-    assert Job.objects.fail(job, exception_class_path="builtins.ValueError", message="boom",
-                            traceback="Traceback ...", retry_in=0) is True
+    assert (
+        Job.objects.fail(
+            job,
+            exception_class_path="builtins.ValueError",
+            message="boom",
+            traceback="Traceback ...",
+            retry_in=0,
+        )
+        is True
+    )
     assert Job.objects.get(pk=job.pk).state == JobState.PENDING
     [job] = Job.objects.claim("w2")
     assert Job.objects.fail(job, exception_class_path="builtins.KeyError", message="again") is True
     dead = Job.objects.get(pk=job.pk)
     assert dead.state == JobState.DEAD and dead.finished_at is not None
-    history = list(dead.failures.values_list("attempt", "fence", "worker_id", "exception_class_path"))
+    history = list(
+        dead.failures.values_list("attempt", "fence", "worker_id", "exception_class_path")
+    )
     assert history == [(1, 1, "w1", "builtins.ValueError"), (2, 2, "w2", "builtins.KeyError")]
 
 
@@ -424,7 +466,9 @@ def test_fail_with_retry_delay_counts_on_the_database_clock():
     Job.objects.fail(job, message="later", retry_in=120)
     stored = Job.objects.get(pk=job.pk)
     failure = stored.failures.get()
-    assert timedelta(seconds=119) < stored.available_at - failure.recorded_at < timedelta(seconds=121)
+    assert (
+        timedelta(seconds=119) < stored.available_at - failure.recorded_at < timedelta(seconds=121)
+    )
     assert Job.objects.claim("w") == []
 
 
@@ -513,9 +557,13 @@ def test_lease_views_split_claimed_jobs_into_healthy_stalled_and_expired():
     Job.objects.filter(pk=b.pk).update(heartbeat_at=Now() - timedelta(seconds=25))
     Job.objects.filter(pk=c.pk).expire_now()
     # Heartbeat every 10 s: b, silent for 25 s, is stalled (more than two periods).
-    status = dict(Job.objects.with_lease_status(heartbeat_seconds=10).values_list("pk", "lease_status"))
+    status = dict(
+        Job.objects.with_lease_status(heartbeat_seconds=10).values_list("pk", "lease_status")
+    )
     assert status == {a.pk: "healthy", b.pk: "stalled", c.pk: "expired"}
-    assert set(Job.objects.stalled_claims(heartbeat_seconds=10).values_list("pk", flat=True)) == {b.pk}
+    assert set(Job.objects.stalled_claims(heartbeat_seconds=10).values_list("pk", flat=True)) == {
+        b.pk
+    }
     assert set(Job.objects.expired().values_list("pk", flat=True)) == {c.pk}
 
 
@@ -546,7 +594,10 @@ def test_each_claim_is_renewed_by_its_own_lease_in_one_statement():
     enqueue(lease_seconds=50)
     short, long_ = Job.objects.claim("w", limit=2)
     # A worker's --lease override travels with the claim, not with the row.
-    refs = [_ClaimRef(short.pk, short.claim_token, 4.0), _ClaimRef(long_.pk, long_.claim_token, 50.0)]
+    refs = [
+        _ClaimRef(short.pk, short.claim_token, 4.0),
+        _ClaimRef(long_.pk, long_.claim_token, 50.0),
+    ]
     assert Job.objects.renew(refs) == {short.pk, long_.pk}
     ends = {j.pk: j.lease_expires_at - j.heartbeat_at for j in Job.objects.all()}
     assert ends == {short.pk: timedelta(seconds=4), long_.pk: timedelta(seconds=50)}
@@ -557,10 +608,12 @@ def test_an_owner_write_that_changes_nothing_still_counts_as_owned():
     rows changed, so an UPDATE that writes equal values still proves ownership."""
     enqueue()
     [job] = Job.objects.claim("w")
-    assert Job.objects.filter(pk=job.pk, claim_token=job.claim_token).update(priority=F("priority")) == 1
+    assert (
+        Job.objects.filter(pk=job.pk, claim_token=job.claim_token).update(priority=F("priority"))
+        == 1
+    )
     assert Job.objects.checkpoint(job, {"at": 1}) is True
     assert Job.objects.checkpoint(job, {"at": 1}) is True
-
 
 
 @pytest.mark.parametrize("lease", [0, -5, float("nan"), float("inf"), 12 * 3600 + 1])

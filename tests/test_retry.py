@@ -21,14 +21,17 @@ def test_exponential_backoff_is_capped_and_jittered_within_bounds():
     assert backoff.longest(5) == pytest.approx(120)
 
 
-@pytest.mark.parametrize(("spec", "named"), [
-    ({"delays": [10, -1]}, "retry.delays[1]"),
-    ({"factor": 0.5}, "retry.factor"),
-    ({"jitter": 1.5}, "retry.jitter"),
-    ({"base": "10"}, "retry.base"),
-    ({"wait": 3}, "retry"),
-    ("often", "retry"),
-])
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ({"delays": [10, -1]}, "retry.delays[1]"),
+        ({"factor": 0.5}, "retry.factor"),
+        ({"jitter": 1.5}, "retry.jitter"),
+        ({"base": "10"}, "retry.base"),
+        ({"wait": 3}, "retry"),
+        ("often", "retry"),
+    ],
+)
 def test_bad_ladders_are_refused_naming_the_field(spec, named):
     with pytest.raises(InvalidLeaseOption) as info:
         Retry.from_json(spec)
@@ -45,5 +48,8 @@ def test_worst_case_completion_adds_each_failed_attempt_at_its_slowest():
     # 3 attempts, lease 30, handler 5, poll 1, ladder 10 then 60:
     # attempt 1: max(5+30+1, 5+10+1) = 36; attempt 2: max(36, 5+60+1=66) = 66; last: 1 + 5.
     ladder = Retry(delays=[10, 60])
-    assert worst_case_completion(ladder, max_attempts=3, lease=30, handler_seconds=5, poll=1) == 36 + 66 + 6
+    assert (
+        worst_case_completion(ladder, max_attempts=3, lease=30, handler_seconds=5, poll=1)
+        == 36 + 66 + 6
+    )
     assert worst_case_completion(ladder, max_attempts=1, lease=30, handler_seconds=5, poll=1) == 6

@@ -40,8 +40,8 @@ class Queue(RuleBasedStateMachine):
         super().__init__()
         Job.objects.all().delete()
         self.enqueued: set[int] = set()
-        self.claims: list[Claim] = []          # every claim ever made, stale ones included
-        self.fences: dict[int, int] = {}       # last fence handed out per job
+        self.claims: list[Claim] = []  # every claim ever made, stale ones included
+        self.fences: dict[int, int] = {}  # last fence handed out per job
 
     # -- model -----------------------------------------------------------------------
 
@@ -62,15 +62,19 @@ class Queue(RuleBasedStateMachine):
 
     @rule()
     def enqueue(self):
-        job = Job.objects.enqueue("tests.testapp.tasks.add", [1, 2], lease_seconds=LEASE,
-                                  max_attempts=MAX_ATTEMPTS)
+        job = Job.objects.enqueue(
+            "tests.testapp.tasks.add", [1, 2], lease_seconds=LEASE, max_attempts=MAX_ATTEMPTS
+        )
         self.enqueued.add(job.pk)
 
     @rule(worker=st.sampled_from(["w1", "w2", "w3"]))
     def claim(self, worker):
         claimable = self.claimable_ids()
-        exhausted = set(Job.objects.expired().filter(pk__in=claimable, attempts__gte=MAX_ATTEMPTS)
-                        .values_list("pk", flat=True))
+        exhausted = set(
+            Job.objects.expired()
+            .filter(pk__in=claimable, attempts__gte=MAX_ATTEMPTS)
+            .values_list("pk", flat=True)
+        )
         got = Job.objects.claim(worker, limit=1)
         if not got:
             # Nothing claimable, or the first candidate had no attempts left and was buried.
@@ -88,7 +92,9 @@ class Queue(RuleBasedStateMachine):
     @precondition(lambda self: self.claims)
     @rule(data=st.data())
     def renew(self, data):
-        batch = data.draw(st.lists(st.sampled_from(self.claims), min_size=1, max_size=4, unique_by=id))
+        batch = data.draw(
+            st.lists(st.sampled_from(self.claims), min_size=1, max_size=4, unique_by=id)
+        )
         expected = {c.pk for c in batch if self.is_current(c)}
         before = {c.pk: self.row(c.pk) for c in batch if not self.is_current(c)}
         assert Job.objects.renew(batch) == expected  # invariant 2
@@ -107,13 +113,17 @@ class Queue(RuleBasedStateMachine):
     @precondition(lambda self: self.claims)
     @rule(data=st.data())
     def ack(self, data):
-        self._owner_write(data.draw(st.sampled_from(self.claims)), lambda c: Job.objects.ack(c, "ok"))
+        self._owner_write(
+            data.draw(st.sampled_from(self.claims)), lambda c: Job.objects.ack(c, "ok")
+        )
 
     @precondition(lambda self: self.claims)
     @rule(data=st.data(), retry=st.booleans())
     def fail(self, data, retry):
-        self._owner_write(data.draw(st.sampled_from(self.claims)),
-                          lambda c: Job.objects.fail(c, message="boom", retry=retry))
+        self._owner_write(
+            data.draw(st.sampled_from(self.claims)),
+            lambda c: Job.objects.fail(c, message="boom", retry=retry),
+        )
 
     @precondition(lambda self: self.claims)
     @rule(data=st.data())
@@ -123,8 +133,9 @@ class Queue(RuleBasedStateMachine):
     @precondition(lambda self: self.claims)
     @rule(data=st.data(), at=st.integers(0, 1000))
     def checkpoint(self, data, at):
-        self._owner_write(data.draw(st.sampled_from(self.claims)),
-                          lambda c: Job.objects.checkpoint(c, {"at": at}))
+        self._owner_write(
+            data.draw(st.sampled_from(self.claims)), lambda c: Job.objects.checkpoint(c, {"at": at})
+        )
 
     @precondition(lambda self: self.enqueued)
     @rule(data=st.data())
@@ -160,6 +171,13 @@ class Queue(RuleBasedStateMachine):
 @pytest.mark.django_db
 def test_random_sequences_keep_the_invariants():
     """Invariants 1-5 over random interleavings of every verb, stale claims included."""
-    run_state_machine_as_test(Queue, settings=settings(
-        max_examples=60, stateful_step_count=25, deadline=None,
-        suppress_health_check=[HealthCheck.too_slow], database=None))
+    run_state_machine_as_test(
+        Queue,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+            database=None,
+        ),
+    )

@@ -76,8 +76,12 @@ def stop(worker) -> None:
 
 def test_the_backend_declares_what_it_supports():
     backend = task_backends["default"]
-    assert (backend.supports_defer, backend.supports_priority, backend.supports_get_result,
-            backend.supports_async_task) == (True, True, True, True)
+    assert (
+        backend.supports_defer,
+        backend.supports_priority,
+        backend.supports_get_result,
+        backend.supports_async_task,
+    ) == (True, True, True, True)
 
 
 def test_a_deferred_task_does_not_run_before_run_after(workers):
@@ -123,7 +127,10 @@ def test_a_result_read_back_from_another_process_carries_times_worker_and_value(
     assert result.last_attempted_at == result.started_at
     again = async_to_sync(async_add.aget_result)(result.id)
     assert (again.status, again.return_value, again.finished_at) == (
-        result.status, result.return_value, result.finished_at)
+        result.status,
+        result.return_value,
+        result.finished_at,
+    )
     stop(w)
 
 
@@ -154,8 +161,11 @@ def test_an_expired_claim_stays_running_until_another_worker_takes_it_over(worke
     assert result.started_at is not None and result.finished_at is None
     a.signal(signal.SIGKILL)
     a.wait_exit()
-    wait_for(lambda: Job.objects.expired().filter(pk=int(result.id)).exists(), LEASE + 5,
-             "the lease to expire")
+    wait_for(
+        lambda: Job.objects.expired().filter(pk=int(result.id)).exists(),
+        LEASE + 5,
+        "the lease to expire",
+    )
     result.refresh()
     assert result.status == TaskResultStatus.RUNNING
     b = workers.start("takeover-b", *FAST)
@@ -178,9 +188,17 @@ def test_a_context_task_gets_djangos_task_context_and_its_lease(workers, isolati
     w = workers.start(f"ctx-{isolation}", *FAST, "--isolation", isolation)
     value = finished(result).return_value
     assert value == {
-        "key": f"ctx-{isolation}", "is_task_context": True, "is_lease_context": True,
-        "attempt": 1, "id": result.id, "status": "RUNNING", "worker_ids": [f"ctx-{isolation}"],
-        "same_handle": True, "fence": 1, "lost": False, "lease_left": True,
+        "key": f"ctx-{isolation}",
+        "is_task_context": True,
+        "is_lease_context": True,
+        "attempt": 1,
+        "id": result.id,
+        "status": "RUNNING",
+        "worker_ids": [f"ctx-{isolation}"],
+        "same_handle": True,
+        "fence": 1,
+        "lost": False,
+        "lease_left": True,
         "pid": value["pid"],
     }
     assert (value["pid"] == w.pid) == (isolation == "thread")
@@ -302,7 +320,6 @@ def test_enqueue_on_commit_writes_nothing_when_the_caller_rolls_back():
     assert Job.objects.using("queue").count() == 1
 
 
-
 # -- 10. options the worker processes share: TASK_MODULES, MAX_ATTEMPTS ------------------
 
 OPTIONS_SETTINGS = "--settings=tests.testapp.options_settings"
@@ -332,11 +349,22 @@ def read_elsewhere(result_id, options=None, env_extra=None) -> dict:
     """get_result() in a fresh process of the project, with OPTIONS ``options``."""
     from django.db import connection
 
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.testapp.options_settings",
-           "LEASES_WORKER_DB_NAME": connection.settings_dict["NAME"], "PYTHONPATH": str(ROOT),
-           "LEASES_TEST_OPTIONS": json.dumps(options or {}), **(env_extra or {})}
-    done = subprocess.run([sys.executable, "-c", READER, str(result_id)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.testapp.options_settings",
+        "LEASES_WORKER_DB_NAME": connection.settings_dict["NAME"],
+        "PYTHONPATH": str(ROOT),
+        "LEASES_TEST_OPTIONS": json.dumps(options or {}),
+        **(env_extra or {}),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", READER, str(result_id)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -378,13 +406,26 @@ def test_a_task_its_apps_tasks_module_imports_is_accepted_and_runs(workers):
         forgotten.enqueue(4)
     assert "'tests.shopapp.jobs_only'" in str(refusal.value)
 
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
-           "LEASES_WORKER_DB_NAME": connection.settings_dict["NAME"], "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", VIEW_FIRST], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+        "LEASES_WORKER_DB_NAME": connection.settings_dict["NAME"],
+        "PYTHONPATH": str(ROOT),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", VIEW_FIRST],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     elsewhere = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "'tests.shopapp.jobs_only'" in elsewhere["refused"] and "TASK_MODULES" in elsewhere["refused"]
+    assert (
+        "'tests.shopapp.jobs_only'" in elsewhere["refused"]
+        and "TASK_MODULES" in elsewhere["refused"]
+    )
     [e018] = [msg for check_id, msg in elsewhere["checks"] if check_id == "django_leases.E018"]
     assert "tests.shopapp.jobs_only.forgotten" in e018 and "tests.shopapp.jobs.packed" not in e018
 
@@ -396,7 +437,9 @@ def test_a_task_its_apps_tasks_module_imports_is_accepted_and_runs(workers):
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_tasks_listed_in_task_modules_run_and_read_back_in_any_process(workers, settings, tmp_path, isolation):
+def test_tasks_listed_in_task_modules_run_and_read_back_in_any_process(
+    workers, settings, tmp_path, isolation
+):
     """Issue 15.3. A @task in tests/testapp/jobs.py: a row for it is dead-lettered by a
     worker that does not list the module, with the fix in the message; with TASK_MODULES
     the worker runs it (and the requeued dead one). A process that only reads results
@@ -416,23 +459,46 @@ def test_tasks_listed_in_task_modules_run_and_read_back_in_any_process(workers, 
     with_options(settings, **TASK_MODULES)
     result = shipped.enqueue(7)
     Job.objects.filter(pk=written.pk).requeue()
-    w = workers.start("with-modules", *FAST, "--burst", "--isolation", isolation, OPTIONS_SETTINGS, ready=False,
-                      env_extra={"LEASES_TEST_OPTIONS": json.dumps(TASK_MODULES)})
+    w = workers.start(
+        "with-modules",
+        *FAST,
+        "--burst",
+        "--isolation",
+        isolation,
+        OPTIONS_SETTINGS,
+        ready=False,
+        env_extra={"LEASES_TEST_OPTIONS": json.dumps(TASK_MODULES)},
+    )
     assert w.wait_exit(SETTLE) == 0
     assert finished(result).return_value == "shipped 7"
     assert Job.objects.get(pk=written.pk).result == "shipped 8"
 
     assert read_elsewhere(result.id, TASK_MODULES) == {
-        "status": "SUCCESSFUL", "task": "tests.testapp.jobs.shipped", "type": "LeaseTask",
-        "errors": 0, "value": "shipped 7", "imported": True}
+        "status": "SUCCESSFUL",
+        "task": "tests.testapp.jobs.shipped",
+        "type": "LeaseTask",
+        "errors": 0,
+        "value": "shipped 7",
+        "imported": True,
+    }
     assert read_elsewhere(result.id) == {
-        "status": "SUCCESSFUL", "task": "tests.testapp.jobs.shipped", "type": "UndeclaredTask",
-        "errors": 0, "value": "shipped 7", "imported": False}
+        "status": "SUCCESSFUL",
+        "task": "tests.testapp.jobs.shipped",
+        "type": "UndeclaredTask",
+        "errors": 0,
+        "value": "shipped 7",
+        "imported": False,
+    }
     trap = tmp_path / "trap-imported"
     stray = Job.objects.enqueue("tests.testapp.trap.explode", [])
     assert read_elsewhere(stray.pk, TASK_MODULES, {"LEASES_TRAP": str(trap)}) == {
-        "status": "READY", "task": "tests.testapp.trap.explode", "type": "UndeclaredTask",
-        "errors": 0, "value": None, "imported": True}
+        "status": "READY",
+        "task": "tests.testapp.trap.explode",
+        "type": "UndeclaredTask",
+        "errors": 0,
+        "value": None,
+        "imported": True,
+    }
     assert not trap.exists()
 
 
@@ -444,8 +510,14 @@ def test_max_attempts_1_gives_the_semantics_of_djangos_own_backends(workers, set
     retried = boom.enqueue()
     with_options(settings, MAX_ATTEMPTS=1)
     once = boom.enqueue()
-    w = workers.start("django-semantics", *FAST, "--burst", OPTIONS_SETTINGS, ready=False,
-                      env_extra={"LEASES_TEST_OPTIONS": json.dumps({"MAX_ATTEMPTS": 1})})
+    w = workers.start(
+        "django-semantics",
+        *FAST,
+        "--burst",
+        OPTIONS_SETTINGS,
+        ready=False,
+        env_extra={"LEASES_TEST_OPTIONS": json.dumps({"MAX_ATTEMPTS": 1})},
+    )
     assert w.wait_exit(SETTLE) == 0
     failed = boom.get_result(once.id)
     assert (failed.status, failed.attempts, len(failed.errors)) == (TaskResultStatus.FAILED, 1, 1)

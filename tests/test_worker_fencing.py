@@ -46,7 +46,8 @@ def test_a_handler_that_crashes_its_worker_every_time_ends_dead_after_max_attemp
     job = job_of(result)
     assert (job.dead_reason, job.attempts, job.leases_lost) == (DeadReason.ATTEMPTS, 3, 3)
     assert list(job.failures.values_list("attempt", "fence", "kind", "worker_id")) == [
-        (n + 1, n + 1, FailureKind.LEASE_EXPIRED, f"crash-{n}") for n in range(3)]
+        (n + 1, n + 1, FailureKind.LEASE_EXPIRED, f"crash-{n}") for n in range(3)
+    ]
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
@@ -106,7 +107,9 @@ def test_a_stale_workers_fenced_write_is_refused_after_sigcont(workers):
     a.signal(signal.SIGCONT)
     a.wait_log("Discarded result", timeout=LEASE + 10)
     b.kill()
-    assert list(Effect.objects.filter(key="fenced").values_list("fence", "worker_id")) == [(2, "fenced-b")]
+    assert list(Effect.objects.filter(key="fenced").values_list("fence", "worker_id")) == [
+        (2, "fenced-b")
+    ]
     assert job_of(result).fence == 2
 
 
@@ -119,8 +122,12 @@ def test_failures_retry_on_the_ladder_then_dead_letter_with_every_error(workers)
     w.kill()
     job = job_of(result)
     assert job.dead_reason == DeadReason.ATTEMPTS
-    errors = list(job.failures.values_list("attempt", "fence", "kind", "exception_class_path", "worker_id"))
-    assert errors == [(n, n, FailureKind.EXCEPTION, "builtins.ValueError", "ladder") for n in (1, 2, 3)]
+    errors = list(
+        job.failures.values_list("attempt", "fence", "kind", "exception_class_path", "worker_id")
+    )
+    assert errors == [
+        (n, n, FailureKind.EXCEPTION, "builtins.ValueError", "ladder") for n in (1, 2, 3)
+    ]
     assert all("ValueError: boom" in tb for tb in job.failures.values_list("traceback", flat=True))
     times = list(job.failures.order_by("id").values_list("recorded_at", flat=True))
     assert times == sorted(times)
@@ -147,11 +154,15 @@ def test_exceptions_a_task_lists_as_non_retryable_dead_letter_at_once(workers):
     w.kill()
     job = job_of(result)
     assert (job.dead_reason, job.failures.get().exception_class_path) == (
-        DeadReason.NON_RETRYABLE, "tests.testapp.tasks.CardDeclined")
+        DeadReason.NON_RETRYABLE,
+        "tests.testapp.tasks.CardDeclined",
+    )
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_row_naming_an_undeclared_path_ends_dead_and_is_never_imported(workers, tmp_path, monkeypatch, isolation):
+def test_a_row_naming_an_undeclared_path_ends_dead_and_is_never_imported(
+    workers, tmp_path, monkeypatch, isolation
+):
     """Invariant 3: a job whose task path is not a declared @task ends dead with a clear
     error; the worker never imports or calls a dotted path on a row's say-so."""
     trap = tmp_path / "trap-imported"
@@ -177,7 +188,9 @@ def test_a_handler_spinning_in_pure_python_does_not_stop_renewals(workers):
     spin_for = 3 * LEASE  # six heartbeat periods (BEAT = LEASE / 4)
     result = spin.enqueue("spin", spin_for)
     a = workers.start("spin-a", *FAST, "--isolation", "thread")
-    wait_for(lambda: Effect.objects.filter(key="spin", phase="start").exists(), 20, "the spin to start")
+    wait_for(
+        lambda: Effect.objects.filter(key="spin", phase="start").exists(), 20, "the spin to start"
+    )
     beats, expired_seen = set(), []
 
     def watch():
@@ -199,28 +212,36 @@ def test_a_handler_spinning_in_pure_python_does_not_stop_renewals(workers):
     assert (job.fence, job.attempts, job.leases_lost, job.claimed_by) == (1, 1, 0, "spin-a")
     assert job.result["fence"] == 1 and job.result["loops"] > 0
     assert not JobFailure.objects.exists()
-    assert list(Effect.objects.filter(key="spin").order_by("id").values_list("fence", "worker_id", "phase")) == [
-        (1, "spin-a", "start"), (1, "spin-a", "done")]
+    assert list(
+        Effect.objects.filter(key="spin").order_by("id").values_list("fence", "worker_id", "phase")
+    ) == [(1, "spin-a", "start"), (1, "spin-a", "done")]
     assert "Lost claim" not in a.log()
 
 
-@pytest.mark.parametrize(("task_name", "exception"), [
-    ("raise_lease_lost", "django_leases.exceptions.LeaseLost"),
-    ("raise_cancelled", "asyncio.exceptions.CancelledError"),
-])
+@pytest.mark.parametrize(
+    ("task_name", "exception"),
+    [
+        ("raise_lease_lost", "django_leases.exceptions.LeaseLost"),
+        ("raise_cancelled", "asyncio.exceptions.CancelledError"),
+    ],
+)
 def test_a_handler_raising_what_a_loss_would_on_a_held_claim_fails_the_attempt(
-        workers, task_name, exception):
+    workers, task_name, exception
+):
     """Invariants 2 and 3: LeaseLost or CancelledError from the handler's own code, while the
     claim is still held, is recorded as a failed attempt and retried at once by the ladder,
     instead of leaving the job claimed and unrenewed until its lease runs out."""
     from tests.testapp import tasks
 
-    result = getattr(tasks, task_name).using_lease(
-        max_attempts=2, retry=[0], lease=60).enqueue()
+    result = getattr(tasks, task_name).using_lease(max_attempts=2, retry=[0], lease=60).enqueue()
     w = workers.start(f"own-{task_name}", "--heartbeat", "2", "--poll", "0.2")
     wait_for(lambda: job_of(result).state == JobState.DEAD, 20, "both attempts to fail")
     w.kill()
     job = job_of(result)
     assert (job.attempts, job.fence, job.dead_reason, job.leases_lost) == (
-        2, 2, DeadReason.ATTEMPTS, 0)
+        2,
+        2,
+        DeadReason.ATTEMPTS,
+        0,
+    )
     assert [f.exception_class_path for f in job.failures.order_by("attempt")] == [exception] * 2

@@ -35,9 +35,19 @@ ROOMY = ["--lease", "4", "--heartbeat", "0.5", "--poll", str(POLL)]
 
 
 def _defaults(**options):
-    base = {"backend": None, "queues": None, "concurrency": None, "isolation": "thread",
-            "lease": None, "heartbeat": None, "poll": None, "burst": False, "max_jobs": None,
-            "grace": None, "worker_id": None}
+    base = {
+        "backend": None,
+        "queues": None,
+        "concurrency": None,
+        "isolation": "thread",
+        "lease": None,
+        "heartbeat": None,
+        "poll": None,
+        "burst": False,
+        "max_jobs": None,
+        "grace": None,
+        "worker_id": None,
+    }
     return Command()._worker_kwargs({**base, **options})
 
 
@@ -62,8 +72,11 @@ def test_the_heartbeat_outlives_an_interface_error(workers):
     first lease and the job acknowledged under its first fence (2, 4), and the worker goes
     on claiming."""
     result = hold.enqueue(6)
-    a = workers.start("iface-a", *ROOMY, env_extra={
-        "LEASES_WORKER_FAULT": "leases-heartbeat:InterfaceError:3:django_leases_job"})
+    a = workers.start(
+        "iface-a",
+        *ROOMY,
+        env_extra={"LEASES_WORKER_FAULT": "leases-heartbeat:InterfaceError:3:django_leases_job"},
+    )
     wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 30, "the held job")
     job = job_of(result)
     assert (job.fence, job.attempts, job.leases_lost) == (1, 1, 0)
@@ -83,10 +96,15 @@ def test_a_dead_heartbeat_thread_makes_the_worker_release_and_exit_non_zero(work
     leave the worker claiming jobs nobody renews. It stops claiming, releases what it holds
     (pending, attempt not counted: 3) and exits with status 1, saying why."""
     held = hold.enqueue(60)
-    a = workers.start("deadbeat-a", *FAST, env_extra={
-        "LEASES_WORKER_FAULT": "leases-heartbeat:SystemExit:1:django_leases_job"})
+    a = workers.start(
+        "deadbeat-a",
+        *FAST,
+        env_extra={"LEASES_WORKER_FAULT": "leases-heartbeat:SystemExit:1:django_leases_job"},
+    )
     assert a.wait_exit(LEASE + 20) == 1
-    assert "The heartbeat thread died worker=deadbeat-a: its claims are no longer renewed" in a.log()
+    assert (
+        "The heartbeat thread died worker=deadbeat-a: its claims are no longer renewed" in a.log()
+    )
     job = job_of(held)
     assert (job.state, job.attempts, job.fence, job.claim_token) == (JobState.PENDING, 0, 1, None)
     assert f"Released job={job.pk} fence=1 worker=deadbeat-a" in a.log()

@@ -37,8 +37,9 @@ def test_djangos_task_lines_and_the_workers_share_one_stamped_format(workers):
     """Without a LOGGING of the project's, Django's "Task id=... state=..." lines and the
     worker's come out of one handler, each with its time, level and logger."""
     ok, bad = add.enqueue(1, 2), boom.enqueue()
-    w = workers.start("fmt-a", "--burst", "--poll", "0.2", verbosity=1, ready=False,
-                      env_extra=OWN_LOGGING)
+    w = workers.start(
+        "fmt-a", "--burst", "--poll", "0.2", verbosity=1, ready=False, env_extra=OWN_LOGGING
+    )
     assert w.wait_exit(timeout=30) == 0, w.log()
     lines = [line for line in w.log().splitlines() if line.strip() and not line.startswith(" ")]
     loggers = set()
@@ -59,8 +60,16 @@ def test_json_lines_carry_the_events_and_their_fields(workers):
     the structured fields (event, job_id, task, queue, worker, fence), Django's lines
     included."""
     result = add.enqueue(3, 4)
-    w = workers.start("json-a", "--burst", "--poll", "0.2", "--log-format", "json",
-                      ready=False, env_extra=OWN_LOGGING)
+    w = workers.start(
+        "json-a",
+        "--burst",
+        "--poll",
+        "0.2",
+        "--log-format",
+        "json",
+        ready=False,
+        env_extra=OWN_LOGGING,
+    )
     assert w.wait_exit(timeout=30) == 0, w.log()
     records = json_lines(w.log())
     for line in records:
@@ -69,7 +78,10 @@ def test_json_lines_carry_the_events_and_their_fields(workers):
     claimed = by_event["claimed"]
     assert claimed["job_id"] == int(result.id) and claimed["fence"] == 1
     assert (claimed["task"], claimed["queue"], claimed["worker"]) == (
-        "tests.testapp.tasks.add", "default", "json-a")
+        "tests.testapp.tasks.add",
+        "default",
+        "json-a",
+    )
     assert by_event["acked"]["job_id"] == int(result.id)
     assert by_event["started"]["worker"] == "json-a"
     started = by_event["task_running"]
@@ -87,17 +99,24 @@ def test_a_takeover_names_the_previous_owner_and_fence_and_the_lease_it_was_gran
     a.wait_log(f"Claimed job={result.id} ")
     a.signal(signal.SIGKILL)
     a.wait_exit()
-    b = workers.start("log-b", *FAST, "--log-format", "json", env_extra=OWN_LOGGING,
-                      ready=False)
+    b = workers.start("log-b", *FAST, "--log-format", "json", env_extra=OWN_LOGGING, ready=False)
     wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, LEASE + 15, "the takeover")
     takeover = next(r for r in json_lines(b.log()) if r.get("event") == "takeover")
-    assert (takeover["job_id"], takeover["fence"], takeover["worker"]) == (int(result.id), 2, "log-b")
+    assert (takeover["job_id"], takeover["fence"], takeover["worker"]) == (
+        int(result.id),
+        2,
+        "log-b",
+    )
     assert (takeover["previous_worker"], takeover["previous_fence"]) == ("log-a", 1)
     assert takeover["lease"] == LEASE
     assert takeover["message"].startswith(f"Took over job={result.id} ")
     assert "from worker log-a (fence 1): its lease of 2 s ran out" in takeover["message"]
     [failure] = JobFailure.objects.filter(job_id=int(result.id))
-    assert (failure.kind, failure.fence, failure.worker_id) == (FailureKind.LEASE_EXPIRED, 1, "log-a")
+    assert (failure.kind, failure.fence, failure.worker_id) == (
+        FailureKind.LEASE_EXPIRED,
+        1,
+        "log-a",
+    )
     assert failure.message == "lease of 2 s ran out before log-a acknowledged"
     b.signal(signal.SIGTERM)
     assert b.wait_exit() == 0
@@ -107,15 +126,23 @@ def test_the_command_leaves_loggers_the_project_routes_alone():
     """A LOGGING that routes django.tasks (or "django", or the root) keeps its handlers
     and format; one that routes neither gets the worker's handler on both."""
     names = (logs.WORKER_LOGGER, logs.TASKS_LOGGER)
-    saved = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).propagate,
-                 logging.getLogger(n).level) for n in names}
+    saved = {
+        n: (
+            logging.getLogger(n).handlers[:],
+            logging.getLogger(n).propagate,
+            logging.getLogger(n).level,
+        )
+        for n in names
+    }
     root_handlers = logging.getLogger().handlers[:]
     try:
         logging.getLogger().handlers = []  # pytest's own capture would count as routing
         for n in names:
             logging.getLogger(n).handlers = []
-        routed = {"version": 1, "loggers": {"django": {"handlers": []},
-                                           "django_leases": {"handlers": []}}}
+        routed = {
+            "version": 1,
+            "loggers": {"django": {"handlers": []}, "django_leases": {"handlers": []}},
+        }
         with override_settings(LOGGING=routed):
             assert logs.configure(1) == []
         with override_settings(LOGGING={"version": 1, "loggers": {"django_leases": {}}}):
@@ -133,8 +160,9 @@ def test_the_command_leaves_loggers_the_project_routes_alone():
 
 
 def test_the_json_formatter_writes_one_object_with_the_fields():
-    record = logging.LogRecord("django_leases.worker", logging.INFO, __file__, 1,
-                               "Acked job=%s", (7,), None)
+    record = logging.LogRecord(
+        "django_leases.worker", logging.INFO, __file__, 1, "Acked job=%s", (7,), None
+    )
     record.event, record.job_id, record.worker = "acked", 7, "w\u00e9"
     line = logs.JsonFormatter().format(record)
     assert "\n" not in line

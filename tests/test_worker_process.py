@@ -40,7 +40,9 @@ def job_of(result) -> Job:
 
 
 def effects(key: str) -> list[tuple[int, str, str]]:
-    return list(Effect.objects.filter(key=key).order_by("id").values_list("fence", "worker_id", "phase"))
+    return list(
+        Effect.objects.filter(key=key).order_by("id").values_list("fence", "worker_id", "phase")
+    )
 
 
 def test_bad_options_are_refused_before_any_claim():
@@ -86,9 +88,13 @@ def test_kill_9_mid_job_is_completed_by_another_worker_within_the_lease(workers)
     assert (job.claimed_by, job.fence, job.attempts) == ("kill9-b", 2, 2)
     assert job.result == {"fence": 2, "worker": "kill9-b"}
     assert list(JobFailure.objects.filter(job=job).values_list("kind", "fence", "worker_id")) == [
-        (FailureKind.LEASE_EXPIRED, 1, "kill9-a")]
-    assert effects("kill9") == [(1, "kill9-a", "start"), (2, "kill9-b", "start"),
-                                (2, "kill9-b", "done")]
+        (FailureKind.LEASE_EXPIRED, 1, "kill9-a")
+    ]
+    assert effects("kill9") == [
+        (1, "kill9-a", "start"),
+        (2, "kill9-b", "start"),
+        (2, "kill9-b", "done"),
+    ]
     b.signal(signal.SIGTERM)
     assert b.wait_exit() == 0
 
@@ -102,9 +108,15 @@ def test_sigstop_past_the_lease_then_sigcont_stops_the_first_handler(workers):
     wait_for(lambda: effects("stop"), 10, "the first handler to start")
     a.signal(signal.SIGSTOP)
     b = workers.start("stop-b", *FAST)
-    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, LEASE + 10, "the takeover to finish")
+    wait_for(
+        lambda: job_of(result).state == JobState.SUCCEEDED, LEASE + 10, "the takeover to finish"
+    )
     job = job_of(result)
-    assert (job.claimed_by, job.fence, job.result) == ("stop-b", 2, {"fence": 2, "worker": "stop-b"})
+    assert (job.claimed_by, job.fence, job.result) == (
+        "stop-b",
+        2,
+        {"fence": 2, "worker": "stop-b"},
+    )
     a.signal(signal.SIGCONT)
     thawed = time.monotonic()
     a.wait_log(f"Lost claim job={job.pk} fence=1 worker=stop-a", timeout=BEAT + 2)
@@ -112,11 +124,20 @@ def test_sigstop_past_the_lease_then_sigcont_stops_the_first_handler(workers):
     a.wait_log(f"Discarded result of job={job.pk} fence=1 worker=stop-a", timeout=BEAT + 2)
     assert f"Acked job={job.pk} fence=1" not in a.log()
     job = job_of(result)
-    assert (job.state, job.fence, job.result) == (JobState.SUCCEEDED, 2, {"fence": 2, "worker": "stop-b"})
+    assert (job.state, job.fence, job.result) == (
+        JobState.SUCCEEDED,
+        2,
+        {"fence": 2, "worker": "stop-b"},
+    )
     assert list(JobFailure.objects.filter(job=job).values_list("kind", "fence", "worker_id")) == [
-        (FailureKind.LEASE_EXPIRED, 1, "stop-a")]
+        (FailureKind.LEASE_EXPIRED, 1, "stop-a")
+    ]
     # The first handler stopped: it never wrote its "done" effect.
-    assert effects("stop") == [(1, "stop-a", "start"), (2, "stop-b", "start"), (2, "stop-b", "done")]
+    assert effects("stop") == [
+        (1, "stop-a", "start"),
+        (2, "stop-b", "start"),
+        (2, "stop-b", "done"),
+    ]
     for w in (a, b):
         w.signal(signal.SIGTERM)
         assert w.wait_exit() == 0
@@ -166,14 +187,22 @@ def test_sigterm_finishes_within_grace_then_releases_and_nothing_is_lost(workers
     assert job_of(short).state == JobState.SUCCEEDED
     released = job_of(long)
     assert (released.state, released.attempts, released.fence, released.claim_token) == (
-        JobState.PENDING, 0, 1, None)
+        JobState.PENDING,
+        0,
+        1,
+        None,
+    )
     assert f"Released job={released.pk} fence=1 worker=term-a" in a.log()
     assert WorkerProcess.objects.get(worker_id="term-a").stopped_at is not None
     b = workers.start("term-b", "--burst", *FAST, ready=False)
     assert b.wait_exit() == 0
     done = job_of(long)
     assert (done.state, done.fence, done.attempts, done.claimed_by) == (
-        JobState.SUCCEEDED, 2, 1, "term-b")
+        JobState.SUCCEEDED,
+        2,
+        1,
+        "term-b",
+    )
     assert not JobFailure.objects.exists()
 
 
@@ -214,10 +243,25 @@ def test_heartbeats_of_500_held_jobs_cost_one_statement_per_period(workers):
     for _ in range(n):
         Job.objects.enqueue("tests.testapp.tasks.hold", [60], lease_seconds=3)
     # Its handlers use no database: 500 of them need no connection each.
-    a = workers.start("many-a", "--concurrency", str(n), "--lease", "3", "--heartbeat", "0.75",
-                      "--poll", "0.2", "--grace", "0", "--skip-connection-check")
-    wait_for(lambda: Job.objects.filter(state=JobState.CLAIMED, claimed_by="many-a").count() == n,
-             20, "all jobs to be claimed")
+    a = workers.start(
+        "many-a",
+        "--concurrency",
+        str(n),
+        "--lease",
+        "3",
+        "--heartbeat",
+        "0.75",
+        "--poll",
+        "0.2",
+        "--grace",
+        "0",
+        "--skip-connection-check",
+    )
+    wait_for(
+        lambda: Job.objects.filter(state=JobState.CLAIMED, claimed_by="many-a").count() == n,
+        20,
+        "all jobs to be claimed",
+    )
     pattern = re.compile(r"Renewed (\d+) of (\d+) claims in (\d+) statement")
 
     def full_beats():
@@ -273,11 +317,15 @@ def test_the_worker_survives_losing_its_connections(workers):
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
     wait_for(lambda: job_of(held).state == JobState.SUCCEEDED, 10, "the held job")
     assert (job_of(held).fence, job_of(held).attempts) == (1, 1)
-    wait_for(lambda: "Renewal failed" in a.log() or "Database trouble" in a.log(), 5,
-             "the trouble to be logged")
+    wait_for(
+        lambda: "Renewal failed" in a.log() or "Database trouble" in a.log(),
+        5,
+        "the trouble to be logged",
+    )
     after = record.enqueue("conn-after")
     wait_for(lambda: job_of(after).state == JobState.SUCCEEDED, 10, "a later job")
     # The handler's own connection was cut while idle; CONN_HEALTH_CHECKS reopens it.
@@ -295,8 +343,9 @@ def test_a_stale_owners_checkpoint_is_rejected_and_stops_the_handler(workers, is
     from tests.testapp.tasks import count_up
 
     result = count_up.enqueue(10_000, 0.05)
-    a = workers.start("ckpt-a", "--lease", "6", "--heartbeat", "5", "--poll", "0.2",
-                      "--isolation", isolation)
+    a = workers.start(
+        "ckpt-a", "--lease", "6", "--heartbeat", "5", "--poll", "0.2", "--isolation", isolation
+    )
     wait_for(lambda: (job_of(result).cursor or 0) >= 3, 30, "a few checkpoints")
     pk = job_of(result).pk
 
@@ -322,11 +371,17 @@ def test_a_stale_owners_checkpoint_is_rejected_and_stops_the_handler(workers, is
     taken = job_of(result)
     assert (thief.pk, taken.fence, taken.claimed_by) == (taken.pk, 2, "ckpt-thief")
     a.wait_log(f"Discarded result of job={taken.pk} fence=1 worker=ckpt-a")
-    assert (f"Checkpoint rejected job={taken.pk} fence=1" in a.log()
-            or f"Lost claim job={taken.pk} fence=1" in a.log())
+    assert (
+        f"Checkpoint rejected job={taken.pk} fence=1" in a.log()
+        or f"Lost claim job={taken.pk} fence=1" in a.log()
+    )
     after = job_of(result)
     assert (after.cursor, after.fence, after.claimed_by, after.state) == (
-        taken.cursor, 2, "ckpt-thief", JobState.CLAIMED)
+        taken.cursor,
+        2,
+        "ckpt-thief",
+        JobState.CLAIMED,
+    )
     assert Job.objects.ack(thief, "thief") is True
     a.signal(signal.SIGTERM)
     assert a.wait_exit() == 0

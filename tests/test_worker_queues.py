@@ -46,8 +46,7 @@ def test_the_claim_of_every_queue_takes_jobs_of_any_queue_in_claim_order():
 def test_a_worker_of_a_backend_without_queues_serves_every_queue(workers):
     """QUEUES: [] and no --queue: every queue, recorded as "*" in the worker row (3)."""
     jobs = enqueue_in("default", "zzz-unlisted", "reports", "another one")
-    w = workers.start("anyq-a", "--poll", "0.2", "--burst",
-                      env_extra={"LEASES_WORKER_QUEUES": ""})
+    w = workers.start("anyq-a", "--poll", "0.2", "--burst", env_extra={"LEASES_WORKER_QUEUES": ""})
     assert w.wait_exit(timeout=30) == 0, w.log()
     assert states(jobs) == [JobState.SUCCEEDED] * 4, w.log()
     assert "queues=* " in w.log()
@@ -61,7 +60,11 @@ def test_declared_queues_stay_the_default_and_all_queues_serves_the_rest(workers
     w = workers.start("listed-a", "--poll", "0.2", "--burst")
     assert w.wait_exit(timeout=30) == 0, w.log()
     assert states([listed, unlisted]) == [JobState.SUCCEEDED, JobState.PENDING]
-    assert WorkerProcess.objects.get(worker_id="listed-a").queues == ["default", "emails", "reports"]
+    assert WorkerProcess.objects.get(worker_id="listed-a").queues == [
+        "default",
+        "emails",
+        "reports",
+    ]
     w = workers.start("all-a", "--all-queues", "--poll", "0.2", "--burst")
     assert w.wait_exit(timeout=30) == 0, w.log()
     assert states([unlisted]) == [JobState.SUCCEEDED]

@@ -79,7 +79,9 @@ def limited_role(limit: int):
     role = f"leases_budget_{uuid.uuid4().hex[:8]}"
     with connection.cursor() as c:
         c.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT {limit}')
-        c.execute(f'GRANT CONNECT, TEMPORARY ON DATABASE "{connection.settings_dict["NAME"]}" TO "{role}"')
+        c.execute(
+            f'GRANT CONNECT, TEMPORARY ON DATABASE "{connection.settings_dict["NAME"]}" TO "{role}"'
+        )
         c.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
         c.execute(f'GRANT ALL ON ALL TABLES IN SCHEMA public TO "{role}"')
         c.execute(f'GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO "{role}"')
@@ -87,7 +89,9 @@ def limited_role(limit: int):
         yield role
     finally:
         with connection.cursor() as c:
-            c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
+            c.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role]
+            )
             c.execute(f'DROP OWNED BY "{role}"')
             wait_for(lambda: not sessions_of(role), 10, "the role's sessions to end")
             c.execute(f'DROP ROLE "{role}"')
@@ -105,19 +109,35 @@ def test_a_concurrency_the_connection_limit_cannot_serve_is_refused_with_the_num
     limited to 6 is refused at start, before any claim, with the numbers and the way out."""
     result = add.enqueue(1, 2)
     with limited_role(6) as role:
-        w = workers.start("budget-refused", *FAST, "--concurrency", "10", ready=False,
-                          env_extra={"LEASES_WORKER_DB_USER": role})
+        w = workers.start(
+            "budget-refused",
+            *FAST,
+            "--concurrency",
+            "10",
+            ready=False,
+            env_extra={"LEASES_WORKER_DB_USER": role},
+        )
         assert w.wait_exit(timeout=30) == 1
         log = w.log()
-        assert ("--concurrency 10 needs up to 13 connections to database 'default' (main 1, "
-                "heartbeat 1, listener 1, handlers 10)") in log, log
-        assert f"role '{role}' CONNECTION LIMIT allows 6 and other sessions hold 0: 6 free" in log, log
+        assert (
+            "--concurrency 10 needs up to 13 connections to database 'default' (main 1, "
+            "heartbeat 1, listener 1, handlers 10)"
+        ) in log, log
+        assert (
+            f"role '{role}' CONNECTION LIMIT allows 6 and other sessions hold 0: 6 free" in log
+        ), log
         assert "Lower --concurrency to 3 or less" in log and "--skip-connection-check" in log, log
         assert "Worker started" not in log
         # --skip-connection-check starts it anyway (behind a pooler the server's limit is
         # not the worker's).
-        w2 = workers.start("budget-skipped", *FAST, "--concurrency", "10", "--skip-connection-check",
-                           env_extra={"LEASES_WORKER_DB_USER": role})
+        w2 = workers.start(
+            "budget-skipped",
+            *FAST,
+            "--concurrency",
+            "10",
+            "--skip-connection-check",
+            env_extra={"LEASES_WORKER_DB_USER": role},
+        )
         wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 10, "the job")
         w2.signal(signal.SIGTERM)
         assert w2.wait_exit() == 0
@@ -127,8 +147,13 @@ def connect_as(role: str):
     import psycopg
 
     db = connection.settings_dict
-    return psycopg.connect(host=db["HOST"] or None, port=db["PORT"] or None, dbname=db["NAME"],
-                           user=role, autocommit=True)
+    return psycopg.connect(
+        host=db["HOST"] or None,
+        port=db["PORT"] or None,
+        dbname=db["NAME"],
+        user=role,
+        autocommit=True,
+    )
 
 
 @pg_only
@@ -139,8 +164,14 @@ def test_a_worker_started_while_its_connection_limit_is_full_waits_then_starts(w
     with limited_role(5) as role:
         others = [connect_as(role) for _ in range(5)]
         try:
-            w = workers.start("full-a", *FAST, "--concurrency", "1", ready=False,
-                              env_extra={"LEASES_WORKER_DB_USER": role})
+            w = workers.start(
+                "full-a",
+                *FAST,
+                "--concurrency",
+                "1",
+                ready=False,
+                env_extra={"LEASES_WORKER_DB_USER": role},
+            )
             w.wait_log("attempt=2", timeout=20)
             assert "too many connections for role" in w.log() and w.proc.poll() is None, w.log()
         finally:
@@ -158,8 +189,9 @@ def test_a_handler_that_cannot_connect_is_released_without_spending_an_attempt(w
     take the handlers' share: a handler that cannot open its connection is released, the
     attempt not counted and no failure recorded, and runs once a connection is free (3)."""
     with limited_role(6) as role:
-        w = workers.start("budget-full", *FAST, "--concurrency", "3",
-                          env_extra={"LEASES_WORKER_DB_USER": role})
+        w = workers.start(
+            "budget-full", *FAST, "--concurrency", "3", env_extra={"LEASES_WORKER_DB_USER": role}
+        )
         w.wait_log("Listening for wake-ups")
         # Main, heartbeat and listener connections, then others fill the role's limit.
         wait_for(lambda: sessions_of(role) == 3, 10, "the worker's three connections")
@@ -196,13 +228,24 @@ def test_a_concurrency_past_max_user_connections_is_refused_on_mysql(workers):
             c.execute(f"CREATE USER '{user}'@'{host}' WITH MAX_USER_CONNECTIONS 5")
             c.execute(f"GRANT ALL ON `{connection.settings_dict['NAME']}`.* TO '{user}'@'{host}'")
     try:
-        w = workers.start("budget-mysql", *FAST, "--concurrency", "10", ready=False,
-                          env_extra={"LEASES_WORKER_DB_USER": user})
+        w = workers.start(
+            "budget-mysql",
+            *FAST,
+            "--concurrency",
+            "10",
+            ready=False,
+            env_extra={"LEASES_WORKER_DB_USER": user},
+        )
         assert w.wait_exit(timeout=30) == 1
         log = w.log()
-        assert ("--concurrency 10 needs up to 12 connections to database 'default' (main 1, "
-                "heartbeat 1, listener 0, handlers 10)") in log, log
-        assert "max_user_connections of " in log and "allows 5 and other sessions hold 0: 5 free" in log, log
+        assert (
+            "--concurrency 10 needs up to 12 connections to database 'default' (main 1, "
+            "heartbeat 1, listener 0, handlers 10)"
+        ) in log, log
+        assert (
+            "max_user_connections of " in log
+            and "allows 5 and other sessions hold 0: 5 free" in log
+        ), log
         assert "Lower --concurrency to 3 or less" in log, log
     finally:
         with connection.cursor() as c:

@@ -33,10 +33,22 @@ def test_sigterm_to_the_whole_process_group_finishes_or_releases_process_isolate
     short = record.enqueue("group-short", first_seconds=10)
     long = record.enqueue("group-long", first_seconds=60)
     dies = mortal.enqueue("group-mortal", 60)
-    a = workers.start("group-a", "--isolation", "process", "--concurrency", "3", "--grace", "20",
-                      *FAST, own_group=True)
-    wait_for(lambda: all(phases(k) for k in ("group-short", "group-long", "group-mortal")), 60,
-             "the three handler processes to start")
+    a = workers.start(
+        "group-a",
+        "--isolation",
+        "process",
+        "--concurrency",
+        "3",
+        "--grace",
+        "20",
+        *FAST,
+        own_group=True,
+    )
+    wait_for(
+        lambda: all(phases(k) for k in ("group-short", "group-long", "group-mortal")),
+        60,
+        "the three handler processes to start",
+    )
     a.signal_group(signal.SIGTERM)
     assert a.wait_exit(60) == 0
     log = a.log()
@@ -48,16 +60,26 @@ def test_sigterm_to_the_whole_process_group_finishes_or_releases_process_isolate
     for result in (long, dies):
         job = job_of(result)
         assert (job.state, job.attempts, job.fence, job.claim_token) == (
-            JobState.PENDING, 0, 1, None), log[-3000:]
+            JobState.PENDING,
+            0,
+            1,
+            None,
+        ), log[-3000:]
         assert f"Released job={job.pk} fence=1 worker=group-a" in log
-    assert f"Released job={dies.id} fence=1 worker=group-a: back to pending, attempt not " \
-           "counted; its handler process died while the worker was stopping" in log
-    assert not JobFailure.objects.exists(), list(JobFailure.objects.values_list("message", flat=True))
+    assert (
+        f"Released job={dies.id} fence=1 worker=group-a: back to pending, attempt not "
+        "counted; its handler process died while the worker was stopping" in log
+    )
+    assert not JobFailure.objects.exists(), list(
+        JobFailure.objects.values_list("message", flat=True)
+    )
     assert phases("group-short") == ["start", "done"]
     assert phases("group-long") == ["start"] and phases("group-mortal") == ["start"]
 
 
-def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_worker_stopped(workers):
+def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_worker_stopped(
+    workers,
+):
     """At the end of --grace, thread-isolated handlers are told to stop as on a lost claim,
     the worker row is marked stopped, and only then are the jobs released, right before the
     process exits: a handler that ignores the notice runs on after its release only until
@@ -74,13 +96,18 @@ def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_w
     for result in (coop, deaf):
         job = job_of(result)
         assert (job.state, job.attempts, job.fence, job.claim_token) == (
-            JobState.PENDING, 0, 1, None), log[-3000:]
+            JobState.PENDING,
+            0,
+            1,
+            None,
+        ), log[-3000:]
         # Database clock: the worker row was marked stopped before the job was released.
         assert stopped_at <= job.available_at, (stopped_at, job.available_at)
     # The cooperative handler stopped when told, before its job was released; the deaf one
     # was still running and was released anyway.
     assert log.index(f"Handler of job={coop.id} fence=1 worker=order-a has stopped") < log.index(
-        f"Released job={coop.id} fence=1")
+        f"Released job={coop.id} fence=1"
+    )
     assert f"Handlers of jobs {deaf.id} still running worker=order-a" in log
     assert log.index(f"Released job={deaf.id} fence=1") < log.index("Worker stopped worker=order-a")
     # The deaf handler ended with the process: its 8 s sleep never got to the "done" effect.

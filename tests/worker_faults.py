@@ -40,7 +40,10 @@ def install(spec: str) -> None:
         return execute(sql, params, many, context)
 
     def on_connect(sender: Any, connection: Any, **kwargs: Any) -> None:
-        if threading.current_thread().name == thread_name and fault not in connection.execute_wrappers:
+        if (
+            threading.current_thread().name == thread_name
+            and fault not in connection.execute_wrappers
+        ):
             connection.execute_wrappers.insert(0, fault)
 
     connection_created.connect(on_connect, weak=False, dispatch_uid="tests.worker_faults")

@@ -14,11 +14,18 @@ from django.db import connection, connections
 
 ROOT = Path(__file__).resolve().parent.parent
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
-PG_ONLY = "needs PostgreSQL (LISTEN/NOTIFY, pg_terminate_backend); run with DATABASE_URL=postgres://..."
+PG_ONLY = (
+    "needs PostgreSQL (LISTEN/NOTIFY, pg_terminate_backend); run with DATABASE_URL=postgres://..."
+)
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.05,
-             error: type[Exception] = AssertionError):
+def wait_for(
+    condition,
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    error: type[Exception] = AssertionError,
+):
     """Poll ``condition`` until it returns something truthy; raise ``error`` after
     ``timeout`` seconds (a test fails; the chaos harness catches TimeoutError)."""
     deadline = time.monotonic() + timeout
@@ -32,18 +39,38 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05,
 
 
 class WorkerProcess:
-    def __init__(self, worker_id: str, args: list[str], log_path: Path, env: dict[str, str],
-                 own_group: bool = False):
+    def __init__(
+        self,
+        worker_id: str,
+        args: list[str],
+        log_path: Path,
+        env: dict[str, str],
+        own_group: bool = False,
+    ):
         self.worker_id = worker_id
         self.log_path = log_path
         self.own_group = own_group
         self._log = open(log_path, "wb")  # noqa: SIM115 -- closed in kill()
-        cmd = [sys.executable, "-m", "django", "run_lease_worker",
-               "--settings=tests.worker_settings", "--worker-id", worker_id, *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "django",
+            "run_lease_worker",
+            "--settings=tests.worker_settings",
+            "--worker-id",
+            worker_id,
+            *args,
+        ]
         # own_group: a process group of its own (the worker and its handler children), as
         # a systemd unit's cgroup is, so that signal_group() reaches all of them.
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=env, process_group=0 if own_group else None)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            process_group=0 if own_group else None,
+        )
 
     @property
     def pid(self) -> int:
@@ -53,8 +80,11 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_log(self, text: str, timeout: float = 10.0) -> str:
-        return wait_for(lambda: text in self.log() and self.log(), timeout,
-                        f"{text!r} in the log of {self.worker_id}:\n{self.log()[-3000:]}")
+        return wait_for(
+            lambda: text in self.log() and self.log(),
+            timeout,
+            f"{text!r} in the log of {self.worker_id}:\n{self.log()[-3000:]}",
+        )
 
     def signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
@@ -91,9 +121,16 @@ class Workers:
         self.tmp_path = tmp_path
         self.started: list[WorkerProcess] = []
 
-    def start(self, worker_id: str, *args: str, ready: bool = True, notify: bool = True,
-              verbosity: int = 2, own_group: bool = False,
-              env_extra: dict[str, str] | None = None) -> WorkerProcess:
+    def start(
+        self,
+        worker_id: str,
+        *args: str,
+        ready: bool = True,
+        notify: bool = True,
+        verbosity: int = 2,
+        own_group: bool = False,
+        env_extra: dict[str, str] | None = None,
+    ) -> WorkerProcess:
         env = dict(os.environ)
         env.update(env_extra or {})
         env["LEASES_WORKER_DB_NAME"] = connection.settings_dict["NAME"]
@@ -102,8 +139,13 @@ class Workers:
             env["LEASES_WORKER_QUEUE_DB_NAME"] = connections["queue"].settings_dict["NAME"]
         env["LEASES_WORKER_NOTIFY"] = "1" if notify else "0"
         env["PYTHONPATH"] = str(ROOT)
-        worker = WorkerProcess(worker_id, [*args, "-v", str(verbosity)],
-                               self.tmp_path / f"{worker_id}.log", env, own_group)
+        worker = WorkerProcess(
+            worker_id,
+            [*args, "-v", str(verbosity)],
+            self.tmp_path / f"{worker_id}.log",
+            env,
+            own_group,
+        )
         self.started.append(worker)
         if ready:
             worker.wait_log("Worker started", timeout=20)

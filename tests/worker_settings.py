@@ -37,14 +37,22 @@ if os.environ.get("LEASES_WORKER_OWN_LOGGING") == "1":
 # may route them), in the worker's "json" or "text" formatter: LEASES_WORKER_LOG_FILE(_FORMAT).
 if os.environ.get("LEASES_WORKER_LOG_FILE"):
     _formatter = {"json": "JsonFormatter", "text": "TextFormatter"}[
-        os.environ.get("LEASES_WORKER_LOG_FILE_FORMAT", "text")]
+        os.environ.get("LEASES_WORKER_LOG_FILE_FORMAT", "text")
+    ]
     LOGGING = {  # noqa: F811
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"file": {"()": f"django_leases.worker.logs.{_formatter}"}},
-        "handlers": {"file": {"class": "logging.FileHandler", "encoding": "utf-8",
-                              "filename": os.environ["LEASES_WORKER_LOG_FILE"],
-                              "formatter": "file"}},
-        "loggers": {name: {"handlers": ["file"], "level": "INFO", "propagate": False}
-                    for name in ("django_leases", "django.tasks")},
+        "handlers": {
+            "file": {
+                "class": "logging.FileHandler",
+                "encoding": "utf-8",
+                "filename": os.environ["LEASES_WORKER_LOG_FILE"],
+                "formatter": "file",
+            }
+        },
+        "loggers": {
+            name: {"handlers": ["file"], "level": "INFO", "propagate": False}
+            for name in ("django_leases", "django.tasks")
+        },
     }

@@ -82,7 +82,8 @@ def drop_notify_trigger(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor
 class Migration(migrations.Migration):
     dependencies = [("django_leases", "0001_initial")]
     operations = [
-        migrations.RunPython(create_mysql_indexes, drop_mysql_indexes, atomic=False,
-                             elidable=False),
+        migrations.RunPython(
+            create_mysql_indexes, drop_mysql_indexes, atomic=False, elidable=False
+        ),
         migrations.RunPython(create_notify_trigger, drop_notify_trigger, elidable=False),
     ]

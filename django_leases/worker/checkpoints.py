@@ -28,13 +28,17 @@ def store_checkpoint(handle: JobHandle, cursor: Any) -> bool:
     started = time.monotonic()
     held = Job.objects.using(handle.database).checkpoint(handle.claim, cursor)
     if held:
-        transaction.on_commit(functools.partial(_renewed, handle, started),
-                              using=handle.database)
-        logger.debug("Checkpoint job=%s fence=%s worker=%s", handle.job_id, handle.fence,
-                     handle.worker_id)
+        transaction.on_commit(functools.partial(_renewed, handle, started), using=handle.database)
+        logger.debug(
+            "Checkpoint job=%s fence=%s worker=%s", handle.job_id, handle.fence, handle.worker_id
+        )
     else:
-        logger.warning("Checkpoint rejected job=%s fence=%s worker=%s: the claim is lost",
-                       handle.job_id, handle.fence, handle.worker_id)
+        logger.warning(
+            "Checkpoint rejected job=%s fence=%s worker=%s: the claim is lost",
+            handle.job_id,
+            handle.fence,
+            handle.worker_id,
+        )
     return held
 
 

@@ -46,11 +46,17 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
     from .running import run_task, task_context
 
     handle = JobHandle(
-        job_id=payload["job_id"], fence=payload["fence"], attempt=payload["attempt"],
-        cursor=payload["cursor"], lease_seconds=payload["lease"],
-        worker_id=payload["worker_id"], lost=lost, stamp=stamp,
+        job_id=payload["job_id"],
+        fence=payload["fence"],
+        attempt=payload["attempt"],
+        cursor=payload["cursor"],
+        lease_seconds=payload["lease"],
+        worker_id=payload["worker_id"],
+        lost=lost,
+        stamp=stamp,
         checkpointer=lambda cursor: store_checkpoint(handle, cursor),
-        claim_token=payload["claim_token"], database=payload["database"],
+        claim_token=payload["claim_token"],
+        database=payload["database"],
     )
 
     parent = os.getppid()
@@ -74,21 +80,34 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
     if refused is not None:
         outcome = refused
     elif task is None:
-        outcome = Outcome("unrunnable", exception_class_path="django_leases.exceptions.UnknownTask",
-                          message=f"{payload['task_path']!r} is not a declared task")
+        outcome = Outcome(
+            "unrunnable",
+            exception_class_path="django_leases.exceptions.UnknownTask",
+            message=f"{payload['task_path']!r} is not a declared task",
+        )
     else:
         # Django's task_started/task_finished are sent here, in the child that runs the
         # handler (running.run_task), so receivers see the handler's exception.
-        outcome = run_task(task, payload["args"], payload["kwargs"], handle,
-                           task_context(task, handle))
+        outcome = run_task(
+            task, payload["args"], payload["kwargs"], handle, task_context(task, handle)
+        )
     try:
         conn.send(("done", outcome))
     except Exception as e:  # noqa: BLE001 -- an outcome that cannot be sent must still be reported
         # run_task hands back plain text and JSON, so this is the pipe, or memory, failing.
         path, message, trace = describe_exception(e)
-        conn.send(("done", Outcome(
-            "error", exception_class_path=path, traceback=trace,
-            message=storable_text(f"cannot send the outcome to the worker: {message}",
-                                  MESSAGE_LIMIT))))
+        conn.send(
+            (
+                "done",
+                Outcome(
+                    "error",
+                    exception_class_path=path,
+                    traceback=trace,
+                    message=storable_text(
+                        f"cannot send the outcome to the worker: {message}", MESSAGE_LIMIT
+                    ),
+                ),
+            )
+        )
     conn.close()
     connections.close_all()

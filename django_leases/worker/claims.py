@@ -44,8 +44,16 @@ class Outcome:
 
 
 class Claim:
-    def __init__(self, job: Any, *, stamp: float, lease: float, worker_id: str,
-                 lost_flag: Any = None, shared_stamp: Any = None) -> None:
+    def __init__(
+        self,
+        job: Any,
+        *,
+        stamp: float,
+        lease: float,
+        worker_id: str,
+        lost_flag: Any = None,
+        shared_stamp: Any = None,
+    ) -> None:
         self.job = job
         self.lease = lease
         self.state = RUNNING
@@ -58,9 +66,17 @@ class Claim:
         self.stamp: Any = shared_stamp if shared_stamp is not None else Stamp(stamp)
         self.stamp.value = stamp
         self.handle = JobHandle(
-            job_id=job.pk, fence=job.fence, attempt=job.attempts, cursor=job.cursor,
-            lease_seconds=lease, worker_id=worker_id, lost=self.lost_flag, stamp=self.stamp,
-            checkpointer=self._checkpoint, claim_token=job.claim_token, database=job._state.db,
+            job_id=job.pk,
+            fence=job.fence,
+            attempt=job.attempts,
+            cursor=job.cursor,
+            lease_seconds=lease,
+            worker_id=worker_id,
+            lost=self.lost_flag,
+            stamp=self.stamp,
+            checkpointer=self._checkpoint,
+            claim_token=job.claim_token,
+            database=job._state.db,
         )
         self.handle._on_acked = lambda: self._move(ACKED)
         # Set by the executor: the child process, in process isolation.

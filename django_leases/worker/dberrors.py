@@ -44,7 +44,7 @@ def refused_by_database(error: BaseException) -> bool:
 
 
 def error_kind(error: BaseException) -> str | None:
-    """"outage" or "refusal" as the driver's error code under ``error`` tells; None for a
+    """ "outage" or "refusal" as the driver's error code under ``error`` tells; None for a
     code not known here (loop.py then counts strikes)."""
     cause = error.__cause__
     sqlstate = getattr(cause, "sqlstate", None)

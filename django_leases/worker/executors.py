@@ -39,8 +39,10 @@ class _Slots:
     def __init__(self, size: int, done: Done, name: str) -> None:
         self._queue: queue.SimpleQueue[tuple[Claim, Any] | None] = queue.SimpleQueue()
         self._done = done
-        self._threads = [threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
-                         for i in range(size)]
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
+            for i in range(size)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -64,12 +66,17 @@ class _Slots:
                 # the lock on the row the main loop is about to ack or fail.
                 _drop_broken_connections()
             except BaseException as e:  # noqa: BLE001 -- a raising cleanup must not kill the slot
-                logger.warning("Could not clean up the handler's connections job=%s error=%s",
-                               claim.job.pk, e)
+                logger.warning(
+                    "Could not clean up the handler's connections job=%s error=%s", claim.job.pk, e
+                )
             finally:
                 claim.exited.set()
-                self._done(claim, outcome if outcome is not None
-                           else _worker_error(RuntimeError("no outcome"), "while running the handler"))
+                self._done(
+                    claim,
+                    outcome
+                    if outcome is not None
+                    else _worker_error(RuntimeError("no outcome"), "while running the handler"),
+                )
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         raise NotImplementedError
@@ -84,8 +91,14 @@ class _Slots:
 
 
 class ThreadExecutor(_Slots):
-    def __init__(self, size: int, done: Done, context: Callable[[Claim, Any], Any], *,
-                 connect_first: bool = False) -> None:
+    def __init__(
+        self,
+        size: int,
+        done: Done,
+        context: Callable[[Claim, Any], Any],
+        *,
+        connect_first: bool = False,
+    ) -> None:
         self._context = context
         self._connect_first = connect_first
         super().__init__(size, done, "leases-handler")
@@ -106,8 +119,16 @@ class ProcessExecutor(_Slots):
     reported as "stopped", and its job released, not failed.
     """
 
-    def __init__(self, size: int, done: Done, *, alias: str, worker_id: str,
-                 stopping: Callable[[], bool], connect_first: bool = False) -> None:
+    def __init__(
+        self,
+        size: int,
+        done: Done,
+        *,
+        alias: str,
+        worker_id: str,
+        stopping: Callable[[], bool],
+        connect_first: bool = False,
+    ) -> None:
         self._mp = multiprocessing.get_context("spawn")
         self._connect_first = connect_first
         self._alias = alias
@@ -123,20 +144,37 @@ class ProcessExecutor(_Slots):
 
         job = claim.job
         payload = {
-            "alias": self._alias, "task_path": job.task_path, "args": job.args,
-            "kwargs": job.kwargs, "job_id": job.pk, "fence": job.fence,
-            "attempt": job.attempts, "cursor": job.cursor, "lease": claim.lease,
-            "worker_id": self._worker_id, "claim_token": job.claim_token,
-            "database": job._state.db, "connect_first": self._connect_first,
+            "alias": self._alias,
+            "task_path": job.task_path,
+            "args": job.args,
+            "kwargs": job.kwargs,
+            "job_id": job.pk,
+            "fence": job.fence,
+            "attempt": job.attempts,
+            "cursor": job.cursor,
+            "lease": claim.lease,
+            "worker_id": self._worker_id,
+            "claim_token": job.claim_token,
+            "database": job._state.db,
+            "connect_first": self._connect_first,
         }
         ours, theirs = self._mp.Pipe()
-        process = self._mp.Process(target=child_main, args=(theirs, payload, claim.lost_flag, claim.stamp),
-                                   name=f"leases-job-{job.pk}", daemon=True)
+        process = self._mp.Process(
+            target=child_main,
+            args=(theirs, payload, claim.lost_flag, claim.stamp),
+            name=f"leases-job-{job.pk}",
+            daemon=True,
+        )
         process.start()
         theirs.close()
         claim.process = process
-        logger.debug("Started handler process pid=%s job=%s fence=%s worker=%s",
-                     process.pid, job.pk, job.fence, self._worker_id)
+        logger.debug(
+            "Started handler process pid=%s job=%s fence=%s worker=%s",
+            process.pid,
+            job.pk,
+            job.fence,
+            self._worker_id,
+        )
         try:
             return self._supervise(claim, process, ours)
         finally:
@@ -170,10 +208,14 @@ class ProcessExecutor(_Slots):
                 lost_at = lost_at or time.monotonic()
                 grace = 0.0 if claim.state == RELEASING else KILL_GRACE_SECONDS
                 if time.monotonic() - lost_at >= grace:
-                    logger.warning("Killing handler process pid=%s job=%s fence=%s worker=%s: "
-                                   "its claim is %s", process.pid, claim.pk, claim.job.fence,
-                                   self._worker_id,
-                                   "released" if claim.state == RELEASING else "lost")
+                    logger.warning(
+                        "Killing handler process pid=%s job=%s fence=%s worker=%s: its claim is %s",
+                        process.pid,
+                        claim.pk,
+                        claim.job.fence,
+                        self._worker_id,
+                        "released" if claim.state == RELEASING else "lost",
+                    )
                     _kill(process)
                     return Outcome("lost")
         process.join(5)
@@ -181,13 +223,21 @@ class ProcessExecutor(_Slots):
             if claim.lost_flag.is_set():
                 return Outcome("lost")
             if self._died_of_stopping(process):
-                return Outcome("stopped", message=f"handler process exited with code "
-                                                  f"{process.exitcode} while the worker stopped")
-            return Outcome("error", exception_class_path="django_leases.exceptions.HandlerDied",
-                           message=f"handler process exited with code {process.exitcode} "
-                                   "before returning")
-        if (outcome.kind == "error" and outcome.exception_class_path == "builtins.KeyboardInterrupt"
-                and self._stopping_within(KILL_GRACE_SECONDS)):
+                return Outcome(
+                    "stopped",
+                    message=f"handler process exited with code "
+                    f"{process.exitcode} while the worker stopped",
+                )
+            return Outcome(
+                "error",
+                exception_class_path="django_leases.exceptions.HandlerDied",
+                message=f"handler process exited with code {process.exitcode} before returning",
+            )
+        if (
+            outcome.kind == "error"
+            and outcome.exception_class_path == "builtins.KeyboardInterrupt"
+            and self._stopping_within(KILL_GRACE_SECONDS)
+        ):
             # Ctrl-C reached the whole process group and a handler that had put Python's
             # SIGINT handler back: the worker's stop, not the job's failure.
             return Outcome("stopped", message="handler interrupted while the worker stopped")
@@ -242,8 +292,12 @@ def _worker_error(exc: BaseException, doing: str) -> Outcome:
         path, message, trace = describe_exception(exc)
     except BaseException:  # noqa: BLE001 -- e.g. MemoryError while formatting
         path, message, trace = "builtins.BaseException", "(could not be described)", ""
-    return Outcome("error", exception_class_path=path, traceback=trace,
-                   message=storable_text(f"worker error {doing}: {message}", MESSAGE_LIMIT))
+    return Outcome(
+        "error",
+        exception_class_path=path,
+        traceback=trace,
+        message=storable_text(f"worker error {doing}: {message}", MESSAGE_LIMIT),
+    )
 
 
 def _kill(process: Any) -> None:

@@ -33,8 +33,16 @@ _SLICE = 0.25
 class Heartbeat(VitalThread):
     role = "heartbeat"
 
-    def __init__(self, *, book: ClaimBook, database: str, worker_id: str, period: float,
-                 lease: float | None, waker: Waker) -> None:
+    def __init__(
+        self,
+        *,
+        book: ClaimBook,
+        database: str,
+        worker_id: str,
+        period: float,
+        lease: float | None,
+        waker: Waker,
+    ) -> None:
         super().__init__(worker_id=worker_id, waker=waker)
         self.book = book
         self.database = database
@@ -62,10 +70,16 @@ class Heartbeat(VitalThread):
                     delay = self._period()
                 except Exception as e:  # noqa: BLE001 -- renewals must outlive any one error
                     if isinstance(e, DB_ERRORS):
-                        logger.warning("Renewal failed worker=%s error=%s; retrying",
-                                       self.worker_id, first_line(e),
-                                       extra={"event": "renewal_failed", "worker": self.worker_id,
-                                              "error": first_line(e)})
+                        logger.warning(
+                            "Renewal failed worker=%s error=%s; retrying",
+                            self.worker_id,
+                            first_line(e),
+                            extra={
+                                "event": "renewal_failed",
+                                "worker": self.worker_id,
+                                "error": first_line(e),
+                            },
+                        )
                     else:
                         self.round_failed(e)
                     _reset(self.database)
@@ -112,16 +126,29 @@ class Heartbeat(VitalThread):
         for claim in claims:
             if claim.pk in held:
                 claim.stamp.value = started
-            elif claim.mark_lost("renewal matched no row: the lease ran out and the job was "
-                                 "claimed again, or it was cancelled"):
+            elif claim.mark_lost(
+                "renewal matched no row: the lease ran out and the job was "
+                "claimed again, or it was cancelled"
+            ):
                 lost += 1
-                logger.warning("Lost claim job=%s fence=%s worker=%s: renewal matched no row; "
-                               "telling its handler to stop", claim.pk, claim.job.fence,
-                               self.worker_id, extra=claim_fields(claim.job, self.worker_id, "lost"))
+                logger.warning(
+                    "Lost claim job=%s fence=%s worker=%s: renewal matched no row; "
+                    "telling its handler to stop",
+                    claim.pk,
+                    claim.job.fence,
+                    self.worker_id,
+                    extra=claim_fields(claim.job, self.worker_id, "lost"),
+                )
         if claims:
-            logger.debug("Renewed %d of %d claims in %d statement(s) worker=%s lost=%d",
-                         len(held), len(claims), statements, self.worker_id, lost,
-                         extra={"event": "renewed", "worker": self.worker_id})
+            logger.debug(
+                "Renewed %d of %d claims in %d statement(s) worker=%s lost=%d",
+                len(held),
+                len(claims),
+                statements,
+                self.worker_id,
+                lost,
+                extra={"event": "renewed", "worker": self.worker_id},
+            )
 
 
 class Watchdog(VitalThread):
@@ -145,12 +172,18 @@ class Watchdog(VitalThread):
     def watch(self, now: float) -> None:
         for claim in self.book.all():
             if claim.expired_locally(now) and claim.mark_lost(
-                    "no renewal succeeded for longer than the lease"):
-                logger.warning("Lost claim job=%s fence=%s worker=%s: no renewal succeeded "
-                               "for %.1f s (lease %g s); telling its handler to stop",
-                               claim.pk, claim.job.fence, self.worker_id,
-                               now - claim.stamp.value, claim.lease,
-                               extra=claim_fields(claim.job, self.worker_id, "lost"))
+                "no renewal succeeded for longer than the lease"
+            ):
+                logger.warning(
+                    "Lost claim job=%s fence=%s worker=%s: no renewal succeeded "
+                    "for %.1f s (lease %g s); telling its handler to stop",
+                    claim.pk,
+                    claim.job.fence,
+                    self.worker_id,
+                    now - claim.stamp.value,
+                    claim.lease,
+                    extra=claim_fields(claim.job, self.worker_id, "lost"),
+                )
 
 
 def _reset(database: str) -> None:

@@ -41,8 +41,9 @@ def listen(database: str) -> Any:
 
 
 class Listener(threading.Thread):
-    def __init__(self, *, database: str, queues: list[str] | None, waker: Waker,
-                 worker_id: str) -> None:
+    def __init__(
+        self, *, database: str, queues: list[str] | None, waker: Waker, worker_id: str
+    ) -> None:
         super().__init__(name="leases-listener", daemon=True)
         self.database = database
         # None: every queue, so any notification wakes the worker.
@@ -62,17 +63,23 @@ class Listener(threading.Thread):
                 self._conn = listen(self.database)
                 if self._conn is None:
                     return
-                logger.debug("Listening for wake-ups worker=%s", self.worker_id,
-                             extra={"event": "listening", "worker": self.worker_id})
+                logger.debug(
+                    "Listening for wake-ups worker=%s",
+                    self.worker_id,
+                    extra={"event": "listening", "worker": self.worker_id},
+                )
                 backoff = 0.5
                 while not self._stop_event.is_set():
                     for note in self._conn.notifies(timeout=0.5):
                         if self.queues is None or note.payload in self.queues:
                             self.waker.wake()
             except Exception as e:  # noqa: BLE001 -- any failure here only costs latency
-                logger.warning("Wake-up connection failed worker=%s error=%s; polling until "
-                               "it is back", self.worker_id, e,
-                               extra={"event": "listen_failed", "worker": self.worker_id})
+                logger.warning(
+                    "Wake-up connection failed worker=%s error=%s; polling until it is back",
+                    self.worker_id,
+                    e,
+                    extra={"event": "listen_failed", "worker": self.worker_id},
+                )
                 self._stop_event.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
             finally:

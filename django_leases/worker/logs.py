@@ -20,15 +20,32 @@ TASKS_LOGGER = "django.tasks"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 # Structured fields a record may carry, in the order the JSON format writes them.
-FIELDS = ("event", "job_id", "task", "queue", "worker", "fence", "attempt",
-          "previous_worker", "previous_fence", "lease", "error")
+FIELDS = (
+    "event",
+    "job_id",
+    "task",
+    "queue",
+    "worker",
+    "fence",
+    "attempt",
+    "previous_worker",
+    "previous_fence",
+    "lease",
+    "error",
+)
 
 
 def claim_fields(job: Any, worker: str, event: str, **more: Any) -> dict[str, Any]:
     """The ``extra=`` of a record about one job."""
-    return {"event": event, "job_id": job.pk, "task": getattr(job, "task_path", None),
-            "queue": getattr(job, "queue_name", None), "worker": worker,
-            "fence": getattr(job, "fence", None), **more}
+    return {
+        "event": event,
+        "job_id": job.pk,
+        "task": getattr(job, "task_path", None),
+        "queue": getattr(job, "queue_name", None),
+        "worker": worker,
+        "fence": getattr(job, "fence", None),
+        **more,
+    }
 
 
 class TaskSignalFields(logging.Filter):
@@ -87,8 +104,7 @@ def printable(text: str) -> str:
     """``text`` with lone surrogates and NUL as backslash escapes (\\ud800, \\x00)."""
     if text.isascii():
         return text.replace("\x00", "\\x00")
-    return (text.encode("utf-8", "backslashreplace").decode("utf-8")
-            .replace("\x00", "\\x00"))
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
 def configured_by_project(name: str) -> bool:

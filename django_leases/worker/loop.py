@@ -149,13 +149,18 @@ class Worker:
                 return 0
             self.executor = self._executor()
             threads = self._start_threads()
-            logger.info("Worker started worker=%s queues=%s concurrency=%d isolation=%s "
-                        "lease=%s heartbeat=%gs poll=%gs", self.worker_id, self.queues_text,
-                        self.concurrency, self.isolation,
-                        "per job" if self.lease is None else f"{self.lease:g}s",
-                        self.heartbeat_seconds, self.poll,
-                        extra={"event": "started", "worker": self.worker_id,
-                               "queue": self.queues_text})
+            logger.info(
+                "Worker started worker=%s queues=%s concurrency=%d isolation=%s "
+                "lease=%s heartbeat=%gs poll=%gs",
+                self.worker_id,
+                self.queues_text,
+                self.concurrency,
+                self.isolation,
+                "per job" if self.lease is None else f"{self.lease:g}s",
+                self.heartbeat_seconds,
+                self.poll,
+                extra={"event": "started", "worker": self.worker_id, "queue": self.queues_text},
+            )
             self._loop()
             status = self._shutdown()
         finally:
@@ -177,8 +182,12 @@ class Worker:
             self._settle()
             self._release_unconnected()
             if self._claims_left() == 0 and not self.book:
-                logger.info("Worker ran its %d jobs worker=%s", self._claimed, self.worker_id,
-                            extra={"event": "max_jobs", "worker": self.worker_id})
+                logger.info(
+                    "Worker ran its %d jobs worker=%s",
+                    self._claimed,
+                    self.worker_id,
+                    extra={"event": "max_jobs", "worker": self.worker_id},
+                )
                 return
             free = min(self.concurrency - len(self.book), self._claims_left())
             got = 0
@@ -190,8 +199,11 @@ class Worker:
                     self._db_trouble("claim", e)
                     continue
                 if self.burst and not got and not self.book and not self._unsent:
-                    logger.info("Nothing claimable; leaving (--burst) worker=%s", self.worker_id,
-                                extra={"event": "burst_done", "worker": self.worker_id})
+                    logger.info(
+                        "Nothing claimable; leaving (--burst) worker=%s",
+                        self.worker_id,
+                        extra={"event": "burst_done", "worker": self.worker_id},
+                    )
                     return
                 if got == free and self._claims_left():
                     # There may be more due jobs; look again once a slot frees up.
@@ -209,12 +221,19 @@ class Worker:
         could not be renewed either, so the loop claims nothing until the heartbeat is back."""
         late = self.heartbeat.overdue(time.monotonic())
         if late is not None and not self._overdue_logged:
-            logger.warning("Heartbeat overdue worker=%s: no renewal went through for %.1f s "
-                           "(lease %g s); claiming nothing until one does", self.worker_id,
-                           *late, extra={"event": "heartbeat_overdue", "worker": self.worker_id})
+            logger.warning(
+                "Heartbeat overdue worker=%s: no renewal went through for %.1f s "
+                "(lease %g s); claiming nothing until one does",
+                self.worker_id,
+                *late,
+                extra={"event": "heartbeat_overdue", "worker": self.worker_id},
+            )
         elif late is None and self._overdue_logged:
-            logger.info("Heartbeat back worker=%s: claiming again", self.worker_id,
-                        extra={"event": "heartbeat_back", "worker": self.worker_id})
+            logger.info(
+                "Heartbeat back worker=%s: claiming again",
+                self.worker_id,
+                extra={"event": "heartbeat_back", "worker": self.worker_id},
+            )
         self._overdue_logged = late is not None
         return late is None
 
@@ -229,15 +248,22 @@ class Worker:
         # enough; a claim woken by NOTIFY skips it and stays one statement.
         settle = started - self._settled_at >= self.poll
         jobs = self.Job.objects.using(self.database).claim(
-            self.worker_id, self.queues, limit=free, lease=self.lease, settle=settle)
+            self.worker_id, self.queues, limit=free, lease=self.lease, settle=settle
+        )
         if settle:
             self._settled_at = started
         results = self._results_at_start(jobs)
         for job in jobs:
             self._claimed += 1
             lost_flag, shared_stamp = self.executor.new_flags()
-            claim = Claim(job, stamp=started, lease=self.lease or job.lease_seconds,
-                          worker_id=self.worker_id, lost_flag=lost_flag, shared_stamp=shared_stamp)
+            claim = Claim(
+                job,
+                stamp=started,
+                lease=self.lease or job.lease_seconds,
+                worker_id=self.worker_id,
+                lost_flag=lost_flag,
+                shared_stamp=shared_stamp,
+            )
             self._log_claim(job)
             task = registry.lookup(self.alias, job.task_path)
             if self.isolation == "thread":
@@ -245,14 +271,22 @@ class Worker:
             replaced = self.book.add(claim)
             if replaced is not None and replaced.mark_lost("the job was claimed again"):
                 # Untracked from here on, the old claim would be neither renewed nor watched.
-                logger.warning("Lost claim job=%s fence=%s worker=%s: its lease ran out and the "
-                               "job was claimed again; telling its handler to stop", replaced.pk,
-                               replaced.job.fence, self.worker_id,
-                               extra=claim_fields(replaced.job, self.worker_id, "lost"))
+                logger.warning(
+                    "Lost claim job=%s fence=%s worker=%s: its lease ran out and the "
+                    "job was claimed again; telling its handler to stop",
+                    replaced.pk,
+                    replaced.job.fence,
+                    self.worker_id,
+                    extra=claim_fields(replaced.job, self.worker_id, "lost"),
+                )
             refusal = unrunnable(job, task, self.alias)
             if refusal is not None:
-                self._done.put((claim, Outcome(
-                    "unrunnable", exception_class_path=refusal[0], message=refusal[1])))
+                self._done.put(
+                    (
+                        claim,
+                        Outcome("unrunnable", exception_class_path=refusal[0], message=refusal[1]),
+                    )
+                )
                 continue
             self.executor.submit(claim, task)
         return len(jobs)
@@ -262,19 +296,40 @@ class Worker:
         (the claim verb reports the row as it was: ``was_state``, ``was_claimed_by``,
         ``was_fence``, ``was_lease``)."""
         if getattr(job, "was_state", None) != "claimed":
-            logger.info("Claimed job=%s task=%s fence=%s attempt=%s/%s worker=%s", job.pk,
-                        job.task_path, job.fence, job.attempts, job.max_attempts,
-                        self.worker_id, extra=claim_fields(job, self.worker_id, "claimed",
-                                                           attempt=job.attempts))
+            logger.info(
+                "Claimed job=%s task=%s fence=%s attempt=%s/%s worker=%s",
+                job.pk,
+                job.task_path,
+                job.fence,
+                job.attempts,
+                job.max_attempts,
+                self.worker_id,
+                extra=claim_fields(job, self.worker_id, "claimed", attempt=job.attempts),
+            )
             return
         previous = job.was_claimed_by or "an unnamed worker"
-        logger.warning("Took over job=%s task=%s fence=%s attempt=%s/%s worker=%s from "
-                       "worker %s (fence %s): its lease of %s s ran out", job.pk,
-                       job.task_path, job.fence, job.attempts, job.max_attempts,
-                       self.worker_id, previous, job.was_fence, _seconds(job.was_lease),
-                       extra=claim_fields(job, self.worker_id, "takeover",
-                                          attempt=job.attempts, previous_worker=previous,
-                                          previous_fence=job.was_fence, lease=job.was_lease))
+        logger.warning(
+            "Took over job=%s task=%s fence=%s attempt=%s/%s worker=%s from "
+            "worker %s (fence %s): its lease of %s s ran out",
+            job.pk,
+            job.task_path,
+            job.fence,
+            job.attempts,
+            job.max_attempts,
+            self.worker_id,
+            previous,
+            job.was_fence,
+            _seconds(job.was_lease),
+            extra=claim_fields(
+                job,
+                self.worker_id,
+                "takeover",
+                attempt=job.attempts,
+                previous_worker=previous,
+                previous_fence=job.was_fence,
+                lease=job.was_lease,
+            ),
+        )
 
     def _release_unconnected(self) -> None:
         """Release the jobs whose handlers could not open a database connection before
@@ -299,9 +354,12 @@ class Worker:
                 self._unconnected.put((claim, outcome))
                 self._db_trouble("release", e)
                 return
-            logger.warning("Claiming paused for %.1fs worker=%s: a handler could not connect",
-                           pause, self.worker_id,
-                           extra={"event": "paused", "worker": self.worker_id})
+            logger.warning(
+                "Claiming paused for %.1fs worker=%s: a handler could not connect",
+                pause,
+                self.worker_id,
+                extra={"event": "paused", "worker": self.worker_id},
+            )
 
     def _results_at_start(self, jobs: list[Any]) -> dict[Any, Any]:
         """The TaskResults that task_started and contexts carry, built for the whole claim
@@ -314,12 +372,17 @@ class Worker:
 
         known = [j for j in jobs if registry.lookup(self.alias, j.task_path) is not None]
         try:
-            backend = cast("LeaseBackend", task_backends[self.alias])  # the worker serves a lease backend
+            backend = cast(
+                "LeaseBackend", task_backends[self.alias]
+            )  # the worker serves a lease backend
             return backend.results_of_claims(known) if known else {}
         except BaseException as e:  # noqa: BLE001 -- a missed signal must not cost a claim,
             # and nothing a row holds may stop the loop
-            logger.warning("Could not read the claimed jobs for task_started worker=%s "
-                           "error=%s", self.worker_id, e)
+            logger.warning(
+                "Could not read the claimed jobs for task_started worker=%s error=%s",
+                self.worker_id,
+                e,
+            )
             return {}
 
     def _finished(self, claim: Claim, outcome: Outcome) -> None:
@@ -349,9 +412,13 @@ class Worker:
                 # Not to be released at shutdown: the job is done.
                 claim.outcome = outcome
                 self.book.forget(claim)
-                logger.info("Acked job=%s fence=%s worker=%s in the handler's fenced "
-                            "transaction", claim.pk, claim.job.fence, self.worker_id,
-                            extra=claim_fields(claim.job, self.worker_id, "acked"))
+                logger.info(
+                    "Acked job=%s fence=%s worker=%s in the handler's fenced transaction",
+                    claim.pk,
+                    claim.job.fence,
+                    self.worker_id,
+                    extra=claim_fields(claim.job, self.worker_id, "acked"),
+                )
                 continue
             if claim.state not in (RUNNING, FINISHING) or outcome.kind == "lost":
                 self._discard(claim, outcome)
@@ -388,8 +455,9 @@ class Worker:
                 # Its process died of the stop (a signal to the whole process group or
                 # cgroup): the job goes back to pending, the attempt not counted.
                 try:
-                    self._release(stopped[0], "; its handler process died while the worker "
-                                              "was stopping")
+                    self._release(
+                        stopped[0], "; its handler process died while the worker was stopping"
+                    )
                 except DB_ERRORS:
                     raise
                 except Exception as e:  # noqa: BLE001
@@ -409,21 +477,37 @@ class Worker:
         row holding what no verb can read, a bug): its lease runs out and the next claim
         records the attempt as expired, so that one claim never stops the worker."""
         self.book.forget(claim)
-        logger.error("Could not %s job=%s fence=%s worker=%s error=%s: %s; dropping the "
-                     "claim, whose lease runs out", doing, claim.pk, claim.job.fence,
-                     self.worker_id, class_path(type(error)), first_line(error), exc_info=error)
+        logger.error(
+            "Could not %s job=%s fence=%s worker=%s error=%s: %s; dropping the "
+            "claim, whose lease runs out",
+            doing,
+            claim.pk,
+            claim.job.fence,
+            self.worker_id,
+            class_path(type(error)),
+            first_line(error),
+            exc_info=error,
+        )
 
     def _discard(self, claim: Claim, outcome: Outcome) -> None:
         self.book.forget(claim)
         if claim.state == RELEASING:
-            logger.info("Handler of job=%s fence=%s worker=%s has stopped; its job is to be "
-                        "released", claim.pk, claim.job.fence, self.worker_id,
-                        extra=claim_fields(claim.job, self.worker_id, "handler_stopped"))
+            logger.info(
+                "Handler of job=%s fence=%s worker=%s has stopped; its job is to be released",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                extra=claim_fields(claim.job, self.worker_id, "handler_stopped"),
+            )
             return
-        logger.warning("Discarded result of job=%s fence=%s worker=%s: the claim was lost "
-                       "(%s)", claim.pk, claim.job.fence, self.worker_id,
-                       claim.lost_reason or "handler stopped on LeaseLost",
-                       extra=claim_fields(claim.job, self.worker_id, "discarded"))
+        logger.warning(
+            "Discarded result of job=%s fence=%s worker=%s: the claim was lost (%s)",
+            claim.pk,
+            claim.job.fence,
+            self.worker_id,
+            claim.lost_reason or "handler stopped on LeaseLost",
+            extra=claim_fields(claim.job, self.worker_id, "discarded"),
+        )
 
     def _ack(self, oks: list[tuple[Claim, Any]]) -> None:
         manager = self.Job.objects.using(self.database)
@@ -435,37 +519,62 @@ class Worker:
         for claim, _ in oks:
             self.book.forget(claim)
             if claim.pk in acked:
-                logger.info("Acked job=%s fence=%s worker=%s", claim.pk, claim.job.fence,
-                            self.worker_id, extra=claim_fields(claim.job, self.worker_id, "acked"))
+                logger.info(
+                    "Acked job=%s fence=%s worker=%s",
+                    claim.pk,
+                    claim.job.fence,
+                    self.worker_id,
+                    extra=claim_fields(claim.job, self.worker_id, "acked"),
+                )
             else:
-                logger.warning("Ack rejected job=%s fence=%s worker=%s: the claim was lost "
-                               "before the ack; result discarded", claim.pk, claim.job.fence,
-                               self.worker_id,
-                               extra=claim_fields(claim.job, self.worker_id, "ack_rejected"))
+                logger.warning(
+                    "Ack rejected job=%s fence=%s worker=%s: the claim was lost "
+                    "before the ack; result discarded",
+                    claim.pk,
+                    claim.job.fence,
+                    self.worker_id,
+                    extra=claim_fields(claim.job, self.worker_id, "ack_rejected"),
+                )
 
     def _fail(self, claim: Claim, outcome: Outcome) -> None:
         unrunnable = outcome.kind == "unrunnable"
         ok = self.Job.objects.using(self.database).fail(
-            claim.job, exception_class_path=outcome.exception_class_path,
-            message=outcome.message, traceback=outcome.traceback,
+            claim.job,
+            exception_class_path=outcome.exception_class_path,
+            message=outcome.message,
+            traceback=outcome.traceback,
             # The delay before the next attempt is the job's own retry ladder (query.py).
             retry=outcome.retryable and not unrunnable,
             kind=FailureKind.UNRUNNABLE if outcome.kind == "unrunnable" else FailureKind.EXCEPTION,
         )
         self.book.forget(claim)
         if ok:
-            logger.info("Failed job=%s fence=%s worker=%s error=%s: %s", claim.pk,
-                        claim.job.fence, self.worker_id,
-                        outcome.exception_class_path or outcome.kind, outcome.message,
-                        extra=claim_fields(claim.job, self.worker_id, "failed",
-                                           error=outcome.exception_class_path or outcome.kind))
+            logger.info(
+                "Failed job=%s fence=%s worker=%s error=%s: %s",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                outcome.exception_class_path or outcome.kind,
+                outcome.message,
+                extra=claim_fields(
+                    claim.job,
+                    self.worker_id,
+                    "failed",
+                    error=outcome.exception_class_path or outcome.kind,
+                ),
+            )
         else:
-            logger.warning("Fail rejected job=%s fence=%s worker=%s: the claim was lost first",
-                           claim.pk, claim.job.fence, self.worker_id,
-                           extra=claim_fields(claim.job, self.worker_id, "fail_rejected"))
+            logger.warning(
+                "Fail rejected job=%s fence=%s worker=%s: the claim was lost first",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                extra=claim_fields(claim.job, self.worker_id, "fail_rejected"),
+            )
 
-    def _ack_or_refuse(self, oks: list[tuple[Claim, Any]],
-                       others: list[tuple[Claim, Outcome]]) -> None:
+    def _ack_or_refuse(
+        self, oks: list[tuple[Claim, Any]], others: list[tuple[Claim, Outcome]]
+    ) -> None:
         """Acknowledge ``oks``, taking each from the list once its statement went through.
         A result the database refuses (a DataError, a constraint) fails that attempt
         instead, appended to ``others``; connection trouble raises, the unsent left in oks."""
@@ -475,16 +584,24 @@ class Worker:
             if not self._refused(e, oks[0][0] if len(oks) == 1 else None):
                 raise
             if len(oks) > 1:
-                logger.warning("Ack of %d jobs refused worker=%s error=%s; acknowledging them "
-                               "one by one", len(oks), self.worker_id, first_line(e))
+                logger.warning(
+                    "Ack of %d jobs refused worker=%s error=%s; acknowledging them one by one",
+                    len(oks),
+                    self.worker_id,
+                    first_line(e),
+                )
                 while oks:
                     self._ack_or_refuse(oks[:1], others)
                     oks.pop(0)
                 return
             claim = oks[0][0]
-            logger.warning("Ack refused job=%s fence=%s worker=%s error=%s; failing the "
-                           "attempt instead", claim.pk, claim.job.fence, self.worker_id,
-                           first_line(e))
+            logger.warning(
+                "Ack refused job=%s fence=%s worker=%s error=%s; failing the attempt instead",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                first_line(e),
+            )
             claim.write_strikes = 0
             others.append((claim, _refusal(e, "the database refused the result")))
         oks.clear()
@@ -499,25 +616,40 @@ class Worker:
         except DB_ERRORS as e:
             if not self._refused(e, claim):
                 raise
-            logger.warning("Failure record refused job=%s fence=%s worker=%s error=%s; "
-                           "recording a minimal one", claim.pk, claim.job.fence,
-                           self.worker_id, first_line(e))
+            logger.warning(
+                "Failure record refused job=%s fence=%s worker=%s error=%s; "
+                "recording a minimal one",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                first_line(e),
+            )
             minimal = replace(
-                outcome, traceback="",
+                outcome,
+                traceback="",
                 exception_class_path=ascii_text(outcome.exception_class_path, CLASS_PATH_LIMIT),
-                message=ascii_text(f"the database refused the failure record "
-                                   f"({class_path(type(e))}: {first_line(e)}); the message "
-                                   f"began: {outcome.message[:500]}", MESSAGE_LIMIT))
+                message=ascii_text(
+                    f"the database refused the failure record "
+                    f"({class_path(type(e))}: {first_line(e)}); the message "
+                    f"began: {outcome.message[:500]}",
+                    MESSAGE_LIMIT,
+                ),
+            )
         try:
             self._fail(claim, minimal)
         except DB_ERRORS as e:
             if not self._refused(e, claim):
                 raise
             self.book.forget(claim)
-            logger.error("Could not record the failure of job=%s fence=%s worker=%s: the "
-                         "database refused even a minimal record (%s); dropping the claim, "
-                         "whose lease runs out", claim.pk, claim.job.fence, self.worker_id,
-                         first_line(e))
+            logger.error(
+                "Could not record the failure of job=%s fence=%s worker=%s: the "
+                "database refused even a minimal record (%s); dropping the claim, "
+                "whose lease runs out",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                first_line(e),
+            )
 
     def _refused(self, error: Exception, claim: Claim | None = None) -> bool:
         """Whether the database refused an owner's write itself, so that sending it again
@@ -557,10 +689,14 @@ class Worker:
         if dead is not None:
             self._log_death(dead)
         elif self.stop_request.stopping:
-            logger.info("Stopping on %s worker=%s: claiming nothing more; %d running, "
-                        "waiting up to %gs", self.stop_request.signal_name, self.worker_id,
-                        len(self.book), self.grace,
-                        extra={"event": "stopping", "worker": self.worker_id})
+            logger.info(
+                "Stopping on %s worker=%s: claiming nothing more; %d running, waiting up to %gs",
+                self.stop_request.signal_name,
+                self.worker_id,
+                len(self.book),
+                self.grace,
+                extra={"event": "stopping", "worker": self.worker_id},
+            )
         deadline = time.monotonic() + (0 if dead else self.grace)
         while self.book and not self.stop_request.hurry and time.monotonic() < deadline:
             self._settle()
@@ -574,20 +710,33 @@ class Worker:
         self._settle()
         unfinished = self._tell_to_stop()
         self._settle()
-        self._call_until_done("mark stopped", lambda: self.WorkerProcess.objects.using(
-            self.database).stopped(self.worker_id))
+        self._call_until_done(
+            "mark stopped",
+            lambda: self.WorkerProcess.objects.using(self.database).stopped(self.worker_id),
+        )
         self._release_all(unfinished)
-        logger.info("Worker stopped worker=%s", self.worker_id,
-                    extra={"event": "stopped", "worker": self.worker_id})
+        logger.info(
+            "Worker stopped worker=%s",
+            self.worker_id,
+            extra={"event": "stopped", "worker": self.worker_id},
+        )
         return 0 if dead is None else 1
 
     def _log_death(self, thread: VitalThread) -> None:
-        consequence = ("its claims are no longer renewed" if thread is self.heartbeat
-                       else "lost leases are no longer noticed")
-        logger.error("The %s thread died worker=%s: %s; claiming nothing more, releasing %d "
-                     "claim(s) and exiting with status 1", thread.role, self.worker_id,
-                     consequence, len(self.book),
-                     extra={"event": "thread_died", "worker": self.worker_id})
+        consequence = (
+            "its claims are no longer renewed"
+            if thread is self.heartbeat
+            else "lost leases are no longer noticed"
+        )
+        logger.error(
+            "The %s thread died worker=%s: %s; claiming nothing more, releasing %d "
+            "claim(s) and exiting with status 1",
+            thread.role,
+            self.worker_id,
+            consequence,
+            len(self.book),
+            extra={"event": "thread_died", "worker": self.worker_id},
+        )
 
     def _tell_to_stop(self) -> list[Claim]:
         """Tell the unfinished handlers their claims are going, as a lost claim does
@@ -602,9 +751,12 @@ class Worker:
             claim.exited.wait(max(deadline - time.monotonic(), 0.0))
         running = [c.pk for c in claims if not c.exited.is_set()]
         if running:
-            logger.warning("Handlers of jobs %s still running worker=%s; releasing them anyway: "
-                           "they end with this process", ",".join(map(str, running)),
-                           self.worker_id)
+            logger.warning(
+                "Handlers of jobs %s still running worker=%s; releasing them anyway: "
+                "they end with this process",
+                ",".join(map(str, running)),
+                self.worker_id,
+            )
         return claims
 
     def _release_all(self, claims: list[Claim]) -> None:
@@ -613,23 +765,36 @@ class Worker:
                 continue  # its handler acknowledged it meanwhile, in fenced(ack=True)
             if self._call_until_done("release", lambda c=claim: self._release(c)) is None:
                 self.book.forget(claim)
-                logger.error("Could not release job=%s fence=%s worker=%s: the database is "
-                             "unreachable; the job is claimable again when its lease ends",
-                             claim.pk, claim.job.fence, self.worker_id,
-                             extra=claim_fields(claim.job, self.worker_id, "release_failed"))
+                logger.error(
+                    "Could not release job=%s fence=%s worker=%s: the database is "
+                    "unreachable; the job is claimable again when its lease ends",
+                    claim.pk,
+                    claim.job.fence,
+                    self.worker_id,
+                    extra=claim_fields(claim.job, self.worker_id, "release_failed"),
+                )
 
     def _release(self, claim: Claim, why: str = "") -> bool:
         """Give the job back to pending, the attempt not counted; raise on database trouble."""
         released = self.Job.objects.using(self.database).release(claim.job)
         self.book.forget(claim)
         if released:
-            logger.info("Released job=%s fence=%s worker=%s: back to pending, attempt not "
-                        "counted%s", claim.pk, claim.job.fence, self.worker_id, why,
-                        extra=claim_fields(claim.job, self.worker_id, "released"))
+            logger.info(
+                "Released job=%s fence=%s worker=%s: back to pending, attempt not counted%s",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                why,
+                extra=claim_fields(claim.job, self.worker_id, "released"),
+            )
         else:
-            logger.warning("Release rejected job=%s fence=%s worker=%s: the claim was "
-                           "already lost", claim.pk, claim.job.fence, self.worker_id,
-                           extra=claim_fields(claim.job, self.worker_id, "release_rejected"))
+            logger.warning(
+                "Release rejected job=%s fence=%s worker=%s: the claim was already lost",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                extra=claim_fields(claim.job, self.worker_id, "release_rejected"),
+            )
         return released
 
     def _call_until_done(self, what: str, call: Any, tries: int = 5) -> Any:
@@ -639,8 +804,12 @@ class Worker:
                 return call()
             except DB_ERRORS as e:
                 if refused_by_database(e):
-                    logger.error("The database refused %s worker=%s error=%s", what,
-                                 self.worker_id, first_line(e))
+                    logger.error(
+                        "The database refused %s worker=%s error=%s",
+                        what,
+                        self.worker_id,
+                        first_line(e),
+                    )
                     return None
                 self._db_trouble(what, e, wait=not self.stop_request.hurry)
         return None
@@ -651,8 +820,11 @@ class Worker:
         while True:
             try:
                 self.WorkerProcess.objects.using(self.database).register(
-                    self.worker_id, hostname=socket.gethostname(), pid=os.getpid(),
-                    queues=["*"] if self.queues is None else self.queues)
+                    self.worker_id,
+                    hostname=socket.gethostname(),
+                    pid=os.getpid(),
+                    queues=["*"] if self.queues is None else self.queues,
+                )
                 return True
             except DB_ERRORS as e:
                 self._db_trouble("register", e)
@@ -661,27 +833,50 @@ class Worker:
 
     def _executor(self) -> Any:
         if self.isolation == "process":
-            return ProcessExecutor(self.concurrency, self._finished, alias=self.alias,
-                                   worker_id=self.worker_id,
-                                   stopping=lambda: self.stop_request.stopping,
-                                   connect_first=self.connect_handlers)
-        return ThreadExecutor(self.concurrency, self._finished, self._task_context,
-                              connect_first=self.connect_handlers)
+            return ProcessExecutor(
+                self.concurrency,
+                self._finished,
+                alias=self.alias,
+                worker_id=self.worker_id,
+                stopping=lambda: self.stop_request.stopping,
+                connect_first=self.connect_handlers,
+            )
+        return ThreadExecutor(
+            self.concurrency,
+            self._finished,
+            self._task_context,
+            connect_first=self.connect_handlers,
+        )
 
     def _task_context(self, claim: Claim, task: Any) -> Any:
         return task_context(task, claim.handle)
 
     def _start_threads(self) -> list[Any]:
-        self.heartbeat = Heartbeat(book=self.book, database=self.database,
-                                   worker_id=self.worker_id, period=self.heartbeat_seconds,
-                                   lease=self.lease, waker=self.waker)
-        watchdog = Watchdog(book=self.book, worker_id=self.worker_id,
-                            period=self.heartbeat_seconds, waker=self.waker)
+        self.heartbeat = Heartbeat(
+            book=self.book,
+            database=self.database,
+            worker_id=self.worker_id,
+            period=self.heartbeat_seconds,
+            lease=self.lease,
+            waker=self.waker,
+        )
+        watchdog = Watchdog(
+            book=self.book,
+            worker_id=self.worker_id,
+            period=self.heartbeat_seconds,
+            waker=self.waker,
+        )
         self._vital = [self.heartbeat, watchdog]
         threads: list[Any] = list(self._vital)
         if self.notify and connections[self.database].vendor == "postgresql":
-            threads.append(Listener(database=self.database, queues=self.queues,
-                                    waker=self.waker, worker_id=self.worker_id))
+            threads.append(
+                Listener(
+                    database=self.database,
+                    queues=self.queues,
+                    waker=self.waker,
+                    worker_id=self.worker_id,
+                )
+            )
         for thread in threads:
             thread.start()
         return threads
@@ -690,9 +885,14 @@ class Worker:
         """Log, drop the broken connection, back off; the next call reconnects."""
         delay = self._backoff.next()
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        logger.warning("Database trouble during %s worker=%s error=%s; retrying in %.1fs",
-                       what, self.worker_id, first_line, delay,
-                       extra={"event": "db_trouble", "worker": self.worker_id, "error": first_line})
+        logger.warning(
+            "Database trouble during %s worker=%s error=%s; retrying in %.1fs",
+            what,
+            self.worker_id,
+            first_line,
+            delay,
+            extra={"event": "db_trouble", "worker": self.worker_id, "error": first_line},
+        )
         with contextlib.suppress(*DB_ERRORS):
             connections[self.database].close()
         if wait:
@@ -701,5 +901,8 @@ class Worker:
 
 def _refusal(error: Exception, what: str) -> Outcome:
     """The failed outcome of a write the database refused: its error class and message."""
-    return Outcome("error", exception_class_path=class_path(type(error)),
-                   message=storable_text(f"{what}: {error}", MESSAGE_LIMIT))
+    return Outcome(
+        "error",
+        exception_class_path=class_path(type(error)),
+        message=storable_text(f"{what}: {error}", MESSAGE_LIMIT),
+    )

@@ -26,8 +26,9 @@ from .claims import Outcome
 logger = logging.getLogger("django_leases.worker")
 
 
-def run_task(task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle,
-             context: Any = None) -> Outcome:
+def run_task(
+    task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle, context: Any = None
+) -> Outcome:
     """Run ``task`` with ``handle`` as current_job(); never raise.
 
     A handler that stops because its claim was lost (LeaseLost, a cancelled coroutine, or
@@ -57,8 +58,9 @@ def task_context(task: Any, handle: JobHandle) -> Any:
     return LeaseTaskContext(task_result=result, job=handle)
 
 
-def _run(task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle,
-         context: Any) -> Outcome:
+def _run(
+    task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle, context: Any
+) -> Outcome:
     if context is not None:
         started = context.task_result
     elif hasattr(handle, "_task_result"):
@@ -98,8 +100,11 @@ def _run(task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle,
         except BaseException as e:  # noqa: BLE001 -- TypeError, or what a hostile value's methods raise
             return _failed(task, started, e)
         outcome = Outcome("ok", result=result)
-    _send(task_finished, task, _finished(started, TaskResultStatus.SUCCESSFUL,
-                                         return_value=outcome.result))
+    _send(
+        task_finished,
+        task,
+        _finished(started, TaskResultStatus.SUCCESSFUL, return_value=outcome.result),
+    )
     return outcome
 
 
@@ -107,10 +112,22 @@ def _failed(task: Any, started: TaskResult[..., Any] | None, exc: BaseException)
     """The failed outcome of ``exc``, every field storable; sends task_finished (FAILED).
     Called inside the except block, so that receivers see sys.exc_info()."""
     path, message, trace = describe_exception(exc)
-    outcome = Outcome("error", exception_class_path=path, message=message, traceback=trace,
-                      retryable=_retryable(task, exc))
-    _send(task_finished, task, _finished(started, TaskResultStatus.FAILED, error=TaskError(
-        exception_class_path=readable_class_path(path), traceback=trace)))
+    outcome = Outcome(
+        "error",
+        exception_class_path=path,
+        message=message,
+        traceback=trace,
+        retryable=_retryable(task, exc),
+    )
+    _send(
+        task_finished,
+        task,
+        _finished(
+            started,
+            TaskResultStatus.FAILED,
+            error=TaskError(exception_class_path=readable_class_path(path), traceback=trace),
+        ),
+    )
     return outcome
 
 
@@ -129,13 +146,21 @@ def _result_at_start(task: Any, handle: JobHandle) -> TaskResult[..., Any] | Non
         result: TaskResult[..., Any] = task.get_backend().get_result(handle.job_id)
         return result
     except Exception:  # noqa: BLE001 -- a missed signal must not cost the job an attempt
-        logger.warning("Could not read job=%s for task_started/task_finished; not sent",
-                       handle.job_id, exc_info=True)
+        logger.warning(
+            "Could not read job=%s for task_started/task_finished; not sent",
+            handle.job_id,
+            exc_info=True,
+        )
         return None
 
 
-def _finished(started: TaskResult[..., Any] | None, status: TaskResultStatus, *, error: TaskError | None = None,
-              return_value: Any = None) -> TaskResult[..., Any] | None:
+def _finished(
+    started: TaskResult[..., Any] | None,
+    status: TaskResultStatus,
+    *,
+    error: TaskError | None = None,
+    return_value: Any = None,
+) -> TaskResult[..., Any] | None:
     """``started`` as the handler left it. finished_at stays None: the worker records the
     outcome afterwards, on the database clock, and get_result() shows it from then on."""
     if started is None:
@@ -156,18 +181,27 @@ def _send(signal: Any, task: Any, task_result: TaskResult[..., Any] | None) -> N
         if not isinstance(response, Exception):
             continue
         try:
-            logger.error("Receiver %r of %s raised for job=%s", receiver, name, task_result.id,
-                         exc_info=response)
+            logger.error(
+                "Receiver %r of %s raised for job=%s",
+                receiver,
+                name,
+                task_result.id,
+                exc_info=response,
+            )
         except Exception:  # noqa: BLE001
             # Logging raises when no traceback of the chain can be formatted (a handler's
             # exception whose class names raise, e.g. as the context of the receiver's
             # own error): logging.Handler.handleError lets all but OSError through.
-            logger.error("Receiver %r of %s raised for job=%s: %s (traceback not printable)",
-                         receiver, name, task_result.id, class_path(type(response)))
+            logger.error(
+                "Receiver %r of %s raised for job=%s: %s (traceback not printable)",
+                receiver,
+                name,
+                task_result.id,
+                class_path(type(response)),
+            )
 
 
-async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any],
-                     handle: JobHandle) -> Any:
+async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle) -> Any:
     """Await the handler in a task that is cancelled as soon as the claim is lost."""
     loop = asyncio.get_running_loop()
     inner = asyncio.ensure_future(func(*args, **kwargs))

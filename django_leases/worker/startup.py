@@ -41,21 +41,38 @@ def wait_for_database(database: str, worker_id: str) -> bool:
                 delay = backoff.next()
                 logger.warning(
                     "Database %r not answering at start worker=%s attempt=%d error=%s; "
-                    "retrying in %.1fs", database, worker_id, attempt, first_line(e), delay,
-                    extra={"event": "db_wait", "worker": worker_id, "attempt": attempt,
-                           "error": first_line(e)})
+                    "retrying in %.1fs",
+                    database,
+                    worker_id,
+                    attempt,
+                    first_line(e),
+                    delay,
+                    extra={
+                        "event": "db_wait",
+                        "worker": worker_id,
+                        "attempt": attempt,
+                        "error": first_line(e),
+                    },
+                )
                 with contextlib.suppress(*DB_ERRORS):
                     connections[database].close()
                 waker.wait(delay)
                 continue
             if attempt > 1:
-                logger.info("Database %r answered after %.1f s worker=%s; starting", database,
-                            time.monotonic() - started, worker_id,
-                            extra={"event": "db_back", "worker": worker_id})
+                logger.info(
+                    "Database %r answered after %.1f s worker=%s; starting",
+                    database,
+                    time.monotonic() - started,
+                    worker_id,
+                    extra={"event": "db_back", "worker": worker_id},
+                )
             return True
-        logger.info("Stopping on %s worker=%s: the database never answered; nothing was "
-                    "claimed", stop.signal_name, worker_id,
-                    extra={"event": "stopped", "worker": worker_id})
+        logger.info(
+            "Stopping on %s worker=%s: the database never answered; nothing was claimed",
+            stop.signal_name,
+            worker_id,
+            extra={"event": "stopped", "worker": worker_id},
+        )
         return False
     finally:
         stop.restore()

@@ -24,19 +24,24 @@ def unrunnable(job: Any, task: Any, alias: str) -> tuple[str, str] | None:
             f"{job.task_path!r} is not a task declared for backend {alias!r}; its dotted path is "
             "never imported on a row's say-so. If it is a @task, declare it in an installed "
             f"app's tasks module or list its module in TASKS[{alias!r}]['OPTIONS']['TASK_MODULES'], "
-            "then restart the workers and requeue the job.")
+            "then restart the workers and requeue the job."
+        )
     if not isinstance(job.args, list):
         return INVALID_ARGUMENT, f"args: must be a JSON array, the row holds {_shown(job.args)}"
     if not isinstance(job.kwargs, dict):
-        return INVALID_ARGUMENT, f"kwargs: must be a JSON object, the row holds {_shown(job.kwargs)}"
+        return (
+            INVALID_ARGUMENT,
+            f"kwargs: must be a JSON object, the row holds {_shown(job.kwargs)}",
+        )
     if job.retry:
         from ..retry import Retry
 
         try:
             Retry.from_json(job.retry)
         except Exception as e:  # noqa: BLE001 -- InvalidLeaseOption, or TypeError from its parts
-            return INVALID_OPTION, (f"retry: cannot be read as a retry ladder, the row holds "
-                                    f"{_shown(job.retry)}: {e}")
+            return INVALID_OPTION, (
+                f"retry: cannot be read as a retry ladder, the row holds {_shown(job.retry)}: {e}"
+            )
     try:
         signature = inspect.signature(task.func)
     except (TypeError, ValueError):  # a builtin or C function: let the call decide

@@ -43,8 +43,12 @@ class VitalThread(threading.Thread):
         try:
             self.serve()
         except BaseException:
-            logger.critical("The %s thread ended on an exception worker=%s", self.role,
-                            self.worker_id, exc_info=True)
+            logger.critical(
+                "The %s thread ended on an exception worker=%s",
+                self.role,
+                self.worker_id,
+                exc_info=True,
+            )
             raise
         finally:
             self._ended = True
@@ -58,6 +62,11 @@ class VitalThread(threading.Thread):
         """Log an exception that ended one round; the thread carries on (even if logging
         fails too)."""
         with contextlib.suppress(Exception):
-            logger.error("Unexpected error in the %s thread worker=%s error=%s: %s; carrying on",
-                         self.role, self.worker_id, type(error).__qualname__, error,
-                         exc_info=True)
+            logger.error(
+                "Unexpected error in the %s thread worker=%s error=%s: %s; carrying on",
+                self.role,
+                self.worker_id,
+                type(error).__qualname__,
+                error,
+                exc_info=True,
+            )

@@ -39,7 +39,9 @@ def chart(results: dict, path: Path, labels: dict, worker_counts: list[int]) -> 
             lo.append(m[0] - m[1])
             hi.append(m[2] - m[0])
         ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=labels.get(key, key))
-    ax.set_xticks(range(len(worker_counts)), [f"{w} worker{'s' if w > 1 else ''}" for w in worker_counts])
+    ax.set_xticks(
+        range(len(worker_counts)), [f"{w} worker{'s' if w > 1 else ''}" for w in worker_counts]
+    )
     ax.set_ylabel("jobs/s (median, min-max)")
     ax.set_yscale("log")
     ax.set_title("Drain of pre-enqueued no-op jobs")
@@ -50,10 +52,18 @@ def chart(results: dict, path: Path, labels: dict, worker_counts: list[int]) -> 
     names = list(enq)
     for n_i, field in enumerate(("single_per_s", "bulk_per_s")):
         vals = [_m([r[field] for r in enq[n]]) for n in names]
-        ax.bar([i + (n_i - 0.5) * 0.4 for i in range(len(names))], [v[0] or 0 for v in vals], 0.4,
-               label="one per transaction" if field == "single_per_s" else "bulk, one transaction")
-    ax.set_xticks(range(len(names)), ["raw SQL" if n == "limit" else labels.get(n, n) for n in names],
-                  rotation=15, fontsize=8)
+        ax.bar(
+            [i + (n_i - 0.5) * 0.4 for i in range(len(names))],
+            [v[0] or 0 for v in vals],
+            0.4,
+            label="one per transaction" if field == "single_per_s" else "bulk, one transaction",
+        )
+    ax.set_xticks(
+        range(len(names)),
+        ["raw SQL" if n == "limit" else labels.get(n, n) for n in names],
+        rotation=15,
+        fontsize=8,
+    )
     ax.set_yscale("log")
     ax.set_ylabel("jobs/s")
     ax.set_title("Enqueue from one process")
@@ -77,14 +87,21 @@ def chart(results: dict, path: Path, labels: dict, worker_counts: list[int]) -> 
     hb = results["heartbeat"]
     names = list(hb)
     vals = [_m([r["jobs_per_s"] for r in hb[n]]) for n in names]
-    ax.bar(range(len(names)), [v[0] or 0 for v in vals],
-           yerr=[[(v[0] or 0) - (v[1] or 0) for v in vals], [(v[2] or 0) - (v[0] or 0) for v in vals]],
-           capsize=3, color="tab:green")
+    ax.bar(
+        range(len(names)),
+        [v[0] or 0 for v in vals],
+        yerr=[[(v[0] or 0) - (v[1] or 0) for v in vals], [(v[2] or 0) - (v[0] or 0) for v in vals]],
+        capsize=3,
+        color="tab:green",
+    )
     ax.set_xticks(range(len(names)), [f"{int(n):,} held" for n in names])
     ax.set_ylabel("django-leases drain, 2 workers, jobs/s")
     ax.set_title("Drain while one holder renews N claims")
-    fig.suptitle(f"django-leases benchmarks — {results['meta']['date']}, {results['meta']['nproc']} cores, "
-                 f"PostgreSQL {results['meta']['postgres']}", fontsize=11)
+    fig.suptitle(
+        f"django-leases benchmarks — {results['meta']['date']}, {results['meta']['nproc']} cores, "
+        f"PostgreSQL {results['meta']['postgres']}",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -39,17 +39,18 @@ def django_settings(dbname: str, apps: list[str], tasks: dict | None) -> dict:
         "TIME_ZONE": "UTC",
         "DEFAULT_AUTO_FIELD": "django.db.models.BigAutoField",
         "INSTALLED_APPS": ["django.contrib.contenttypes", "django.contrib.auth", *apps],
-        "DATABASES": {"default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": dbname,
-            "USER": PG["user"],
-            "PASSWORD": PG["password"],
-            "HOST": PG["host"],
-            "PORT": PG["port"],
-            "CONN_MAX_AGE": conn_max_age,
-        }},
-        "LOGGING": {"version": 1, "disable_existing_loggers": False,
-                    "root": {"level": "WARNING"}},
+        "DATABASES": {
+            "default": {
+                "ENGINE": "django.db.backends.postgresql",
+                "NAME": dbname,
+                "USER": PG["user"],
+                "PASSWORD": PG["password"],
+                "HOST": PG["host"],
+                "PORT": PG["port"],
+                "CONN_MAX_AGE": conn_max_age,
+            }
+        },
+        "LOGGING": {"version": 1, "disable_existing_loggers": False, "root": {"level": "WARNING"}},
     }
     if tasks is not None:
         settings["TASKS"] = tasks

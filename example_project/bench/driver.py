@@ -34,7 +34,13 @@ def enqueue_one(name: str, *args) -> None:
     """One job through the system's public enqueue API, in its own transaction."""
     task = getattr(_tasks(), name)
     if SYSTEM == "procrastinate":
-        params = dict(zip({"stamp": ["sent"], "sleep_stamp": ["seconds", "tag"]}.get(name, []), args, strict=True))
+        params = dict(
+            zip(
+                {"stamp": ["sent"], "sleep_stamp": ["seconds", "tag"]}.get(name, []),
+                args,
+                strict=True,
+            )
+        )
         task.defer(**params)
     else:
         task.enqueue(*args)
@@ -65,9 +71,19 @@ def enqueue_bulk(count: int) -> str:
         lease, attempts = conf.get_options(None).for_queue("default")
         with transaction.atomic():
             Job.objects.bulk_create(
-                [Job(task_path=tasks.noop.module_path, queue_name="default", args=[], kwargs={},
-                     lease_seconds=lease, max_attempts=attempts) for _ in range(count)],
-                batch_size=2000)
+                [
+                    Job(
+                        task_path=tasks.noop.module_path,
+                        queue_name="default",
+                        args=[],
+                        kwargs={},
+                        lease_seconds=lease,
+                        max_attempts=attempts,
+                    )
+                    for _ in range(count)
+                ],
+                batch_size=2000,
+            )
         return "Job.objects.bulk_create (no public bulk API)"
     if SYSTEM == "tasksdb":
         import uuid
@@ -76,11 +92,23 @@ def enqueue_bulk(count: int) -> str:
 
         with transaction.atomic():
             DBTaskResult.objects.bulk_create(
-                [DBTaskResult(id=uuid.uuid4(), args_kwargs={"args": [], "kwargs": {}}, priority=0,
-                              task_path=tasks.noop.module_path, queue_name="default",
-                              run_after=get_date_max(), backend_name="default",
-                              exception_class_path="", traceback="", enqueued_at=timezone.now())
-                 for _ in range(count)], batch_size=2000)
+                [
+                    DBTaskResult(
+                        id=uuid.uuid4(),
+                        args_kwargs={"args": [], "kwargs": {}},
+                        priority=0,
+                        task_path=tasks.noop.module_path,
+                        queue_name="default",
+                        run_after=get_date_max(),
+                        backend_name="default",
+                        exception_class_path="",
+                        traceback="",
+                        enqueued_at=timezone.now(),
+                    )
+                    for _ in range(count)
+                ],
+                batch_size=2000,
+            )
         return "DBTaskResult.objects.bulk_create (no public bulk API)"
     raise SystemExit(f"unknown system {SYSTEM}")
 
@@ -127,13 +155,17 @@ def cmd_enqueue_profile(a) -> dict:
     total = stats.total_tt
     rows = []
     for (file, line, func), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():
-        where = file.rsplit("site-packages/", 1)[-1].replace(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + "/", "")
+        where = file.rsplit("site-packages/", 1)[-1].replace(
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + "/", ""
+        )
         rows.append((ct, f"{func} ({where}:{line})"))
     rows.sort(reverse=True)
-    return {"per_enqueue_ms": 1000 * total / a.count,
-            "statements_per_enqueue": len(statements) / a.count,
-            "statement_kinds": sorted(set(statements)),
-            "top_cumulative": [(name, round(100 * ct / total, 1)) for ct, name in rows[:25]]}
+    return {
+        "per_enqueue_ms": 1000 * total / a.count,
+        "statements_per_enqueue": len(statements) / a.count,
+        "statement_kinds": sorted(set(statements)),
+        "top_cumulative": [(name, round(100 * ct / total, 1)) for ct, name in rows[:25]],
+    }
 
 
 def cmd_enqueue_breakdown(a) -> dict:
@@ -164,10 +196,20 @@ def cmd_enqueue_breakdown(a) -> dict:
             cursor.fetchone()
 
     steps = {
-        "raw INSERT into limit_job, prepared (the limit)": lambda: limit.execute(LIMIT_INSERT, (task.module_path, Jsonb([]))),
-        "raw INSERT of the same columns into django_leases_job, prepared": lambda: prepared.execute(LEASES_PLAIN_INSERT, (task.module_path,)),
-        "the library's INSERT ... RETURNING, raw, prepared": lambda: (prepared.execute(ours, params), prepared.fetchone()),
-        "the same, bound client-side and not prepared (Django's default)": lambda: (client.execute(ours, params), client.fetchone()),
+        "raw INSERT into limit_job, prepared (the limit)": lambda: limit.execute(
+            LIMIT_INSERT, (task.module_path, Jsonb([]))
+        ),
+        "raw INSERT of the same columns into django_leases_job, prepared": lambda: prepared.execute(
+            LEASES_PLAIN_INSERT, (task.module_path,)
+        ),
+        "the library's INSERT ... RETURNING, raw, prepared": lambda: (
+            prepared.execute(ours, params),
+            prepared.fetchone(),
+        ),
+        "the same, bound client-side and not prepared (Django's default)": lambda: (
+            client.execute(ours, params),
+            client.fetchone(),
+        ),
         "the same through Django's cursor": django_cursor,
         "task.enqueue()": task.enqueue,
     }
@@ -180,8 +222,11 @@ def cmd_enqueue_breakdown(a) -> dict:
             for _ in range(a.count):
                 step()
             spent[name].append(1e6 * (time.perf_counter() - started) / a.count)
-    return {"us_per_job": {name: round(statistics.median(v), 1) for name, v in spent.items()},
-            "count": a.count, "rounds": a.rounds}
+    return {
+        "us_per_job": {name: round(statistics.median(v), 1) for name, v in spent.items()},
+        "count": a.count,
+        "rounds": a.rounds,
+    }
 
 
 LEASES_PLAIN_INSERT = """
@@ -216,9 +261,19 @@ def cmd_hold(a) -> dict:
     lease, attempts = conf.get_options(None).for_queue("held")
     with transaction.atomic():
         Job.objects.bulk_create(
-            [Job(task_path=_tasks().noop.module_path, queue_name="held", args=[], kwargs={},
-                 lease_seconds=lease, max_attempts=attempts) for _ in range(a.count)],
-            batch_size=2000)
+            [
+                Job(
+                    task_path=_tasks().noop.module_path,
+                    queue_name="held",
+                    args=[],
+                    kwargs={},
+                    lease_seconds=lease,
+                    max_attempts=attempts,
+                )
+                for _ in range(a.count)
+            ],
+            batch_size=2000,
+        )
     started = time.perf_counter()
     jobs = Job.objects.claim("bench-holder", ["held"], limit=a.count)
     claim_seconds = time.perf_counter() - started
@@ -242,10 +297,20 @@ def cmd_hold(a) -> dict:
         started = time.perf_counter()
         with connection.execute_wrapper(count):
             held = Job.objects.renew(jobs)
-        renewals.append({"seconds": time.perf_counter() - started, "statements": len(statements),
-                         "held": len(held), "at": time.time()})
-    return {"claimed": len(jobs), "claim_seconds": claim_seconds, "period": a.period,
-            "renewals": renewals}
+        renewals.append(
+            {
+                "seconds": time.perf_counter() - started,
+                "statements": len(statements),
+                "held": len(held),
+                "at": time.time(),
+            }
+        )
+    return {
+        "claimed": len(jobs),
+        "claim_seconds": claim_seconds,
+        "period": a.period,
+        "renewals": renewals,
+    }
 
 
 def main() -> None:

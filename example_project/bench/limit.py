@@ -148,8 +148,11 @@ def cmd_enqueue_rate(a) -> dict:
     with conn.transaction(), conn.cursor() as cur:
         cur.executemany(INSERT, [(noop, Jsonb([]))] * a.bulk)
     bulk = time.perf_counter() - started
-    return {"single_per_s": a.single / single, "bulk_per_s": a.bulk / bulk,
-            "bulk_api": "cursor.executemany in one transaction"}
+    return {
+        "single_per_s": a.single / single,
+        "bulk_per_s": a.bulk / bulk,
+        "bulk_api": "cursor.executemany in one transaction",
+    }
 
 
 def cmd_prefill(a) -> dict:

@@ -40,27 +40,41 @@ PEERS = {
     "ox": ["django-ox", "psycopg[binary]"],
 }
 PEER_DIST = {"tasksdb": "django-tasks-db", "procrastinate": "procrastinate", "ox": "django-ox"}
-DATABASES = {"limit": "bench_limit", "leases": "bench_leases", "tasksdb": "bench_tasksdb",
-             "procrastinate": "bench_procrastinate", "ox": "bench_ox"}
-TABLE_PREFIX = {"limit": "limit_job", "leases": "django_leases_",
-                "tasksdb": "django_tasks_database_", "procrastinate": "procrastinate_",
-                "ox": "django_ox_"}
+DATABASES = {
+    "limit": "bench_limit",
+    "leases": "bench_leases",
+    "tasksdb": "bench_tasksdb",
+    "procrastinate": "bench_procrastinate",
+    "ox": "bench_ox",
+}
+TABLE_PREFIX = {
+    "limit": "limit_job",
+    "leases": "django_leases_",
+    "tasksdb": "django_tasks_database_",
+    "procrastinate": "procrastinate_",
+    "ox": "django_ox_",
+}
 # count(*), first and last finish of succeeded no-op jobs, on the database clock.
 FINISHED_SQL = {
     "limit": "SELECT count(*), min(finished_at), max(finished_at) FROM limit_job "
-             "WHERE state = 'succeeded'",
+    "WHERE state = 'succeeded'",
     "leases": "SELECT count(*), min(finished_at), max(finished_at) FROM django_leases_job "
-              "WHERE state = 'succeeded'",
+    "WHERE state = 'succeeded'",
     "tasksdb": "SELECT count(*), min(finished_at), max(finished_at) FROM "
-               "django_tasks_database_dbtaskresult WHERE status = 'SUCCESSFUL'",
+    "django_tasks_database_dbtaskresult WHERE status = 'SUCCESSFUL'",
     "procrastinate": "SELECT count(*), min(at), max(at) FROM procrastinate_events "
-                     "WHERE type = 'succeeded'",
+    "WHERE type = 'succeeded'",
     "ox": "SELECT count(*), min(finished_at), max(finished_at) FROM django_ox_oxtask "
-          "WHERE status = 'SUCCESSFUL'",
+    "WHERE status = 'SUCCESSFUL'",
 }
-LABELS = {"limit": "limit (1 claim + 1 ack)", "limit10": "limit, batches of 10",
-          "leases": "django-leases", "tasksdb": "django-tasks-db",
-          "procrastinate": "Procrastinate", "ox": "django-ox"}
+LABELS = {
+    "limit": "limit (1 claim + 1 ack)",
+    "limit10": "limit, batches of 10",
+    "leases": "django-leases",
+    "tasksdb": "django-tasks-db",
+    "procrastinate": "Procrastinate",
+    "ox": "django-ox",
+}
 
 
 def log(*args: object) -> None:
@@ -72,20 +86,24 @@ def log(*args: object) -> None:
 class System:
     """One queue under test, with the environment its processes run in."""
 
-    kind: str                      # limit | leases | tasksdb | procrastinate | ox
-    batch: int = 1                 # limit only
-    conn_max_age: str = "0"        # Django's default unless a variant says otherwise
+    kind: str  # limit | leases | tasksdb | procrastinate | ox
+    batch: int = 1  # limit only
+    conn_max_age: str = "0"  # Django's default unless a variant says otherwise
     venvs: Path = Path("/tmp/bench-venvs")
     record: str = ""
     extra_env: dict = field(default_factory=dict)
-    tag: str = ""                  # a variant other than CONN_MAX_AGE, e.g. "c10"
+    tag: str = ""  # a variant other than CONN_MAX_AGE, e.g. "c10"
 
     @property
     def key(self) -> str:
         base = "limit10" if self.kind == "limit" and self.batch > 1 else self.kind
         if self.tag:
             return f"{base}@{self.tag}"
-        return base if self.conn_max_age == "0" or self.kind == "limit" else f"{base}@cma={self.conn_max_age}"
+        return (
+            base
+            if self.conn_max_age == "0" or self.kind == "limit"
+            else f"{base}@cma={self.conn_max_age}"
+        )
 
     @property
     def label(self) -> str:
@@ -109,10 +127,15 @@ class System:
     def env(self, **more: str) -> dict:
         env = dict(os.environ)
         settings = "sys_leases.settings" if self.kind == "limit" else f"sys_{self.kind}.settings"
-        env.update(PYTHONPATH=str(HERE), DJANGO_SETTINGS_MODULE=settings,
-                   BENCH_SYSTEM="leases" if self.kind == "limit" else self.kind,
-                   BENCH_DB=self.db, BENCH_CONN_MAX_AGE=self.conn_max_age,
-                   BENCH_RECORD=self.record, PYTHONUNBUFFERED="1")
+        env.update(
+            PYTHONPATH=str(HERE),
+            DJANGO_SETTINGS_MODULE=settings,
+            BENCH_SYSTEM="leases" if self.kind == "limit" else self.kind,
+            BENCH_DB=self.db,
+            BENCH_CONN_MAX_AGE=self.conn_max_age,
+            BENCH_RECORD=self.record,
+            PYTHONUNBUFFERED="1",
+        )
         env.update(self.extra_env)
         env.update(more)
         return env
@@ -120,8 +143,14 @@ class System:
     def worker_cmd(self) -> list[str]:
         django = [self.python, "-m", "django"]
         return {
-            "limit": [self.python, str(HERE / "limit.py"), "worker", "--batch", str(self.batch),
-                      "--listen"],
+            "limit": [
+                self.python,
+                str(HERE / "limit.py"),
+                "worker",
+                "--batch",
+                str(self.batch),
+                "--listen",
+            ],
             "leases": [*django, "run_lease_worker", "-v", "0"],
             "tasksdb": [*django, "db_worker", "--no-startup-delay", "--no-reload", "-v", "0"],
             "procrastinate": [*django, "procrastinate", "worker"],
@@ -130,8 +159,14 @@ class System:
 
     def driver(self, *args: str, timeout: float = 600, **env: str) -> dict:
         script = HERE / ("limit.py" if self.kind == "limit" else "driver.py")
-        out = subprocess.run([self.python, str(script), *args], env=self.env(**env),
-                             capture_output=True, text=True, timeout=timeout, cwd=HERE)
+        out = subprocess.run(
+            [self.python, str(script), *args],
+            env=self.env(**env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=HERE,
+        )
         if out.returncode:
             raise RuntimeError(f"{self.key} {' '.join(args)} failed:\n{out.stderr[-3000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -141,14 +176,22 @@ class System:
             return f"psycopg {psycopg.__version__}"
         if self.kind == "leases":
             from importlib.metadata import version
+
             return f"django-leases {version('django-leases')} (Django {version('Django')})"
-        code = ("from importlib.metadata import version as v; "
-                f"print(v({PEER_DIST[self.kind]!r}), v('Django'), v('psycopg'))")
-        out = subprocess.run([self.python, "-c", code], capture_output=True, text=True).stdout.split()
-        return f"{PEER_DIST[self.kind]} {out[0]} (Django {out[1]}, psycopg {out[2]})" if out else "?"
+        code = (
+            "from importlib.metadata import version as v; "
+            f"print(v({PEER_DIST[self.kind]!r}), v('Django'), v('psycopg'))"
+        )
+        out = subprocess.run(
+            [self.python, "-c", code], capture_output=True, text=True
+        ).stdout.split()
+        return (
+            f"{PEER_DIST[self.kind]} {out[0]} (Django {out[1]}, psycopg {out[2]})" if out else "?"
+        )
 
 
 # -- environment ------------------------------------------------------------------------
+
 
 def ensure_venv(kind: str, venvs: Path) -> None:
     target = venvs / kind
@@ -156,8 +199,9 @@ def ensure_venv(kind: str, venvs: Path) -> None:
         return
     log(f"creating {target} with pip install {' '.join(PEERS[kind])} ...")
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(target)], check=True)
-    subprocess.run([str(target / "bin" / "pip"), "install", "-q", *PEERS[kind], "psutil"],
-                   check=True)
+    subprocess.run(
+        [str(target / "bin" / "pip"), "install", "-q", *PEERS[kind], "psutil"], check=True
+    )
     (target / ".bench-ready").write_text("ok\n")
 
 
@@ -172,17 +216,26 @@ def ensure_database(system: System) -> None:
     if system.kind == "limit":
         system.driver("setup")
         return
-    out = subprocess.run([system.python, "-m", "django", "migrate", "-v", "0"],
-                         env=system.env(), capture_output=True, text=True, cwd=HERE)
+    out = subprocess.run(
+        [system.python, "-m", "django", "migrate", "-v", "0"],
+        env=system.env(),
+        capture_output=True,
+        text=True,
+        cwd=HERE,
+    )
     if out.returncode:
         raise RuntimeError(f"migrate for {system.key} failed:\n{out.stderr[-3000:]}")
 
 
 def reset(system: System) -> None:
     with psycopg.connect(dsn(system.db), autocommit=True) as conn:
-        tables = [r[0] for r in conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE %s",
-            [TABLE_PREFIX[system.kind].replace("_", r"\_") + "%"])]
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE %s",
+                [TABLE_PREFIX[system.kind].replace("_", r"\_") + "%"],
+            )
+        ]
         if tables:
             conn.execute("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " CASCADE")
         conn.execute("VACUUM ANALYZE")
@@ -194,15 +247,23 @@ def finished(system: System, conn: psycopg.Connection) -> tuple[int, object, obj
 
 # -- processes --------------------------------------------------------------------------
 
+
 def start_workers(system: System, count: int, **env: str) -> list[subprocess.Popen]:
     procs = []
     for i in range(count):
         log_path = Path(tempfile.gettempdir()) / f"bench-{system.key}-w{i}.log"
         # The child keeps its own copy of the descriptor; the harness closes its one.
         with open(log_path, "w") as log_file:
-            procs.append(subprocess.Popen(
-                system.worker_cmd(), env=system.env(**env), cwd=HERE, start_new_session=True,
-                stdout=log_file, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    system.worker_cmd(),
+                    env=system.env(**env),
+                    cwd=HERE,
+                    start_new_session=True,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     return procs
 
 
@@ -242,8 +303,16 @@ def settle(count: int) -> None:
 
 # -- workloads --------------------------------------------------------------------------
 
-def drain(system: System, workers: int, jobs: int, cap: float, *, do_reset: bool = True,
-          profile_to: Path | None = None) -> dict:
+
+def drain(
+    system: System,
+    workers: int,
+    jobs: int,
+    cap: float,
+    *,
+    do_reset: bool = True,
+    profile_to: Path | None = None,
+) -> dict:
     """Start idle workers, commit ``jobs`` no-op jobs in one transaction, and time the drain
     from the first to the last finish on the database clock (worker start-up excluded).
     Stops after ``cap`` seconds of draining if the queue is not empty by then."""
@@ -268,10 +337,23 @@ def drain(system: System, workers: int, jobs: int, cap: float, *, do_reset: bool
                     if profile_to is not None:
                         # Sample only while jobs drain, not the idle time around it.
                         spy = subprocess.Popen(
-                            [str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
-                             str(procs[0].pid), "--rate", "250", "--idle", "--threads",
-                             "--format", "raw", "-o", str(profile_to)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            [
+                                str(Path(sys.executable).parent / "py-spy"),
+                                "record",
+                                "--pid",
+                                str(procs[0].pid),
+                                "--rate",
+                                "250",
+                                "--idle",
+                                "--threads",
+                                "--format",
+                                "raw",
+                                "-o",
+                                str(profile_to),
+                            ],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        )
                 if now - last_rss > 0.5:
                     peak = [max(a, b) for a, b in zip(peak, rss_of(procs), strict=True)]
                     last_rss = now
@@ -280,8 +362,10 @@ def drain(system: System, workers: int, jobs: int, cap: float, *, do_reset: bool
                 if first_seen is None and now - began > 60:
                     raise RuntimeError(f"{system.key}: no job finished within 60 s")
                 if any(p.poll() is not None for p in procs) and count < jobs:
-                    raise RuntimeError(f"{system.key}: a worker exited early; see "
-                                       f"{tempfile.gettempdir()}/bench-{system.key}-w*.log")
+                    raise RuntimeError(
+                        f"{system.key}: a worker exited early; see "
+                        f"{tempfile.gettempdir()}/bench-{system.key}-w*.log"
+                    )
                 time.sleep(0.1)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
@@ -294,9 +378,14 @@ def drain(system: System, workers: int, jobs: int, cap: float, *, do_reset: bool
             spy.wait()
         stop(procs)
     seconds = (last - first).total_seconds() if count > 1 else float("nan")
-    return {"jobs_per_s": (count - 1) / seconds if seconds else float("nan"), "finished": count,
-            "seconds": seconds, "capped": count < jobs, "rss_peak": peak,
-            "prefill": prefill}
+    return {
+        "jobs_per_s": (count - 1) / seconds if seconds else float("nan"),
+        "finished": count,
+        "seconds": seconds,
+        "capped": count < jobs,
+        "rss_peak": peak,
+        "prefill": prefill,
+    }
 
 
 def latency(system: System, samples: int, gap: float, workers: int = 2) -> dict:
@@ -312,7 +401,9 @@ def latency(system: System, samples: int, gap: float, workers: int = 2) -> dict:
         deadline = time.monotonic() + 5 + 2 * samples * gap
         lines: list[list[str]] = []
         while time.monotonic() < deadline:
-            lines = [ln.split() for ln in Path(record).read_text().splitlines() if ln.startswith("start")]
+            lines = [
+                ln.split() for ln in Path(record).read_text().splitlines() if ln.startswith("start")
+            ]
             if len(lines) >= samples:
                 break
             time.sleep(0.2)
@@ -320,8 +411,13 @@ def latency(system: System, samples: int, gap: float, workers: int = 2) -> dict:
         stop(procs)
         os.unlink(record)
     ms = sorted((float(ln[2]) - float(ln[1])) * 1000 for ln in lines)
-    return {"p50_ms": pct(ms, 50), "p99_ms": pct(ms, 99), "max_ms": ms[-1] if ms else None,
-            "samples": len(ms), "sent": samples}
+    return {
+        "p50_ms": pct(ms, 50),
+        "p99_ms": pct(ms, 99),
+        "max_ms": ms[-1] if ms else None,
+        "samples": len(ms),
+        "sent": samples,
+    }
 
 
 def recovery(system: System, samples: int, timeout: float, lease: float) -> dict:
@@ -336,15 +432,19 @@ def recovery(system: System, samples: int, timeout: float, lease: float) -> dict
         tag = f"r{n}"
 
         def attempts(record: str = record, tag: str = tag) -> list[float]:
-            return [float(ln.split()[2]) for ln in Path(record).read_text().splitlines()
-                    if ln.startswith(f"attempt {tag} ")]
+            return [
+                float(ln.split()[2])
+                for ln in Path(record).read_text().splitlines()
+                if ln.startswith(f"attempt {tag} ")
+            ]
 
         holder = start_workers(system, 1, **env)
         rescuer: list[subprocess.Popen] = []
         try:
             settle(1)
-            system.driver("submit-sleep", "--seconds", "600", "--tag", tag,
-                          BENCH_LEASE_SECONDS=str(lease))
+            system.driver(
+                "submit-sleep", "--seconds", "600", "--tag", tag, BENCH_LEASE_SECONDS=str(lease)
+            )
             deadline = time.monotonic() + 30
             while not attempts() and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -363,8 +463,14 @@ def recovery(system: System, samples: int, timeout: float, lease: float) -> dict
             stop(holder + rescuer, hard=True)
             os.unlink(record)
     recovered = sorted(t for t in times if t is not None)
-    return {"samples": times, "recovered": len(recovered), "p50_s": pct(recovered, 50),
-            "p99_s": pct(recovered, 99), "timeout_s": timeout, "lease_s": lease}
+    return {
+        "samples": times,
+        "recovered": len(recovered),
+        "p50_s": pct(recovered, 50),
+        "p99_s": pct(recovered, 99),
+        "timeout_s": timeout,
+        "lease_s": lease,
+    }
 
 
 def enqueue_rate(system: System, single: int, bulk: int) -> dict:
@@ -380,9 +486,21 @@ def heartbeat(system: System, held: int, jobs: int, cap: float, period: float) -
     try:
         if held:
             holder = subprocess.Popen(
-                [system.python, str(HERE / "driver.py"), "hold", "--count", str(held),
-                 "--period", str(period)], env=system.env(), cwd=HERE, stdout=subprocess.PIPE,
-                text=True, start_new_session=True)
+                [
+                    system.python,
+                    str(HERE / "driver.py"),
+                    "hold",
+                    "--count",
+                    str(held),
+                    "--period",
+                    str(period),
+                ],
+                env=system.env(),
+                cwd=HERE,
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
             json.loads(holder.stdout.readline())
         result = drain(system, 2, jobs, cap, do_reset=False)
         if holder is not None:
@@ -398,7 +516,9 @@ def heartbeat(system: System, held: int, jobs: int, cap: float, period: float) -
         renewals = report["renewals"]
         result["renewals"] = len(renewals)
         result["statements_per_renewal"] = max((r["statements"] for r in renewals), default=None)
-        result["renew_ms"] = statistics.median(r["seconds"] * 1000 for r in renewals) if renewals else None
+        result["renew_ms"] = (
+            statistics.median(r["seconds"] * 1000 for r in renewals) if renewals else None
+        )
         result["claim_all_s"] = report["claim_seconds"]
         result["held_after"] = min((r["held"] for r in renewals), default=None)
     return result
@@ -431,6 +551,7 @@ def fmt(m: tuple, unit: str = "", digits: int = 0) -> str:
 
 # -- profile ----------------------------------------------------------------------------
 
+
 def summarize_profile(raw: Path, top: int = 22) -> list[tuple[str, float]]:
     """Inclusive share of the worker's main-thread samples per function (py-spy raw, idle
     included, so waiting on the database or on the waker shows as time)."""
@@ -450,25 +571,46 @@ def summarize_profile(raw: Path, top: int = 22) -> list[tuple[str, float]]:
             names.add(f"{func} ({where.split(':')[0].rsplit('site-packages/', 1)[-1]})")
         for name in names:
             totals[name] = totals.get(name, 0) + n
-    ranked = [(name, 100 * n / samples) for name, n in sorted(totals.items(), key=lambda kv: -kv[1])
-              if n < 0.99 * samples] if samples else []
+    ranked = (
+        [
+            (name, 100 * n / samples)
+            for name, n in sorted(totals.items(), key=lambda kv: -kv[1])
+            if n < 0.99 * samples
+        ]
+        if samples
+        else []
+    )
     return ranked[:top]
 
 
 # -- the run ----------------------------------------------------------------------------
 
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs per drain (10,000)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", default="1,2,4")
-    parser.add_argument("--cap", type=float, default=20.0,
-                        help="stop a drain after this many seconds of draining (rate over the window)")
+    parser.add_argument(
+        "--cap",
+        type=float,
+        default=20.0,
+        help="stop a drain after this many seconds of draining (rate over the window)",
+    )
     parser.add_argument("--systems", default="limit,limit10,leases,tasksdb,procrastinate,ox")
-    parser.add_argument("--cma-variants", default="leases,tasksdb,ox",
-                        help="systems also drained with 2 workers and CONN_MAX_AGE=None")
-    parser.add_argument("--leases-concurrency", type=int, default=1,
-                        help="also drain django-leases with this CONCURRENCY (2 workers; 0: skip)")
+    parser.add_argument(
+        "--cma-variants",
+        default="leases,tasksdb,ox",
+        help="systems also drained with 2 workers and CONN_MAX_AGE=None",
+    )
+    parser.add_argument(
+        "--leases-concurrency",
+        type=int,
+        default=1,
+        help="also drain django-leases with this CONCURRENCY (2 workers; 0: skip)",
+    )
     parser.add_argument("--workloads", default="drain,enqueue,latency,recovery,heartbeat")
     parser.add_argument("--enqueue-single", type=int, default=2000)
     parser.add_argument("--enqueue-bulk", type=int, default=10_000)
@@ -478,10 +620,16 @@ def main() -> None:
     parser.add_argument("--recovery-lease", type=float, default=5.0)
     parser.add_argument("--recovery-timeout", type=float, default=20.0)
     parser.add_argument("--held", default="1000,10000")
-    parser.add_argument("--heartbeat-period", type=float, default=10.0,
-                        help="renewal period of the holder (default: lease/3 = 10 s)")
+    parser.add_argument(
+        "--heartbeat-period",
+        type=float,
+        default=10.0,
+        help="renewal period of the holder (default: lease/3 = 10 s)",
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy one django-leases worker")
-    parser.add_argument("--venvs", type=Path, default=Path(os.environ.get("BENCH_VENVS", "/tmp/bench-venvs")))
+    parser.add_argument(
+        "--venvs", type=Path, default=Path(os.environ.get("BENCH_VENVS", "/tmp/bench-venvs"))
+    )
     parser.add_argument("--out", type=Path, default=REPO / "docs")
     a = parser.parse_args()
 
@@ -498,11 +646,20 @@ def main() -> None:
                 log(f"SKIP {key}: could not install it: {e}")
                 continue
         systems.append(System(kind, batch=10 if key == "limit10" else 1, venvs=a.venvs))
-    variants = [System(s.kind, conn_max_age="none", venvs=a.venvs) for s in systems
-                if s.kind in a.cma_variants.split(",") and s.batch == 1]
+    variants = [
+        System(s.kind, conn_max_age="none", venvs=a.venvs)
+        for s in systems
+        if s.kind in a.cma_variants.split(",") and s.batch == 1
+    ]
     if a.leases_concurrency and "leases" in wanted:
-        variants.append(System("leases", venvs=a.venvs, tag=f"c{a.leases_concurrency}",
-                               extra_env={"BENCH_CONCURRENCY": str(a.leases_concurrency)}))
+        variants.append(
+            System(
+                "leases",
+                venvs=a.venvs,
+                tag=f"c{a.leases_concurrency}",
+                extra_env={"BENCH_CONCURRENCY": str(a.leases_concurrency)},
+            )
+        )
     broken: dict[str, str] = {}
     for system in systems:
         try:
@@ -514,8 +671,14 @@ def main() -> None:
     variants = [s for s in variants if s.kind not in broken]
     by_kind = {s.key: s for s in systems}
 
-    results: dict = {"drain": {}, "enqueue": {}, "latency": {}, "recovery": {}, "heartbeat": {},
-                     "errors": dict(broken)}
+    results: dict = {
+        "drain": {},
+        "enqueue": {},
+        "latency": {},
+        "recovery": {},
+        "heartbeat": {},
+        "errors": dict(broken),
+    }
 
     def attempt(bucket: dict, key: str, fn, *args, **kwargs) -> None:
         for tries in range(5):
@@ -547,7 +710,9 @@ def main() -> None:
                 if s.key == "limit10":
                     continue
                 log(f"  enqueue {s.key}")
-                attempt(results["enqueue"], s.key, enqueue_rate, s, a.enqueue_single, a.enqueue_bulk)
+                attempt(
+                    results["enqueue"], s.key, enqueue_rate, s, a.enqueue_single, a.enqueue_bulk
+                )
         if "latency" in workloads:
             for s in systems:
                 if s.key == "limit10":
@@ -560,15 +725,25 @@ def main() -> None:
                     continue
                 n = a.recovery_samples if s.kind == "leases" else 1
                 log(f"  recovery {s.key} x{n}")
-                attempt(results["recovery"], s.key, recovery, s, n, a.recovery_timeout, a.recovery_lease)
+                attempt(
+                    results["recovery"], s.key, recovery, s, n, a.recovery_timeout, a.recovery_lease
+                )
         partial = Path(tempfile.gettempdir()) / "bench_results.partial.json"
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps(results, indent=1, default=str))
         if "heartbeat" in workloads and "leases" in by_kind:
             for held in [0, *[int(h) for h in a.held.split(",")]]:
                 log(f"  heartbeat held={held}")
-                attempt(results["heartbeat"], str(held), heartbeat, by_kind["leases"], held,
-                        a.jobs, a.cap, a.heartbeat_period)
+                attempt(
+                    results["heartbeat"],
+                    str(held),
+                    heartbeat,
+                    by_kind["leases"],
+                    held,
+                    a.jobs,
+                    a.cap,
+                    a.heartbeat_period,
+                )
 
     if a.profile and "leases" in by_kind:
         raw = Path(tempfile.gettempdir()) / "bench-leases-pyspy.txt"
@@ -579,15 +754,19 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001
             results["errors"]["profile"] = str(e)
         try:
-            results["enqueue_profile"] = by_kind["leases"].driver("enqueue-profile", "--count", "1000")
+            results["enqueue_profile"] = by_kind["leases"].driver(
+                "enqueue-profile", "--count", "1000"
+            )
         except Exception as e:  # noqa: BLE001
             results["errors"]["enqueue_profile"] = str(e)
 
     results["meta"] = meta(a, systems + variants, time.time() - started)
     results["meta"]["library"] = code_before
     if library_fingerprint() != code_before:
-        results["errors"]["library"] = ("django_leases/ changed while the benchmark ran: "
-                                        "its figures mix two versions; run it again")
+        results["errors"]["library"] = (
+            "django_leases/ changed while the benchmark ran: "
+            "its figures mix two versions; run it again"
+        )
     report(results, a, systems, variants, worker_counts)
 
 
@@ -598,8 +777,9 @@ def library_fingerprint() -> str:
     digest = hashlib.sha256()
     for path in sorted((REPO / "django_leases").rglob("*.py")):
         digest.update(path.read_bytes())
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     return f"{head or '?'}+{digest.hexdigest()[:12]}"
 
 
@@ -615,18 +795,31 @@ def meta(a: argparse.Namespace, systems: list[System], seconds: float) -> dict:
             break
         except psycopg.OperationalError:
             time.sleep(10)
-    return {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "python": platform.python_version(), "postgres": pg, "nproc": os.cpu_count(),
-            "cpu": cpu, "kernel": platform.release(), "seconds": round(seconds),
-            "versions": {s.key: s.version() for s in systems},
-            # Paths relative to the repository, so the results name no machine's folders.
-            "args": {k: os.path.relpath(v, REPO) if isinstance(v, Path) else str(v)
-                     for k, v in vars(a).items()}}
+    return {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "python": platform.python_version(),
+        "postgres": pg,
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "seconds": round(seconds),
+        "versions": {s.key: s.version() for s in systems},
+        # Paths relative to the repository, so the results name no machine's folders.
+        "args": {
+            k: os.path.relpath(v, REPO) if isinstance(v, Path) else str(v)
+            for k, v in vars(a).items()
+        },
+    }
 
 
-def report(results: dict, a: argparse.Namespace, systems: list[System], variants: list[System],
-           worker_counts: list[int]) -> None:
+def report(
+    results: dict,
+    a: argparse.Namespace,
+    systems: list[System],
+    variants: list[System],
+    worker_counts: list[int],
+) -> None:
     lines: list[str] = []
     out = lines.append
     drains = results["drain"]
@@ -638,8 +831,11 @@ def report(results: dict, a: argparse.Namespace, systems: list[System], variants
     if drains:
         out("## Drain (jobs/s; ratio to the one-claim-one-ack limit at the same worker count)")
         out("")
-        out("| system | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in worker_counts)
-            + " | peak RSS/worker (2 workers) |")
+        out(
+            "| system | "
+            + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in worker_counts)
+            + " | peak RSS/worker (2 workers) |"
+        )
         out("|---|" + "---|" * (len(worker_counts) + 1))
         for s in systems + variants:
             cells = []
@@ -655,7 +851,9 @@ def report(results: dict, a: argparse.Namespace, systems: list[System], variants
             rss = med([max(r["rss_peak"]) / 2**20 for r in drains.get(f"{s.key}|2", [])])
             out(f"| {labels[s.key]} | " + " | ".join(cells) + f" | {fmt(rss, ' MiB')} |")
         out("")
-        out(f"† capped: the drain was stopped after {a.cap:g} s of draining; the rate is over that window.")
+        out(
+            f"† capped: the drain was stopped after {a.cap:g} s of draining; the rate is over that window."
+        )
         out("")
     if results["enqueue"]:
         out("## Enqueue from one process (jobs/s)")
@@ -666,9 +864,11 @@ def report(results: dict, a: argparse.Namespace, systems: list[System], variants
             rs = results["enqueue"].get(s.key)
             if not rs:
                 continue
-            out(f"| {'raw psycopg (INSERT loop / executemany)' if s.kind == 'limit' else labels[s.key]} "
+            out(
+                f"| {'raw psycopg (INSERT loop / executemany)' if s.kind == 'limit' else labels[s.key]} "
                 f"| {fmt(med([r['single_per_s'] for r in rs]))} | {fmt(med([r['bulk_per_s'] for r in rs]))} "
-                f"| {rs[0]['bulk_api']} |")
+                f"| {rs[0]['bulk_api']} |"
+            )
         out("")
     if results["latency"]:
         out(f"## Enqueue-to-start latency, 2 idle workers ({a.latency_samples} jobs per round)")
@@ -678,9 +878,11 @@ def report(results: dict, a: argparse.Namespace, systems: list[System], variants
         for s in systems:
             rs = results["latency"].get(s.key)
             if rs:
-                out(f"| {labels[s.key]} | {fmt(med([r['p50_ms'] for r in rs]), ' ms', 1)} | "
+                out(
+                    f"| {labels[s.key]} | {fmt(med([r['p50_ms'] for r in rs]), ' ms', 1)} | "
                     f"{fmt(med([r['p99_ms'] for r in rs]), ' ms', 1)} | "
-                    f"{sum(r['samples'] for r in rs)}/{sum(r['sent'] for r in rs)} |")
+                    f"{sum(r['samples'] for r in rs)}/{sum(r['sent'] for r in rs)} |"
+                )
         out("")
     if results["recovery"]:
         out(f"## Recovery after kill -9 of the worker holding a job (lease {a.recovery_lease:g} s)")
@@ -694,25 +896,33 @@ def report(results: dict, a: argparse.Namespace, systems: list[System], variants
             pooled = sorted(t for r in rs for t in r["samples"] if t is not None)
             total = sum(len(r["samples"]) for r in rs)
             bound = a.recovery_lease + a.recovery_lease / 3 + 1.0
-            out(f"| {labels[s.key]} | {len(pooled)}/{total} within {a.recovery_timeout:g} s | "
+            out(
+                f"| {labels[s.key]} | {len(pooled)}/{total} within {a.recovery_timeout:g} s | "
                 f"{fmt((pct(pooled, 50),) * 3, ' s', 2)} | {fmt((pct(pooled, 99),) * 3, ' s', 2)} | "
-                f"{bound:.2f} s (lease + lease/3 + poll 1 s) |")
+                f"{bound:.2f} s (lease + lease/3 + poll 1 s) |"
+            )
         out("")
     hb = results["heartbeat"]
     if hb:
-        out(f"## Heartbeat cost: one holder renews N claims every {a.heartbeat_period:g} s while 2 "
-            "workers drain")
+        out(
+            f"## Heartbeat cost: one holder renews N claims every {a.heartbeat_period:g} s while 2 "
+            "workers drain"
+        )
         out("")
-        out("| held | drain jobs/s | vs nothing held | statements per renewal | renewal statement | claim of all N |")
+        out(
+            "| held | drain jobs/s | vs nothing held | statements per renewal | renewal statement | claim of all N |"
+        )
         out("|---|---|---|---|---|---|")
         base = med([r["jobs_per_s"] for r in hb.get("0", [])])
         for held, rs in hb.items():
             m = med([r["jobs_per_s"] for r in rs])
             ratio = f"{m[0] / base[0]:.2f}x" if base[0] and m[0] else "—"
-            out(f"| {int(held):,} | {fmt(m)} | {ratio} | "
+            out(
+                f"| {int(held):,} | {fmt(m)} | {ratio} | "
                 f"{max((r.get('statements_per_renewal') or 0) for r in rs) or '—'} | "
                 f"{fmt(med([r.get('renew_ms') for r in rs]), ' ms', 1)} | "
-                f"{fmt(med([r.get('claim_all_s') and r['claim_all_s'] * 1000 for r in rs]), ' ms')} |")
+                f"{fmt(med([r.get('claim_all_s') and r['claim_all_s'] * 1000 for r in rs]), ' ms')} |"
+            )
         out("")
 
     targets = evaluate(results, a, systems, variants)
@@ -722,7 +932,9 @@ def report(results: dict, a: argparse.Namespace, systems: list[System], variants
     out("| target | measured | result |")
     out("|---|---|---|")
     for t in targets:
-        out(f"| {t['target']} | {t['measured']} | {'PASS' if t['pass'] else 'MISS' if t['pass'] is False else 'n/a'} |")
+        out(
+            f"| {t['target']} | {t['measured']} | {'PASS' if t['pass'] else 'MISS' if t['pass'] is False else 'n/a'} |"
+        )
     out("")
     if results.get("profile"):
         out("## Profile: one django-leases worker, main thread, inclusive share of samples")
@@ -732,9 +944,11 @@ def report(results: dict, a: argparse.Namespace, systems: list[System], variants
         out("")
     ep = results.get("enqueue_profile")
     if ep:
-        out(f"## Profile: django-leases enqueue, one per transaction (cProfile, "
+        out(
+            f"## Profile: django-leases enqueue, one per transaction (cProfile, "
             f"{ep['per_enqueue_ms']:.2f} ms and {ep['statements_per_enqueue']:g} statements per "
-            f"enqueue: {', '.join(ep['statement_kinds'])})")
+            f"enqueue: {', '.join(ep['statement_kinds'])})"
+        )
         out("")
         for name, share in ep["top_cumulative"]:
             out(f"- {share:5.1f}%  {name}")
@@ -753,13 +967,15 @@ def report(results: dict, a: argparse.Namespace, systems: list[System], variants
     (a.out / "bench_results.md").write_text(text + "\n")
     try:
         from chart import chart
+
         chart(results, a.out / "images" / "bench_results.png", labels, worker_counts)
     except ImportError as e:
         log(f"no chart: {e} (pip install matplotlib)")
 
 
-def evaluate(results: dict, a: argparse.Namespace, systems: list[System],
-             variants: list[System]) -> list[dict]:
+def evaluate(
+    results: dict, a: argparse.Namespace, systems: list[System], variants: list[System]
+) -> list[dict]:
     drains = results["drain"]
 
     def rate(key: str) -> float | None:
@@ -767,7 +983,9 @@ def evaluate(results: dict, a: argparse.Namespace, systems: list[System],
 
     targets = []
 
-    def add(target: str, value: float | None, limit: float, measured: str, higher: bool = True) -> None:
+    def add(
+        target: str, value: float | None, limit: float, measured: str, higher: bool = True
+    ) -> None:
         ok = None if value is None else (value >= limit if higher else value <= limit)
         targets.append({"target": target, "value": value, "measured": measured, "pass": ok})
 
@@ -775,56 +993,107 @@ def evaluate(results: dict, a: argparse.Namespace, systems: list[System],
     leases_cma = rate("leases@cma=none|2")
     worst = min([x for x in (leases, leases_cma) if x], default=None)
     if lim and worst:
-        add("drain, 2 workers >= 1.5x the one-claim-one-ack limit", worst / lim, 1.5,
-            f"{worst:,.0f} / {lim:,.0f} = {worst / lim:.2f}x (worse of CONN_MAX_AGE 0 and None)")
-    c10 = next((k.split("|")[0] for k in drains if k.startswith("leases@c") and "@cma" not in k and k.endswith("|2")), None)
+        add(
+            "drain, 2 workers >= 1.5x the one-claim-one-ack limit",
+            worst / lim,
+            1.5,
+            f"{worst:,.0f} / {lim:,.0f} = {worst / lim:.2f}x (worse of CONN_MAX_AGE 0 and None)",
+        )
+    c10 = next(
+        (
+            k.split("|")[0]
+            for k in drains
+            if k.startswith("leases@c") and "@cma" not in k and k.endswith("|2")
+        ),
+        None,
+    )
     if lim and c10 and rate(f"{c10}|2"):
-        targets.append({"target": f"(not a target) {c10}: drain, 2 workers, vs limit",
-                        "value": rate(f"{c10}|2") / lim, "pass": None,
-                        "measured": f"{rate(f'{c10}|2'):,.0f} / {lim:,.0f} = {rate(f'{c10}|2') / lim:.2f}x"})
-    peers = {k.split("|")[0]: rate(k) for k in drains if k.endswith("|2")
-             and k.split("|")[0].split("@")[0] in PEERS}
+        targets.append(
+            {
+                "target": f"(not a target) {c10}: drain, 2 workers, vs limit",
+                "value": rate(f"{c10}|2") / lim,
+                "pass": None,
+                "measured": f"{rate(f'{c10}|2'):,.0f} / {lim:,.0f} = {rate(f'{c10}|2') / lim:.2f}x",
+            }
+        )
+    peers = {
+        k.split("|")[0]: rate(k)
+        for k in drains
+        if k.endswith("|2") and k.split("|")[0].split("@")[0] in PEERS
+    }
     peers = {k: v for k, v in peers.items() if v}
     if peers and worst:
         best = max(peers, key=peers.get)
-        add(">= 4x the best peer, 2 workers, whatever CONN_MAX_AGE", worst / peers[best], 4.0,
-            f"{worst:,.0f} / {peers[best]:,.0f} ({best}) = {worst / peers[best]:.2f}x")
+        add(
+            ">= 4x the best peer, 2 workers, whatever CONN_MAX_AGE",
+            worst / peers[best],
+            4.0,
+            f"{worst:,.0f} / {peers[best]:,.0f} ({best}) = {worst / peers[best]:.2f}x",
+        )
     enq = results["enqueue"]
     if enq.get("leases") and enq.get("limit"):
         l1 = med([r["single_per_s"] for r in enq["leases"]])[0]
         r1 = med([r["single_per_s"] for r in enq["limit"]])[0]
-        add("enqueue one per transaction >= 0.8x raw INSERT loop", l1 / r1, 0.8,
-            f"{l1:,.0f} / {r1:,.0f} = {l1 / r1:.2f}x")
+        add(
+            "enqueue one per transaction >= 0.8x raw INSERT loop",
+            l1 / r1,
+            0.8,
+            f"{l1:,.0f} / {r1:,.0f} = {l1 / r1:.2f}x",
+        )
         lb = med([r["bulk_per_s"] for r in enq["leases"]])[0]
         rb = med([r["bulk_per_s"] for r in enq["limit"]])[0]
         if "public API" in enq["leases"][0]["bulk_api"]:
-            add("bulk enqueue API >= 0.4x raw executemany", lb / rb, 0.4,
-                f"{lb:,.0f} / {rb:,.0f} = {lb / rb:.2f}x ({enq['leases'][0]['bulk_api']})")
+            add(
+                "bulk enqueue API >= 0.4x raw executemany",
+                lb / rb,
+                0.4,
+                f"{lb:,.0f} / {rb:,.0f} = {lb / rb:.2f}x ({enq['leases'][0]['bulk_api']})",
+            )
         else:
-            targets.append({"target": "bulk enqueue API >= 0.4x raw executemany", "value": None,
-                            "measured": f"no bulk enqueue API; Job.objects.bulk_create reaches "
-                                        f"{lb:,.0f} / {rb:,.0f} = {lb / rb:.2f}x", "pass": False})
+            targets.append(
+                {
+                    "target": "bulk enqueue API >= 0.4x raw executemany",
+                    "value": None,
+                    "measured": f"no bulk enqueue API; Job.objects.bulk_create reaches "
+                    f"{lb:,.0f} / {rb:,.0f} = {lb / rb:.2f}x",
+                    "pass": False,
+                }
+            )
     if results["latency"].get("leases"):
         p50 = med([r["p50_ms"] for r in results["latency"]["leases"]])[0]
-        add("enqueue-to-start p50 <= 5 ms (LISTEN/NOTIFY)", p50, 5.0,
-            f"{p50:.1f} ms" if p50 is not None else "no sample", higher=False)
+        add(
+            "enqueue-to-start p50 <= 5 ms (LISTEN/NOTIFY)",
+            p50,
+            5.0,
+            f"{p50:.1f} ms" if p50 is not None else "no sample",
+            higher=False,
+        )
     hb = results["heartbeat"]
     if hb.get("0") and hb.get("10000"):
         base = med([r["jobs_per_s"] for r in hb["0"]])[0]
         held = med([r["jobs_per_s"] for r in hb["10000"]])[0]
         stmts = max((r.get("statements_per_renewal") or 0) for r in hb["10000"])
         ok = stmts == 1 and held >= 0.9 * base
-        targets.append({"target": "10,000 held: 1 statement per renewal, others' drain within 10%",
-                        "value": held / base, "pass": ok,
-                        "measured": f"{stmts} statement(s); drain {held:,.0f} vs {base:,.0f} = {held / base:.2f}x"})
+        targets.append(
+            {
+                "target": "10,000 held: 1 statement per renewal, others' drain within 10%",
+                "value": held / base,
+                "pass": ok,
+                "measured": f"{stmts} statement(s); drain {held:,.0f} vs {base:,.0f} = {held / base:.2f}x",
+            }
+        )
     if results["recovery"].get("leases"):
         pooled = [t for r in results["recovery"]["leases"] for t in r["samples"]]
         got = sorted(t for t in pooled if t is not None)
         bound = a.recovery_lease + a.recovery_lease / 3 + 1.0
         p99 = pct(got, 99) if len(got) == len(pooled) else None
-        add("recovery p99 <= lease + heartbeat + poll", p99, bound,
+        add(
+            "recovery p99 <= lease + heartbeat + poll",
+            p99,
+            bound,
             f"p99 {p99:.2f} s vs {bound:.2f} s" if p99 is not None else "not every kill recovered",
-            higher=False)
+            higher=False,
+        )
         if p99 is None:
             targets[-1]["pass"] = False
     return targets

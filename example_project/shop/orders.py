@@ -37,8 +37,10 @@ def _number(request: HttpRequest, name: str, default: float) -> float:
 @transaction.atomic
 def checkout(request: HttpRequest) -> JsonResponse:
     """Create an order; its receipt mail and partner sync leave as jobs on commit."""
-    order = Order.objects.create(email=request.POST.get("email", "customer@example.com"),
-                                 total_cents=int(_number(request, "total_cents", 1999)))
+    order = Order.objects.create(
+        email=request.POST.get("email", "customer@example.com"),
+        total_cents=int(_number(request, "total_cents", 1999)),
+    )
     receipt = send_receipt.enqueue(order.pk)
     jobs = {"receipt": receipt.id}
     if request.POST.get("partner"):
@@ -50,9 +52,11 @@ def checkout(request: HttpRequest) -> JsonResponse:
 @require_POST
 @transaction.atomic
 def upload_photo(request: HttpRequest) -> JsonResponse:
-    result = resize_image.enqueue(request.POST.get("name", "photo.jpg"),
-                                  int(_number(request, "width", 640)),
-                                  seconds=_number(request, "seconds", 0.5))
+    result = resize_image.enqueue(
+        request.POST.get("name", "photo.jpg"),
+        int(_number(request, "width", 640)),
+        seconds=_number(request, "seconds", 0.5),
+    )
     return JsonResponse({"jobs": {"resize": result.id}}, status=201)
 
 
@@ -61,8 +65,9 @@ def upload_photo(request: HttpRequest) -> JsonResponse:
 @transaction.atomic
 def start_backfill(request: HttpRequest) -> JsonResponse:
     """What cron would call nightly: one job that walks every order under a cursor."""
-    result = nightly_backfill.enqueue(batch_size=int(_number(request, "batch_size", 5)),
-                                      pause=_number(request, "pause", 0.3))
+    result = nightly_backfill.enqueue(
+        batch_size=int(_number(request, "batch_size", 5)), pause=_number(request, "pause", 0.3)
+    )
     return JsonResponse({"jobs": {"backfill": result.id}}, status=201)
 
 
@@ -73,9 +78,13 @@ def job_status(request: HttpRequest, job_id: int) -> JsonResponse:
         result = send_receipt.get_backend().get_result(str(job_id))
     except TaskResultDoesNotExist:
         raise Http404("no such job") from None
-    body: dict[str, Any] = {"id": result.id, "task": result.task.module_path,
-                            "status": result.status, "worker_ids": result.worker_ids,
-                            "errors": len(result.errors)}
+    body: dict[str, Any] = {
+        "id": result.id,
+        "task": result.task.module_path,
+        "status": result.status,
+        "worker_ids": result.worker_ids,
+        "errors": len(result.errors),
+    }
     if result.status == TaskResultStatus.SUCCESSFUL:
         body["return_value"] = result.return_value
     return JsonResponse(body)

@@ -49,8 +49,11 @@ def nightly_backfill(batch_size: int = 100, pause: float = 0.0) -> dict:
     last committed batch instead of from the first order."""
     job = current_job()
     resumed_after = done_up_to = job.cursor or 0  # None until a first checkpoint
-    while ids := list(Order.objects.filter(pk__gt=done_up_to, tax_cents__isnull=True)
-                      .order_by("pk").values_list("pk", flat=True)[:batch_size]):
+    while ids := list(
+        Order.objects.filter(pk__gt=done_up_to, tax_cents__isnull=True)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:batch_size]
+    ):
         job.sleep(pause)  # stands for slow work; wakes early with LeaseLost if the claim goes
         with fenced():  # the batch and its cursor commit together, only while the claim holds
             Order.objects.filter(pk__in=ids).update(tax_cents=F("total_cents") * 20 / 100)
@@ -66,11 +69,17 @@ def sales_report(batch_size: int = 1, pause: float = 0.5) -> dict:
     of these claimed by a killed worker, one expired and one stalled, for the admin."""
     job = current_job()
     cursor = job.cursor or {"after_id": 0, "orders": 0, "cents": 0}
-    while batch := list(Order.objects.filter(pk__gt=cursor["after_id"]).order_by("pk")
-                        .values_list("pk", "total_cents")[:batch_size]):
+    while batch := list(
+        Order.objects.filter(pk__gt=cursor["after_id"])
+        .order_by("pk")
+        .values_list("pk", "total_cents")[:batch_size]
+    ):
         job.sleep(pause)
-        cursor = {"after_id": batch[-1][0], "orders": cursor["orders"] + len(batch),
-                  "cents": cursor["cents"] + sum(cents for _, cents in batch)}
+        cursor = {
+            "after_id": batch[-1][0],
+            "orders": cursor["orders"] + len(batch),
+            "cents": cursor["cents"] + sum(cents for _, cents in batch),
+        }
         job.checkpoint(cursor)
     return cursor
 

@@ -31,8 +31,9 @@ def place_order(request: HttpRequest) -> HttpResponse:
         return render(request, "shop/place_order.html")
     enqueued: dict[str, Any] = {}
     with transaction.atomic():
-        order = Order.objects.create(email=request.POST.get("email") or "customer@example.com",
-                                     total_cents=1999)
+        order = Order.objects.create(
+            email=request.POST.get("email") or "customer@example.com", total_cents=1999
+        )
         # Runs after COMMIT, still inside this request; on rollback it never runs.
         transaction.on_commit(lambda: enqueued.update(receipt=send_receipt.enqueue(order.pk)))
     return redirect("receipt_status", result_id=enqueued["receipt"].id)
@@ -51,15 +52,19 @@ def result_json(request: HttpRequest, result_id: str) -> JsonResponse:
         result = send_receipt.get_result(result_id)
     except TaskResultDoesNotExist:
         raise Http404("no such job") from None
-    return JsonResponse({
-        "id": result.id,
-        "status": result.status,
-        "finished": result.is_finished,
-        "return_value": result.return_value if result.status == TaskResultStatus.SUCCESSFUL else None,
-        "errors": [e.exception_class_path for e in result.errors],
-        "attempts": result.attempts,
-        "worker_ids": result.worker_ids,
-        "enqueued_at": result.enqueued_at,
-        "started_at": result.started_at,
-        "finished_at": result.finished_at,
-    })
+    return JsonResponse(
+        {
+            "id": result.id,
+            "status": result.status,
+            "finished": result.is_finished,
+            "return_value": result.return_value
+            if result.status == TaskResultStatus.SUCCESSFUL
+            else None,
+            "errors": [e.exception_class_path for e in result.errors],
+            "attempts": result.attempts,
+            "worker_ids": result.worker_ids,
+            "enqueued_at": result.enqueued_at,
+            "started_at": result.started_at,
+            "finished_at": result.finished_at,
+        }
+    )

@@ -21,11 +21,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="short")
     parser.add_argument("--out", type=Path, default=None, help="where logs and reports go")
-    parser.add_argument("--sabotage", action="store_true",
-                        help="after the checks, break the data four ways and make sure the "
-                             "checker catches each")
-    parser.add_argument("--markdown", type=Path, default=None,
-                        help="also write the figures table to this file")
+    parser.add_argument(
+        "--sabotage",
+        action="store_true",
+        help="after the checks, break the data four ways and make sure the checker catches each",
+    )
+    parser.add_argument(
+        "--markdown", type=Path, default=None, help="also write the figures table to this file"
+    )
     parser.add_argument("--jobs", type=int, default=None, help="override the profile's job count")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s chaos %(message)s")

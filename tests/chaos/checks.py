@@ -114,8 +114,12 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
     fig: dict[str, Any] = {}
 
     # -- (3) nothing is lost: every enqueued job is there and terminal -----------------
-    jobs = {pk: (state, fence, dead, result) for pk, state, fence, dead, result in _rows(
-        "SELECT id, state, fence, dead_reason, result FROM django_leases_job")}
+    jobs = {
+        pk: (state, fence, dead, result)
+        for pk, state, fence, dead, result in _rows(
+            "SELECT id, state, fence, dead_reason, result FROM django_leases_job"
+        )
+    }
     expected = set(run["enqueued"])
     lost = sorted(expected - set(jobs))
     if lost:
@@ -125,8 +129,11 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
     unfinished = sorted(pk for pk, (s, *_) in jobs.items() if s in ("pending", "claimed"))
     if unfinished:
         v.append(f"{len(unfinished)} jobs never reached a terminal state: {unfinished[:10]}")
-    not_ok = sorted((pk, s, d) for pk, (s, _, d, _) in jobs.items()
-                    if s not in ("pending", "claimed", "succeeded"))
+    not_ok = sorted(
+        (pk, s, d)
+        for pk, (s, _, d, _) in jobs.items()
+        if s not in ("pending", "claimed", "succeeded")
+    )
     if not_ok:
         v.append(f"{len(not_ok)} jobs ended other than succeeded: {not_ok[:10]}")
     fig["jobs"] = len(expected)
@@ -137,7 +144,8 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
     history = _rows(
         "SELECT job_id, old_state, new_state, old_fence, new_fence, "
         "extract(epoch FROM old_lease), extract(epoch FROM new_lease), "
-        "extract(epoch FROM tx_now), claimed_by, id FROM chaos_lease_history ORDER BY id")
+        "extract(epoch FROM tx_now), claimed_by, id FROM chaos_lease_history ORDER BY id"
+    )
     lease_end: dict[tuple[int, int], float] = {}
     takeover: dict[tuple[int, int], float] = {}
     successes: dict[int, list[int]] = defaultdict(list)
@@ -166,8 +174,10 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
         if o_state == "claimed" and n_state != "claimed":
             ended[(job, o_fence)] = now  # its owner acked, failed or released it
     if own_clock:
-        v.append(f"{len(own_clock)} leases not measured on the database clock "
-                 f"(lease_expires_at - now() != {lease:g} s): {own_clock[:5]}")
+        v.append(
+            f"{len(own_clock)} leases not measured on the database clock "
+            f"(lease_expires_at - now() != {lease:g} s): {own_clock[:5]}"
+        )
     if early:
         v.append(f"{len(early)} claims taken over before their lease expired: {early[:5]}")
     fig["claims"] = claims
@@ -177,8 +187,10 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
     ledger: dict[int, list[int]] = defaultdict(list)
     for job, fence in _rows("SELECT job_id, fence FROM testapp_chaosledger"):
         ledger[job].append(fence)
-    slots = {key: (fence, applied) for key, fence, applied in _rows(
-        "SELECT key, fence, applied FROM testapp_chaosslot")}
+    slots = {
+        key: (fence, applied)
+        for key, fence, applied in _rows("SELECT key, fence, applied FROM testapp_chaosslot")
+    }
     key_of = dict(_rows("SELECT id, args->>0 FROM django_leases_job"))
     twice = []
     for pk, (state, fence, _, _result) in jobs.items():
@@ -187,19 +199,28 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
         effects = ledger.get(pk, [])
         slot = slots.get(key_of.get(pk), (None, 0))
         wins = successes.get(pk, [])
-        if len(effects) != 1 or slot[1] != 1 or len(wins) != 1 or effects[0] != fence \
-                or slot[0] != fence or wins[0] != fence:
+        if (
+            len(effects) != 1
+            or slot[1] != 1
+            or len(wins) != 1
+            or effects[0] != fence
+            or slot[0] != fence
+            or wins[0] != fence
+        ):
             twice.append({"job": pk, "fence": fence, "ledger": effects, "slot": slot, "acks": wins})
     if twice:
-        v.append(f"{len(twice)} jobs whose fenced effect was not applied exactly once by the "
-                 f"acknowledging claim: {twice[:5]}")
+        v.append(
+            f"{len(twice)} jobs whose fenced effect was not applied exactly once by the "
+            f"acknowledging claim: {twice[:5]}"
+        )
     fig["effects_exactly_once"] = fig["succeeded"] - len(twice)
 
     # -- worker clocks and logs ---------------------------------------------------------
     offset: dict[str, float] = {}
     for worker, off in _rows(
-            "SELECT worker_id, min(extract(epoch FROM db_start) - local_start) "
-            "FROM testapp_chaosrun GROUP BY worker_id"):
+        "SELECT worker_id, min(extract(epoch FROM db_start) - local_start) "
+        "FROM testapp_chaosrun GROUP BY worker_id"
+    ):
         offset[worker] = float(off)
     fig["worker_clock_offsets"] = {w: round(o, 1) for w, o in sorted(offset.items())}
     events = parse_logs(run["workers"])
@@ -214,15 +235,22 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
     # (5) every ack of a stale claim was refused, and every ack a worker saw land is the
     # database's one success of that job.
     refused = set(by_kind["ack_rejected"]) | set(by_kind["fenced_refused"])
-    stale_applied = [k for k in refused | set(by_kind["discarded"]) | set(by_kind["fail_rejected"])
-                     if k[1] in successes.get(k[0], []) or k[1] in ledger.get(k[0], [])]
+    stale_applied = [
+        k
+        for k in refused | set(by_kind["discarded"]) | set(by_kind["fail_rejected"])
+        if k[1] in successes.get(k[0], []) or k[1] in ledger.get(k[0], [])
+    ]
     if stale_applied:
-        v.append(f"{len(stale_applied)} refused or discarded results were applied anyway: "
-                 f"{stale_applied[:5]}")
+        v.append(
+            f"{len(stale_applied)} refused or discarded results were applied anyway: "
+            f"{stale_applied[:5]}"
+        )
     wrong_acks = [k for k in by_kind["acked"] if successes.get(k[0]) != [k[1]]]
     if wrong_acks:
-        v.append(f"{len(wrong_acks)} acks a worker saw succeed that are not the job's one "
-                 f"success: {wrong_acks[:5]}")
+        v.append(
+            f"{len(wrong_acks)} acks a worker saw succeed that are not the job's one "
+            f"success: {wrong_acks[:5]}"
+        )
     fig["stale_acks_refused"] = len(refused)
     fig["results_discarded"] = len(by_kind["discarded"])
 
@@ -230,29 +258,41 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
     kills = {e["worker"]: e["at"] for e in run["events"] if e["kind"] == "kill"}
     runs: dict[int, list[tuple]] = defaultdict(list)
     for job, fence, worker, kind, start, end in _rows(
-            "SELECT job_id, fence, worker_id, kind, extract(epoch FROM db_start), "
-            "extract(epoch FROM db_end) FROM testapp_chaosrun ORDER BY job_id, fence"):
+        "SELECT job_id, fence, worker_id, kind, extract(epoch FROM db_start), "
+        "extract(epoch FROM db_end) FROM testapp_chaosrun ORDER BY job_id, fence"
+    ):
         # When it ended: its fenced ack, its stop, its failure, its claim ending, its kill.
         marks = [float(end)] if end is not None else []
-        marks += [by_kind[k][(job, fence)][1] for k in ("stopped", "discarded", "failed")
-                  if (job, fence) in by_kind[k]]
+        marks += [
+            by_kind[k][(job, fence)][1]
+            for k in ("stopped", "discarded", "failed")
+            if (job, fence) in by_kind[k]
+        ]
         marks += [t for t in (ended.get((job, fence)), kills.get(worker)) if t is not None]
         end = min(marks, default=float("inf"))
         runs[job].append((fence, worker, kind, float(start), end))
     duplicates = []
     for job, execs in runs.items():
         for i, (f1, w1, k1, _s1, e1) in enumerate(execs):
-            for f2, w2, _, s2, _ in execs[i + 1:]:
+            for f2, w2, _, s2, _ in execs[i + 1 :]:
                 if f2 > f1 and s2 < e1:
                     end1 = lease_end.get((job, f1))
                     allowed = end1 is not None and s2 > end1
-                    duplicates.append({"job": job, "first": (f1, w1, k1), "second": (f2, w2),
-                                       "allowed": allowed,
-                                       "started_after_expiry_s": None if end1 is None else round(s2 - end1, 3)})
+                    duplicates.append(
+                        {
+                            "job": job,
+                            "first": (f1, w1, k1),
+                            "second": (f2, w2),
+                            "allowed": allowed,
+                            "started_after_expiry_s": None if end1 is None else round(s2 - end1, 3),
+                        }
+                    )
     bad_dups = [d for d in duplicates if not d["allowed"]]
     if bad_dups:
-        v.append(f"{len(bad_dups)} overlapping executions began before the first one's lease "
-                 f"expired: {bad_dups[:5]}")
+        v.append(
+            f"{len(bad_dups)} overlapping executions began before the first one's lease "
+            f"expired: {bad_dups[:5]}"
+        )
     fig["duplicate_executions"] = len(duplicates)
     fig["duplicates_allowed"] = len(duplicates) - len(bad_dups)
     fig["duplicates"] = duplicates[:50]
@@ -272,8 +312,9 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
         # another exception, the worker discarded its result. (A "Discarded result" line
         # can come long after a handler that had already returned with a database error:
         # the main loop logs it once its ack/fail retry back-off ends.)
-        stop_t = min(by_kind[k].get(key, (0, float("inf")))[1]
-                     for k in ("stopped", "raised", "discarded"))
+        stop_t = min(
+            by_kind[k].get(key, (0, float("inf")))[1] for k in ("stopped", "raised", "discarded")
+        )
         marks = [t for t in (takeover.get(key), by_kind["lost"].get(key, (0, None))[1]) if t]
         if not marks:
             continue  # stopped for another reason (e.g. released at shutdown)
@@ -293,13 +334,24 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
         delay = stop_t - loss
         delays["process" if process else "cooperative"].append(delay)
         if delay > bound + SLACK * stop_bound_scale:
-            slow.append({"job": key[0], "fence": key[1], "worker": worker, "kind": kind,
-                         "delay_s": round(delay, 3), "bound_s": bound})
+            slow.append(
+                {
+                    "job": key[0],
+                    "fence": key[1],
+                    "worker": worker,
+                    "kind": kind,
+                    "delay_s": round(delay, 3),
+                    "bound_s": bound,
+                }
+            )
     if slow:
-        v.append(f"{len(slow)} handlers stopped later than their bound after losing the claim: "
-                 f"{slow[:5]}")
-    fig["loss_to_stop"] = {k: {"n": len(d), "p50": pct(d, 0.5), "max": max(d)}
-                           for k, d in delays.items() if d}
+        v.append(
+            f"{len(slow)} handlers stopped later than their bound after losing the claim: "
+            f"{slow[:5]}"
+        )
+    fig["loss_to_stop"] = {
+        k: {"n": len(d), "p50": pct(d, 0.5), "max": max(d)} for k, d in delays.items() if d
+    }
     fig["handlers_ended_before_loss"] = before_loss
 
     # -- recovery after kill -9 ----------------------------------------------------------
@@ -309,9 +361,13 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
             for job, fence in e["orphans"]:
                 if (job, fence) in takeover:
                     recovery.append(takeover[(job, fence)] - e["at"])
-    fig["recovery_after_kill"] = {"n": len(recovery), "p50": pct(recovery, 0.5),
-                                  "p99": pct(recovery, 0.99), "max": max(recovery, default=None),
-                                  "bound": lease + beat + poll}
+    fig["recovery_after_kill"] = {
+        "n": len(recovery),
+        "p50": pct(recovery, 0.5),
+        "p99": pct(recovery, 0.99),
+        "max": max(recovery, default=None),
+        "bound": lease + beat + poll,
+    }
     fig["faults"] = dict(Counter(e["kind"] for e in run["events"]))
     fig["skewed_workers"] = sorted({w["skew"] for w in run["workers"] if w["skew"]})
     fig["job_kinds"] = dict(Counter(k for k in kinds.values()))
@@ -339,7 +395,9 @@ def sabotage(run: dict[str, Any]) -> dict[str, list[str]]:
             pass
         return out
 
-    job = _rows("SELECT id FROM django_leases_job WHERE state = 'succeeded' ORDER BY fence DESC, id LIMIT 1")[0][0]
+    job = _rows(
+        "SELECT id FROM django_leases_job WHERE state = 'succeeded' ORDER BY fence DESC, id LIMIT 1"
+    )[0][0]
     key = f"(SELECT args->>0 FROM django_leases_job WHERE id = {job})"
     return {
         # A stale claim's ack and effect get through (the token check is gone).
@@ -354,9 +412,9 @@ def sabotage(run: dict[str, Any]) -> dict[str, list[str]]:
         # A claim that ignores the lease: the job is taken while the lease still runs.
         "takeover_before_expiry": broken(f"""
             UPDATE django_leases_job SET state = 'claimed', claim_token = gen_random_uuid(),
-                   lease_expires_at = now() + interval '{run['profile']['lease']} seconds' WHERE id = {job};
+                   lease_expires_at = now() + interval '{run["profile"]["lease"]} seconds' WHERE id = {job};
             UPDATE django_leases_job SET fence = fence + 1, claim_token = gen_random_uuid(),
-                   lease_expires_at = now() + interval '{run['profile']['lease']} seconds' WHERE id = {job};
+                   lease_expires_at = now() + interval '{run["profile"]["lease"]} seconds' WHERE id = {job};
             UPDATE django_leases_job SET state = 'succeeded', claim_token = NULL,
                    lease_expires_at = NULL WHERE id = {job};"""),
         # A worker writes a lease from its own clock, five minutes ahead.

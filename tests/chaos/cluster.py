@@ -36,8 +36,10 @@ def free_port(start: int = 5499) -> int:
 class Cluster:
     def __init__(self, *, max_connections: int = 40, port: int | None = None) -> None:
         if not (PG_BIN / "initdb").exists():
-            raise RuntimeError(f"{PG_BIN}/initdb not found (apt-get install postgresql-15, or "
-                               "set LEASES_CHAOS_PG_BIN)")
+            raise RuntimeError(
+                f"{PG_BIN}/initdb not found (apt-get install postgresql-15, or "
+                "set LEASES_CHAOS_PG_BIN)"
+            )
         self.port = port or free_port()
         self.max_connections = max_connections
         self.dir = Path(tempfile.mkdtemp(prefix="leases-chaos-pg-"))
@@ -52,8 +54,10 @@ class Cluster:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout}\n"
-                               f"{done.stderr}\n{self.tail()}")
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout}\n"
+                f"{done.stderr}\n{self.tail()}"
+            )
         return done
 
     def tail(self, lines: int = 30) -> str:
@@ -65,14 +69,25 @@ class Cluster:
         if self._as_root:
             pg = pwd.getpwnam("postgres")
             os.chown(self.dir, pg.pw_uid, pg.pw_gid)
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
-                  "-E", "UTF8", "--no-sync", "--no-instructions")
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        )
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(
                 f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                 f"unix_socket_directories = '{self.dir}'\nmax_connections = {self.max_connections}\n"
                 "superuser_reserved_connections = 0\nfsync = off\n"
-                "full_page_writes = off\nshared_buffers = 32MB\nlog_min_messages = warning\n")
+                "full_page_writes = off\nshared_buffers = 32MB\nlog_min_messages = warning\n"
+            )
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start")
         with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
             conn.execute("CREATE DATABASE chaos")
@@ -80,8 +95,19 @@ class Cluster:
     def restart(self, mode: str = "fast") -> float:
         """pg_ctl restart -m MODE; return how long the server was away (seconds)."""
         started = time.monotonic()
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
-                  "-m", mode, "restart")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-w",
+            "-t",
+            "60",
+            "-m",
+            mode,
+            "restart",
+        )
         self.restarts += 1
         return time.monotonic() - started
 

@@ -27,8 +27,9 @@ from .cluster import Cluster
 from .proxy import Proxy
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-FAKETIME_LIB = os.environ.get("LEASES_CHAOS_FAKETIME_LIB",
-                              "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
+FAKETIME_LIB = os.environ.get(
+    "LEASES_CHAOS_FAKETIME_LIB", "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+)
 FAULTS = ("kill", "sigstop", "partition", "pg_restart", "pressure")
 
 log = logging.getLogger("tests.chaos")
@@ -57,15 +58,46 @@ class Profile:
 
 PROFILES = {
     "short": Profile(
-        "short", jobs=300, feed_seconds=75,
-        script=[(6, "kill"), (14, "sigstop"), (26, "partition"), (40, "pg_restart"),
-                (48, "pressure"), (60, "kill"), (68, "partition")]),
-    "medium": Profile("medium", jobs=2000, feed_seconds=300, fault_every=8,
-                      script=[(5, "kill"), (13, "sigstop"), (21, "partition"),
-                              (29, "pg_restart"), (37, "pressure")]),
-    "soak": Profile("soak", jobs=20_000, feed_seconds=1500, fault_every=6,
-                    script=[(5, "kill"), (11, "sigstop"), (17, "partition"),
-                            (23, "pg_restart"), (29, "pressure")], drain_timeout=3600.0),
+        "short",
+        jobs=300,
+        feed_seconds=75,
+        script=[
+            (6, "kill"),
+            (14, "sigstop"),
+            (26, "partition"),
+            (40, "pg_restart"),
+            (48, "pressure"),
+            (60, "kill"),
+            (68, "partition"),
+        ],
+    ),
+    "medium": Profile(
+        "medium",
+        jobs=2000,
+        feed_seconds=300,
+        fault_every=8,
+        script=[
+            (5, "kill"),
+            (13, "sigstop"),
+            (21, "partition"),
+            (29, "pg_restart"),
+            (37, "pressure"),
+        ],
+    ),
+    "soak": Profile(
+        "soak",
+        jobs=20_000,
+        feed_seconds=1500,
+        fault_every=6,
+        script=[
+            (5, "kill"),
+            (11, "sigstop"),
+            (17, "partition"),
+            (23, "pg_restart"),
+            (29, "pressure"),
+        ],
+        drain_timeout=3600.0,
+    ),
 }
 
 
@@ -94,28 +126,60 @@ class Worker:
         self.worker_id = f"{spec.name}.{n}"
         self.log_path = logs / f"{self.worker_id}.log"
         env = dict(os.environ)
-        env.update({
-            "DJANGO_SETTINGS_MODULE": "tests.chaos.settings",
-            "LEASES_CHAOS_PORT": str(proxy.port),
-            "LEASES_CHAOS_APP": self.worker_id,
-            "PYTHONPATH": str(ROOT),
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "DJANGO_SETTINGS_MODULE": "tests.chaos.settings",
+                "LEASES_CHAOS_PORT": str(proxy.port),
+                "LEASES_CHAOS_APP": self.worker_id,
+                "PYTHONPATH": str(ROOT),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         if spec.skew:
             # What `faketime -f +5m` does, without its wrapper process in between (so that
             # our signals reach the worker itself). Monotonic time must stay real: faked
             # CLOCK_MONOTONIC makes every timed wait in Python hang or spin.
-            env.update({"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": spec.skew,
-                        "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+            env.update(
+                {
+                    "LD_PRELOAD": FAKETIME_LIB,
+                    "FAKETIME": spec.skew,
+                    "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+                }
+            )
         queues = [a for q in spec.queues for a in ("--queue", q)]
-        cmd = [sys.executable, "-m", "django", "run_lease_worker", "--worker-id", self.worker_id,
-               "--isolation", spec.isolation, "--concurrency", str(spec.concurrency), *queues,
-               "--lease", f"{profile.lease:g}", "--heartbeat", f"{profile.heartbeat:g}",
-               "--poll", f"{profile.poll:g}", "--grace", "3", "-v", "2"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "django",
+            "run_lease_worker",
+            "--worker-id",
+            self.worker_id,
+            "--isolation",
+            spec.isolation,
+            "--concurrency",
+            str(spec.concurrency),
+            *queues,
+            "--lease",
+            f"{profile.lease:g}",
+            "--heartbeat",
+            f"{profile.heartbeat:g}",
+            "--poll",
+            f"{profile.poll:g}",
+            "--grace",
+            "3",
+            "-v",
+            "2",
+        ]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 -- closed in reap()
         # Its own session, so that the harness can end the worker and any child it left.
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.pid = self.proc.pid
 
     def alive(self) -> bool:
@@ -177,6 +241,7 @@ class Harness:
             if not w.alive():
                 raise RuntimeError(f"{w.worker_id} exited at start:\n{w.text()[-3000:]}")
             return "Worker started" in w.text()
+
         wait_for(started, 60, f"{w.worker_id} to start")
 
     def _spawn(self, spec: WorkerSpec) -> Worker:
@@ -226,8 +291,13 @@ class Harness:
             try:
                 with transaction.atomic():
                     ChaosSlot.objects.create(key=key)
-                    job = Job.objects.enqueue("tests.testapp.tasks.chaos_job", [key, kind, seconds],
-                                              queue_name=queue, max_attempts=50, retry=[0.2])
+                    job = Job.objects.enqueue(
+                        "tests.testapp.tasks.chaos_job",
+                        [key, kind, seconds],
+                        queue_name=queue,
+                        max_attempts=50,
+                        retry=[0.2],
+                    )
                 self.enqueued.append(job.pk)
                 return
             except DatabaseError:
@@ -263,14 +333,19 @@ class Harness:
     def _claims_of(self, worker_id: str) -> list[tuple[int, int]]:
         from django_leases.models import Job
 
-        return self._retry(lambda: list(Job.objects.filter(
-            state="claimed", claimed_by=worker_id).values_list("pk", "fence")))
+        return self._retry(
+            lambda: list(
+                Job.objects.filter(state="claimed", claimed_by=worker_id).values_list("pk", "fence")
+            )
+        )
 
     def _busy_worker(self, names: list[str]) -> Worker:
         """A worker that holds claims right now (so that the fault lands mid-job)."""
+
         def pick():
             busy = [self.workers[n] for n in names if self._claims_of(self.workers[n].worker_id)]
             return self.rng.choice(busy) if busy else None
+
         try:
             return wait_for(pick, 20, "a busy worker", error=TimeoutError)
         except TimeoutError:
@@ -297,15 +372,20 @@ class Harness:
         at = self.now()
         # Frozen until every claim it held was taken over or ran out (and at least a lease).
         floor = time.monotonic() + 1.5 * self.p.lease
-        wait_for(lambda: time.monotonic() > floor and not self._valid_leases(held), 60,
-                 "the frozen worker's leases to run out")
+        wait_for(
+            lambda: time.monotonic() > floor and not self._valid_leases(held),
+            60,
+            "the frozen worker's leases to run out",
+        )
         os.kill(w.pid, signal.SIGCONT)
-        self.events.append({"kind": "sigstop", "worker": w.worker_id, "at": at,
-                            "until": self.now(), "held": held})
+        self.events.append(
+            {"kind": "sigstop", "worker": w.worker_id, "at": at, "until": self.now(), "held": held}
+        )
         log.info("SIGSTOP %s for %.1f s (%d claims held)", w.worker_id, self.now() - at, len(held))
 
-    def _hold_until_given_up(self, w: Worker, held: list[tuple[int, int]], floor: float,
-                             what: str) -> None:
+    def _hold_until_given_up(
+        self, w: Worker, held: list[tuple[int, int]], floor: float, what: str
+    ) -> None:
         """Until each claim it held is given up (its log says so) or settled elsewhere."""
         from django_leases.models import Job
 
@@ -313,11 +393,17 @@ class Harness:
             if time.monotonic() < floor:
                 return False
             text = w.text()
-            left = [(pk, f) for pk, f in held
-                    if f"Lost claim job={pk} fence={f} worker={w.worker_id}" not in text]
-            return not left or not self._retry(lambda: Job.objects.filter(
-                pk__in=[pk for pk, _ in left], fence__in=[f for _, f in left],
-                state="claimed").exists())
+            left = [
+                (pk, f)
+                for pk, f in held
+                if f"Lost claim job={pk} fence={f} worker={w.worker_id}" not in text
+            ]
+            return not left or not self._retry(
+                lambda: Job.objects.filter(
+                    pk__in=[pk for pk, _ in left], fence__in=[f for _, f in left], state="claimed"
+                ).exists()
+            )
+
         try:
             wait_for(done, 60, what, error=TimeoutError)
         except TimeoutError as e:
@@ -328,9 +414,14 @@ class Harness:
 
         from django_leases.models import Job
 
-        return self._retry(lambda: Job.objects.filter(
-            pk__in=[pk for pk, _ in held], fence__in=[f for _, f in held], state="claimed",
-            lease_expires_at__gte=Now()).count())
+        return self._retry(
+            lambda: Job.objects.filter(
+                pk__in=[pk for pk, _ in held],
+                fence__in=[f for _, f in held],
+                state="claimed",
+                lease_expires_at__gte=Now(),
+            ).count()
+        )
 
     def _fault_partition(self) -> None:
         names = [s.name for s in ROSTER]
@@ -345,13 +436,24 @@ class Harness:
         floor = time.monotonic() + 1.5 * self.p.lease
         self._hold_until_given_up(w, held, floor, "the partitioned worker to give up its claims")
         proxy.heal()
-        self.events.append({"kind": "partition", "worker": w.worker_id, "at": at,
-                            "until": self.now(), "held": held})
-        log.info("partition %s for %.1f s (%d claims held)", w.worker_id, self.now() - at, len(held))
+        self.events.append(
+            {
+                "kind": "partition",
+                "worker": w.worker_id,
+                "at": at,
+                "until": self.now(),
+                "held": held,
+            }
+        )
+        log.info(
+            "partition %s for %.1f s (%d claims held)", w.worker_id, self.now() - at, len(held)
+        )
 
     def _fault_pg_restart(self) -> None:
         at = self.now()
-        away = self.cluster.restart(self.rng.choice(["fast", "immediate"]) if self.p.name != "short" else "fast")
+        away = self.cluster.restart(
+            self.rng.choice(["fast", "immediate"]) if self.p.name != "short" else "fast"
+        )
         self.events.append({"kind": "pg_restart", "at": at, "until": self.now(), "away": away})
         from django.db import connection
 
@@ -369,16 +471,22 @@ class Harness:
         refused = ""
         while len(filler) < 500:
             try:
-                filler.append(psycopg.connect(self.cluster.dsn(), autocommit=True,
-                                              application_name="chaos-filler"))
+                filler.append(
+                    psycopg.connect(
+                        self.cluster.dsn(), autocommit=True, application_name="chaos-filler"
+                    )
+                )
             except psycopg.OperationalError as e:
                 refused = str(e).strip().splitlines()[-1]
                 break
         w = self._busy_worker([s.name for s in ROSTER if s.isolation == "thread"])
         held = self._claims_of(w.worker_id)
         with connection.cursor() as c:
-            c.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                      "WHERE application_name = %s", [w.worker_id])
+            c.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                [w.worker_id],
+            )
             cut = c.fetchone()[0]
         at = self.now()
         floor = time.monotonic() + 1.5 * self.p.lease
@@ -387,11 +495,25 @@ class Harness:
         finally:
             for conn in filler:
                 conn.close()
-        self.events.append({"kind": "pressure", "worker": w.worker_id, "at": at, "until": self.now(),
-                            "held": held, "filler": len(filler), "backends_cut": cut,
-                            "refused": refused})
-        log.info("pressure: %d filler connections (then %r), %d backends of %s cut",
-                 len(filler), refused, cut, w.worker_id)
+        self.events.append(
+            {
+                "kind": "pressure",
+                "worker": w.worker_id,
+                "at": at,
+                "until": self.now(),
+                "held": held,
+                "filler": len(filler),
+                "backends_cut": cut,
+                "refused": refused,
+            }
+        )
+        log.info(
+            "pressure: %d filler connections (then %r), %d backends of %s cut",
+            len(filler),
+            refused,
+            cut,
+            w.worker_id,
+        )
 
     def _retry(self, call, tries: int = 100):
         from django.db import DatabaseError, connection
@@ -422,8 +544,12 @@ class Harness:
             if script and elapsed >= script[0][0]:
                 self.fault(script.pop(0)[1])
                 continue
-            if self.p.fault_every and not script and not self._feed_done.is_set() \
-                    and elapsed >= next_periodic:
+            if (
+                self.p.fault_every
+                and not script
+                and not self._feed_done.is_set()
+                and elapsed >= next_periodic
+            ):
                 self.fault(self.rng.choice(kinds))
                 next_periodic = time.monotonic() - self.started + self.p.fault_every
                 continue
@@ -434,14 +560,26 @@ class Harness:
         self.fed_at = time.monotonic() - self.started
         drain = self._drain()
         self.duration = time.monotonic() - self.started
-        return {"profile": asdict(self.p), "events": self.events, "enqueued": self.enqueued,
-                "feed_errors": self.feed_errors, "duration": self.duration,
-                "fed_at": self.fed_at, "drain": drain,
-                "db_started": self.db_started, "workers": [self._describe(w) for w in self.all_workers]}
+        return {
+            "profile": asdict(self.p),
+            "events": self.events,
+            "enqueued": self.enqueued,
+            "feed_errors": self.feed_errors,
+            "duration": self.duration,
+            "fed_at": self.fed_at,
+            "drain": drain,
+            "db_started": self.db_started,
+            "workers": [self._describe(w) for w in self.all_workers],
+        }
 
     def _describe(self, w: Worker) -> dict[str, Any]:
-        return {"worker_id": w.worker_id, "isolation": w.spec.isolation, "skew": w.spec.skew,
-                "log": str(w.log_path), "exit": w.proc.returncode}
+        return {
+            "worker_id": w.worker_id,
+            "isolation": w.spec.isolation,
+            "skew": w.spec.skew,
+            "log": str(w.log_path),
+            "exit": w.proc.returncode,
+        }
 
     def _drain(self) -> dict[str, Any]:
         """Wait until every job is terminal, for as long as jobs keep finishing: stop early
@@ -464,17 +602,26 @@ class Harness:
                 best, last_progress = left, now
             if now - last_progress > self.p.drain_stall:
                 ended = "stalled"
-                log.error("no job reached a terminal state for %g s; %d left", self.p.drain_stall, left)
+                log.error(
+                    "no job reached a terminal state for %g s; %d left", self.p.drain_stall, left
+                )
                 break
             if now - start > self.p.drain_timeout:
                 ended = "timeout"
                 log.error("the drain still had %d jobs after %g s", left, self.p.drain_timeout)
                 break
             time.sleep(0.5)
-        drain = {"seconds": round(time.monotonic() - start, 1), "left_at_start": left_at_start,
-                 "left": left, "ended": ended}
-        log.info("drain: %(left_at_start)s jobs left when the feed ended, %(left)s after "
-                 "%(seconds)s s (%(ended)s)", drain)
+        drain = {
+            "seconds": round(time.monotonic() - start, 1),
+            "left_at_start": left_at_start,
+            "left": left,
+            "ended": ended,
+        }
+        log.info(
+            "drain: %(left_at_start)s jobs left when the feed ended, %(left)s after "
+            "%(seconds)s s (%(ended)s)",
+            drain,
+        )
         for w in self.workers.values():
             if w.alive():
                 w.proc.send_signal(signal.SIGTERM)

@@ -30,7 +30,8 @@ class Proxy:
     def _main(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._accept, self.host, 0))
+            asyncio.start_server(self._accept, self.host, 0)
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
@@ -76,17 +77,20 @@ class Proxy:
 
     def cut(self) -> None:
         """Drop every connection and refuse new ones."""
+
         def do() -> None:
             self._cut = True
             for w in list(self._writers):
                 w.transport.abort()
             self._writers.clear()
+
         self.cuts += 1
         self._call(do)
 
     def heal(self) -> None:
         def do() -> None:
             self._cut = False
+
         self._call(do)
 
     @property
@@ -98,6 +102,7 @@ class Proxy:
             self._server.close()
             for w in list(self._writers):
                 w.transport.abort()
+
         self._call(do)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)

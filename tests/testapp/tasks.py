@@ -31,8 +31,14 @@ def _effect(key: str, phase: str) -> None:
     from .models import Effect
 
     job = current_job()
-    Effect.objects.create(key=key, job_id=job.job_id, fence=job.fence,
-                          worker_id=job.worker_id, pid=os.getpid(), phase=phase)
+    Effect.objects.create(
+        key=key,
+        job_id=job.job_id,
+        fence=job.fence,
+        worker_id=job.worker_id,
+        pid=os.getpid(),
+        phase=phase,
+    )
 
 
 @task
@@ -246,12 +252,18 @@ def with_context(context, key: str) -> dict:
 
     job = context.job
     return {
-        "key": key, "is_task_context": isinstance(context, TaskContext),
+        "key": key,
+        "is_task_context": isinstance(context, TaskContext),
         "is_lease_context": isinstance(context, LeaseTaskContext),
-        "attempt": context.attempt, "id": context.task_result.id,
-        "status": str(context.task_result.status), "worker_ids": context.task_result.worker_ids,
-        "same_handle": job is current_job(), "fence": job.fence, "lost": job.lost,
-        "lease_left": job.lease_remaining > 0, "pid": os.getpid(),
+        "attempt": context.attempt,
+        "id": context.task_result.id,
+        "status": str(context.task_result.status),
+        "worker_ids": context.task_result.worker_ids,
+        "same_handle": job is current_job(),
+        "fence": job.fence,
+        "lost": job.lost,
+        "lease_left": job.lease_remaining > 0,
+        "pid": os.getpid(),
     }
 
 
@@ -289,9 +301,14 @@ def _record_signal(sender, task_result, signal, **kwargs) -> None:
     if sender is not LeaseBackend:
         phase = "wrong-sender"
     job = current_job()
-    Effect.objects.create(key=task_result.args[0], job_id=int(task_result.id),
-                          fence=job.fence if job else -1,
-                          worker_id=job.worker_id if job else "", pid=os.getpid(), phase=phase)
+    Effect.objects.create(
+        key=task_result.args[0],
+        job_id=int(task_result.id),
+        fence=job.fence if job else -1,
+        worker_id=job.worker_id if job else "",
+        pid=os.getpid(),
+        phase=phase,
+    )
 
 
 from django.tasks.signals import task_finished, task_started  # noqa: E402
@@ -332,9 +349,15 @@ def chaos_job(key: str, kind: str = "quick", seconds: float = 0.1) -> dict:
     try:
         # Inside the try: if the database is unreachable already, the handler ends here and
         # the checker must see that line, or it times the worker's later discard instead.
-        run = ChaosRun.objects.create(job_id=job.job_id, key=key, kind=kind, fence=job.fence,
-                                      worker_id=job.worker_id, pid=os.getpid(),
-                                      local_start=time.time())
+        run = ChaosRun.objects.create(
+            job_id=job.job_id,
+            key=key,
+            kind=kind,
+            fence=job.fence,
+            worker_id=job.worker_id,
+            pid=os.getpid(),
+            local_start=time.time(),
+        )
         stage = "work"
         if kind in ("hog", "deaf"):
             # Blocks without looking at the claim. Not time.sleep: under libfaketime (the
@@ -345,21 +368,37 @@ def chaos_job(key: str, kind: str = "quick", seconds: float = 0.1) -> dict:
         result = {"fence": job.fence, "worker": job.worker_id}
         stage = "fenced"
         with fenced(ack=True, result=result):
-            ChaosLedger.objects.create(job_id=job.job_id, key=key, fence=job.fence,
-                                       worker_id=job.worker_id)
-            fenced_update(ChaosSlot.objects.filter(key=key), job.fence,
-                          applied=F("applied") + 1, worker_id=job.worker_id)
+            ChaosLedger.objects.create(
+                job_id=job.job_id, key=key, fence=job.fence, worker_id=job.worker_id
+            )
+            fenced_update(
+                ChaosSlot.objects.filter(key=key),
+                job.fence,
+                applied=F("applied") + 1,
+                worker_id=job.worker_id,
+            )
             ChaosRun.objects.filter(pk=run.pk).update(db_end=Now())
     except LeaseLost:
-        log.warning("Chaos handler stopped job=%s fence=%s worker=%s stage=%s", job.job_id,
-                    job.fence, job.worker_id, stage)
+        log.warning(
+            "Chaos handler stopped job=%s fence=%s worker=%s stage=%s",
+            job.job_id,
+            job.fence,
+            job.worker_id,
+            stage,
+        )
         raise
     except Exception as e:
         # E.g. the database went away mid-transaction: the handler ends here, while its
         # outcome may wait in the worker (retried through database trouble) and be
         # discarded later. The checker times the handler's stop from this line.
-        log.warning("Chaos handler raised job=%s fence=%s worker=%s stage=%s error=%s",
-                    job.job_id, job.fence, job.worker_id, stage, type(e).__name__)
+        log.warning(
+            "Chaos handler raised job=%s fence=%s worker=%s stage=%s error=%s",
+            job.job_id,
+            job.fence,
+            job.worker_id,
+            stage,
+            type(e).__name__,
+        )
         raise
     return result
 
@@ -413,6 +452,7 @@ def echo(*args, **kwargs) -> dict:
     """Take any arguments and give them back."""
     return {"args": list(args), "kwargs": kwargs}
 
+
 # -- hostile handlers: what user code may raise or return (tests/test_hostile_handlers.py) --
 
 
@@ -457,8 +497,11 @@ class Nameless(Exception, metaclass=_NamelessMeta):
 
 
 # Names no database column or import can take as they are.
-BadNames = type("BadNames", (Exception,), {"__module__": "tests.\x00nowhere\udfff",
-                                           "__qualname__": "Bad\ud800Names"})
+BadNames = type(
+    "BadNames",
+    (Exception,),
+    {"__module__": "tests.\x00nowhere\udfff", "__qualname__": "Bad\ud800Names"},
+)
 
 
 def _local_error() -> type[Exception]:
@@ -469,22 +512,39 @@ def _local_error() -> type[Exception]:
 
 
 HOSTILE_EXCEPTIONS = (
-    "RuntimeError", "ValueError", "SystemExit", "KeyboardInterrupt", "GeneratorExit",
-    "HandlerExit", "Outer.InnerError", "LocalError", "StrRaises", "ReprRaises", "StrNotStr",
-    "Nameless", "BadNames", "unpicklable", "cycle",
+    "RuntimeError",
+    "ValueError",
+    "SystemExit",
+    "KeyboardInterrupt",
+    "GeneratorExit",
+    "HandlerExit",
+    "Outer.InnerError",
+    "LocalError",
+    "StrRaises",
+    "ReprRaises",
+    "StrNotStr",
+    "Nameless",
+    "BadNames",
+    "unpicklable",
+    "cycle",
 )
 # What the worker records for each: the class's module.qualname, as it is (storable).
 HOSTILE_EXCEPTION_PATHS = {
-    "RuntimeError": "builtins.RuntimeError", "ValueError": "builtins.ValueError",
-    "SystemExit": "builtins.SystemExit", "KeyboardInterrupt": "builtins.KeyboardInterrupt",
+    "RuntimeError": "builtins.RuntimeError",
+    "ValueError": "builtins.ValueError",
+    "SystemExit": "builtins.SystemExit",
+    "KeyboardInterrupt": "builtins.KeyboardInterrupt",
     "GeneratorExit": "builtins.GeneratorExit",
     "HandlerExit": "tests.testapp.tasks.HandlerExit",
     "Outer.InnerError": "tests.testapp.tasks.Outer.InnerError",
     "LocalError": "tests.testapp.tasks._local_error.<locals>.LocalError",
-    "StrRaises": "tests.testapp.tasks.StrRaises", "ReprRaises": "tests.testapp.tasks.ReprRaises",
-    "StrNotStr": "tests.testapp.tasks.StrNotStr", "Nameless": "tests.testapp.tasks.Nameless",
+    "StrRaises": "tests.testapp.tasks.StrRaises",
+    "ReprRaises": "tests.testapp.tasks.ReprRaises",
+    "StrNotStr": "tests.testapp.tasks.StrNotStr",
+    "Nameless": "tests.testapp.tasks.Nameless",
     "BadNames": "tests.\\x00nowhere\\udfff.Bad\\ud800Names",
-    "unpicklable": "builtins.RuntimeError", "cycle": "builtins.RuntimeError",
+    "unpicklable": "builtins.RuntimeError",
+    "cycle": "builtins.RuntimeError",
 }
 
 
@@ -493,11 +553,19 @@ def hostile_exception(kind: str, message: str) -> BaseException:
     import threading
 
     classes = {
-        "RuntimeError": RuntimeError, "ValueError": ValueError, "SystemExit": SystemExit,
-        "KeyboardInterrupt": KeyboardInterrupt, "GeneratorExit": GeneratorExit,
-        "HandlerExit": HandlerExit, "Outer.InnerError": Outer.InnerError,
-        "LocalError": _local_error(), "StrRaises": StrRaises, "ReprRaises": ReprRaises,
-        "StrNotStr": StrNotStr, "Nameless": Nameless, "BadNames": BadNames,
+        "RuntimeError": RuntimeError,
+        "ValueError": ValueError,
+        "SystemExit": SystemExit,
+        "KeyboardInterrupt": KeyboardInterrupt,
+        "GeneratorExit": GeneratorExit,
+        "HandlerExit": HandlerExit,
+        "Outer.InnerError": Outer.InnerError,
+        "LocalError": _local_error(),
+        "StrRaises": StrRaises,
+        "ReprRaises": ReprRaises,
+        "StrNotStr": StrNotStr,
+        "Nameless": Nameless,
+        "BadNames": BadNames,
     }
     if kind == "unpicklable":
         # A lock and a lambda among the args: pickle refuses both.
@@ -526,8 +594,21 @@ async def hostile_araise(key: str, kind: str, codepoints: list[int], repeat: int
 
 
 HOSTILE_RESULTS = (
-    "object", "set", "bytes", "datetime", "deep", "bigint", "nan", "inf", "int_key",
-    "surrogate", "nul", "str_subclass_reduce", "huge", "nameless", "dict_items_raise",
+    "object",
+    "set",
+    "bytes",
+    "datetime",
+    "deep",
+    "bigint",
+    "nan",
+    "inf",
+    "int_key",
+    "surrogate",
+    "nul",
+    "str_subclass_reduce",
+    "huge",
+    "nameless",
+    "dict_items_raise",
     "dict_items_interrupt",
 )
 
@@ -558,13 +639,19 @@ def hostile_value(kind: str, size: int = 3000) -> object:
             value = [value]
         return value
     return {
-        "object": lambda: object(), "set": lambda: {1, 2}, "bytes": lambda: b"\x00\xff",
+        "object": lambda: object(),
+        "set": lambda: {1, 2},
+        "bytes": lambda: b"\x00\xff",
         "datetime": lambda: datetime.datetime(2026, 1, 1),
-        "bigint": lambda: 10 ** max(size, 5000), "nan": lambda: float("nan"),
-        "inf": lambda: [1, float("-inf")], "int_key": lambda: {"ok": {1: "one"}},
-        "surrogate": lambda: {"text": "bad \ud800"}, "nul": lambda: ["bad\x00"],
+        "bigint": lambda: 10 ** max(size, 5000),
+        "nan": lambda: float("nan"),
+        "inf": lambda: [1, float("-inf")],
+        "int_key": lambda: {"ok": {1: "one"}},
+        "surrogate": lambda: {"text": "bad \ud800"},
+        "nul": lambda: ["bad\x00"],
         "str_subclass_reduce": lambda: [_Unreducible("fine as JSON")],
-        "huge": lambda: "x" * (9 * 2**20), "nameless": lambda: [Nameless("x")],
+        "huge": lambda: "x" * (9 * 2**20),
+        "nameless": lambda: [Nameless("x")],
         "dict_items_raise": lambda: _ItemsRaise(a=1),
         "dict_items_interrupt": lambda: _ItemsInterrupt(a=1),
     }[kind]()
@@ -595,12 +682,19 @@ def _record_hostile_signal(sender, task_result, **kwargs) -> None:
         return
     errors = task_result.errors
     Effect.objects.create(
-        key=task_result.args[0], job_id=int(task_result.id), fence=0, pid=os.getpid(),
+        key=task_result.args[0],
+        job_id=int(task_result.id),
+        fence=0,
+        pid=os.getpid(),
         phase=f"finished:{task_result.status}",
-        worker_id=errors[-1].exception_class_path[:200] if errors else "")
+        worker_id=errors[-1].exception_class_path[:200] if errors else "",
+    )
     logging.getLogger("django_leases.tests").log(
-        logging.ERROR if errors else logging.DEBUG, "hostile job %s finished", task_result.id,
-        exc_info=sys.exc_info()[0] is not None)
+        logging.ERROR if errors else logging.DEBUG,
+        "hostile job %s finished",
+        task_result.id,
+        exc_info=sys.exc_info()[0] is not None,
+    )
 
 
 task_finished.connect(_record_hostile_signal, dispatch_uid="tests.testapp.record_hostile_finished")

@@ -15,8 +15,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def manage(*args):
-    done = subprocess.run([sys.executable, "manage.py", *args], cwd=HERE, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=HERE, capture_output=True, text=True, timeout=300
+    )
     return {"exit": done.returncode, "output": (done.stdout + done.stderr)[-4000:]}
 
 
@@ -24,8 +25,11 @@ def page(client, url, markers, data=None):
     """The status of one admin page, and which of the strings it must show it lacks."""
     response = client.post(url, data) if data is not None else client.get(url)
     html = response.content.decode(errors="replace")
-    return {"url": url, "status": response.status_code,
-            "missing": [m for m in markers if m not in html]}
+    return {
+        "url": url,
+        "status": response.status_code,
+        "missing": [m for m in markers if m not in html],
+    }
 
 
 def main():
@@ -50,14 +54,25 @@ def main():
         response = client.post(url)
         enqueued[name] = response.json()["job"] if response.status_code == 200 else None
         report[f"enqueue_{name}"] = response.status_code
-    report["worker"] = manage("run_lease_worker", "--queue", "default", "--queue", "emails",
-                              "--burst", "--worker-id", "package-test")
+    report["worker"] = manage(
+        "run_lease_worker",
+        "--queue",
+        "default",
+        "--queue",
+        "emails",
+        "--burst",
+        "--worker-id",
+        "package-test",
+    )
 
     receipt = send_receipt.get_result(enqueued["receipt"])
     report["receipt"] = {"status": receipt.status.name, "return_value": receipt.return_value}
     sync = Job.objects.get(pk=enqueued["sync"])
-    report["sync"] = {"state": sync.state, "attempts": sync.attempts,
-                      "failures": [f.message for f in sync.failures.all()]}
+    report["sync"] = {
+        "state": sync.state,
+        "attempts": sync.attempts,
+        "failures": [f.message for f in sync.failures.all()],
+    }
     # A job left pending, for the list's pending filter and the actions' selection.
     send_receipt.enqueue(9)
 
@@ -65,21 +80,34 @@ def main():
     client.force_login(User.objects.get(username="admin"))
     jobs_url = "/admin/django_leases/job/"
     list_markers = ['id="leases-summary"', 'id="leases-advisor-link"']
-    pages = [page(client, "/admin/", ["django_leases"]),
-             page(client, jobs_url, list_markers)]
-    pages += [page(client, f"{jobs_url}?state__exact={state}", list_markers)
-              for state in JobState.values]
-    pages += [page(client, f"{jobs_url}?lease={lease}", list_markers)
-              for lease in ("claimed", "expired", "stalled")]
-    pages += [page(client, f"{jobs_url}?queue=emails", list_markers),
-              page(client, f"{jobs_url}{sync.pk}/change/",
-                   ['class="leases-failures"', "partner API unreachable for order 8"]),
-              page(client, f"{jobs_url}advisor/", ['id="leases-advisor"', "shop.tasks.send_receipt"]),
-              page(client, "/admin/django_leases/workerprocess/", ["package-test"])]
+    pages = [page(client, "/admin/", ["django_leases"]), page(client, jobs_url, list_markers)]
+    pages += [
+        page(client, f"{jobs_url}?state__exact={state}", list_markers) for state in JobState.values
+    ]
+    pages += [
+        page(client, f"{jobs_url}?lease={lease}", list_markers)
+        for lease in ("claimed", "expired", "stalled")
+    ]
+    pages += [
+        page(client, f"{jobs_url}?queue=emails", list_markers),
+        page(
+            client,
+            f"{jobs_url}{sync.pk}/change/",
+            ['class="leases-failures"', "partner API unreachable for order 8"],
+        ),
+        page(client, f"{jobs_url}advisor/", ['id="leases-advisor"', "shop.tasks.send_receipt"]),
+        page(client, "/admin/django_leases/workerprocess/", ["package-test"]),
+    ]
     every_job = [str(pk) for pk in Job.objects.values_list("pk", flat=True)]
     for action in ("cancel", "expire_stalled", "purge_finished"):
-        pages.append(page(client, jobs_url, ['id="leases-question"', 'name="post" value="yes"'],
-                          {"action": action, ACTION_CHECKBOX_NAME: every_job}))
+        pages.append(
+            page(
+                client,
+                jobs_url,
+                ['id="leases-question"', 'name="post" value="yes"'],
+                {"action": action, ACTION_CHECKBOX_NAME: every_job},
+            )
+        )
     report["pages"] = pages
     report["workers"] = list(WorkerProcess.objects.values_list("worker_id", flat=True))
     print(json.dumps(report))

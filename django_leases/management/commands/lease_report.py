@@ -12,35 +12,65 @@ from ...exceptions import InvalidLeaseOption
 
 
 class Command(BaseCommand):
-    help = ("Read succeeded jobs and print, per task, handler duration p50/p99/p99.9/max, the "
-            "configured lease and heartbeat, and whether the lease is too short, too long or "
-            "the heartbeat too slow, with the numbers to use instead. Exits 0 either way "
-            "(use --check to exit 1 when a task needs attention).")
+    help = (
+        "Read succeeded jobs and print, per task, handler duration p50/p99/p99.9/max, the "
+        "configured lease and heartbeat, and whether the lease is too short, too long or "
+        "the heartbeat too slow, with the numbers to use instead. Exits 0 either way "
+        "(use --check to exit 1 when a task needs attention)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--days", type=float, default=7.0, metavar="N",
-                            help="Only jobs that finished in the last N days, database clock "
-                                 "(default 7; 0 for all).")
-        parser.add_argument("--backend", default=None,
-                            help="Lease backend alias in settings.TASKS (default: the first).")
-        parser.add_argument("--headroom", type=float, default=advisor.HEADROOM, metavar="X",
-                            help=f"The lease should be at least p99.9 times X (default {advisor.HEADROOM:g}).")
-        parser.add_argument("--min-lease", type=float, default=advisor.MIN_LEASE, metavar="SECONDS",
-                            help="Never recommend a lease below this, so it still outlasts a "
-                                 f"database failover (default {advisor.MIN_LEASE:g}).")
-        parser.add_argument("--min-samples", type=int, default=advisor.MIN_SAMPLES, metavar="N",
-                            help=f"Judge only tasks with N finished jobs (default {advisor.MIN_SAMPLES}).")
+        parser.add_argument(
+            "--days",
+            type=float,
+            default=7.0,
+            metavar="N",
+            help="Only jobs that finished in the last N days, database clock "
+            "(default 7; 0 for all).",
+        )
+        parser.add_argument(
+            "--backend",
+            default=None,
+            help="Lease backend alias in settings.TASKS (default: the first).",
+        )
+        parser.add_argument(
+            "--headroom",
+            type=float,
+            default=advisor.HEADROOM,
+            metavar="X",
+            help=f"The lease should be at least p99.9 times X (default {advisor.HEADROOM:g}).",
+        )
+        parser.add_argument(
+            "--min-lease",
+            type=float,
+            default=advisor.MIN_LEASE,
+            metavar="SECONDS",
+            help="Never recommend a lease below this, so it still outlasts a "
+            f"database failover (default {advisor.MIN_LEASE:g}).",
+        )
+        parser.add_argument(
+            "--min-samples",
+            type=int,
+            default=advisor.MIN_SAMPLES,
+            metavar="N",
+            help=f"Judge only tasks with N finished jobs (default {advisor.MIN_SAMPLES}).",
+        )
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
-        parser.add_argument("--check", action="store_true",
-                            help="Exit with status 1 if any task has a finding.")
+        parser.add_argument(
+            "--check", action="store_true", help="Exit with status 1 if any task has a finding."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["headroom"] < 1:
             raise CommandError("--headroom must be at least 1")
         try:
-            rows = advisor.report(options["days"] or None, alias=options["backend"],
-                                  headroom=options["headroom"], floor=options["min_lease"],
-                                  min_samples=options["min_samples"])
+            rows = advisor.report(
+                options["days"] or None,
+                alias=options["backend"],
+                headroom=options["headroom"],
+                floor=options["min_lease"],
+                min_samples=options["min_samples"],
+            )
         except InvalidLeaseOption as e:
             raise CommandError(str(e)) from e
         if options["json"]:
@@ -57,13 +87,28 @@ class Command(BaseCommand):
             return
         s = advisor.fmt_seconds
         head = ["task", "jobs", "p50", "p99", "p99.9", "max", "lease", "heartbeat", "advice"]
-        body = [[r.task_path, str(r.samples), s(r.p50), s(r.p99), s(r.p999), s(r.max), s(r.lease),
-                 "lease/3" if r.heartbeat is None else s(r.heartbeat),
-                 "ok" if r.ok else ", ".join(f.code for f in r.findings)] for r in rows]
+        body = [
+            [
+                r.task_path,
+                str(r.samples),
+                s(r.p50),
+                s(r.p99),
+                s(r.p999),
+                s(r.max),
+                s(r.lease),
+                "lease/3" if r.heartbeat is None else s(r.heartbeat),
+                "ok" if r.ok else ", ".join(f.code for f in r.findings),
+            ]
+            for r in rows
+        ]
         widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
         for line in [head, ["-" * w for w in widths], *body]:
-            self.stdout.write("  ".join(c.ljust(w) if i in (0, 8) else c.rjust(w)
-                                        for i, (c, w) in enumerate(zip(line, widths, strict=True))).rstrip())
+            self.stdout.write(
+                "  ".join(
+                    c.ljust(w) if i in (0, 8) else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(line, widths, strict=True))
+                ).rstrip()
+            )
         self.stdout.write("")
         for r in rows:
             style = self.style.SUCCESS if r.ok else self.style.WARNING
@@ -72,8 +117,15 @@ class Command(BaseCommand):
 
 def _as_dict(r: advisor.TaskAdvice) -> dict[str, Any]:
     return {
-        "task": r.task_path, "jobs": r.samples, "p50": r.p50, "p99": r.p99, "p99_9": r.p999,
-        "max": r.max, "lease": r.lease, "heartbeat": r.heartbeat,
-        "recommended_lease": r.recommended_lease, "recommended_heartbeat": r.recommended_heartbeat,
+        "task": r.task_path,
+        "jobs": r.samples,
+        "p50": r.p50,
+        "p99": r.p99,
+        "p99_9": r.p999,
+        "max": r.max,
+        "lease": r.lease,
+        "heartbeat": r.heartbeat,
+        "recommended_lease": r.recommended_lease,
+        "recommended_heartbeat": r.recommended_heartbeat,
         "findings": [{"code": f.code, "text": f.text} for f in r.findings],
     }

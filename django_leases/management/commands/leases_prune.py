@@ -16,23 +16,47 @@ from django_leases.states import JobState
 
 
 class Command(BaseCommand):
-    help = ("Dead-letter pending jobs past their deadline, then delete succeeded and cancelled "
-            "jobs (and with --include-dead, dead ones) that finished more than RETENTION_DAYS "
-            "ago on the database clock.")
+    help = (
+        "Dead-letter pending jobs past their deadline, then delete succeeded and cancelled "
+        "jobs (and with --include-dead, dead ones) that finished more than RETENTION_DAYS "
+        "ago on the database clock."
+    )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--backend", default=None,
-                            help="TASKS alias (default: the first django_leases backend).")
-        parser.add_argument("--older-than-days", type=float, default=None,
-                            help="Override the backend's RETENTION_DAYS.")
-        parser.add_argument("--include-dead", action="store_true",
-                            help="Also delete dead-lettered jobs past retention.")
-        parser.add_argument("--batch-size", type=int, default=1000,
-                            help="Jobs deleted per statement (default 1000).")
+        parser.add_argument(
+            "--backend",
+            default=None,
+            help="TASKS alias (default: the first django_leases backend).",
+        )
+        parser.add_argument(
+            "--older-than-days",
+            type=float,
+            default=None,
+            help="Override the backend's RETENTION_DAYS.",
+        )
+        parser.add_argument(
+            "--include-dead",
+            action="store_true",
+            help="Also delete dead-lettered jobs past retention.",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=1000,
+            help="Jobs deleted per statement (default 1000).",
+        )
         parser.add_argument("--dry-run", action="store_true", help="Count, delete nothing.")
 
-    def handle(self, *args: Any, backend: str | None, older_than_days: float | None,
-               include_dead: bool, batch_size: int, dry_run: bool, **options: Any) -> None:
+    def handle(
+        self,
+        *args: Any,
+        backend: str | None,
+        older_than_days: float | None,
+        include_dead: bool,
+        batch_size: int,
+        dry_run: bool,
+        **options: Any,
+    ) -> None:
         try:
             lease_options = get_options(backend)
         except InvalidLeaseOption as e:

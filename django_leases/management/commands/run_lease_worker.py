@@ -14,67 +14,113 @@ from ...exceptions import InvalidLeaseOption
 
 
 class Command(BaseCommand):
-    help = ("Run jobs of a django_leases backend: claim under a lease, renew it from a "
-            "heartbeat thread, acknowledge on success. Stops gracefully on SIGTERM/SIGINT.")
+    help = (
+        "Run jobs of a django_leases backend: claim under a lease, renew it from a "
+        "heartbeat thread, acknowledge on success. Stops gracefully on SIGTERM/SIGINT."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         defaults = self._defaults()
         parser.add_argument(
-            "--backend", default=None,
+            "--backend",
+            default=None,
             help="Alias in settings.TASKS of the lease backend to serve (default: the first "
-                 "lease backend). Its OPTIONS give the defaults below.")
+            "lease backend). Its OPTIONS give the defaults below.",
+        )
         served = parser.add_mutually_exclusive_group()
         served.add_argument(
-            "--queue", action="append", dest="queues", metavar="NAME",
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="NAME",
             help="Queue to take jobs from; repeat for several (default: every queue in the "
-                 "backend's QUEUES; every queue at all when QUEUES is empty or absent).")
+            "backend's QUEUES; every queue at all when QUEUES is empty or absent).",
+        )
         served.add_argument(
-            "--all-queues", action="store_true",
+            "--all-queues",
+            action="store_true",
             help="Take jobs of every queue, whatever its name (the default when the "
-                 "backend's QUEUES is empty or absent).")
+            "backend's QUEUES is empty or absent).",
+        )
         parser.add_argument(
-            "--concurrency", type=int, default=None, metavar="N",
-            help=_option_help("CONCURRENCY", f"{defaults.concurrency}"))
+            "--concurrency",
+            type=int,
+            default=None,
+            metavar="N",
+            help=_option_help("CONCURRENCY", f"{defaults.concurrency}"),
+        )
         parser.add_argument(
-            "--isolation", choices=["thread", "process"], default="thread",
+            "--isolation",
+            choices=["thread", "process"],
+            default="thread",
             help="Run each handler in a thread (default) or in a child process that is "
-                 "killed if its claim is lost and it does not stop by itself.")
+            "killed if its claim is lost and it does not stop by itself.",
+        )
         parser.add_argument(
-            "--lease", type=float, default=None, metavar="SECONDS",
+            "--lease",
+            type=float,
+            default=None,
+            metavar="SECONDS",
             help="Lease given to every claim and renewal (default: each job's own lease, "
-                 f"LEASE_SECONDS when enqueued through the backend: {defaults.lease_seconds:g}).")
+            f"LEASE_SECONDS when enqueued through the backend: {defaults.lease_seconds:g}).",
+        )
         parser.add_argument(
-            "--heartbeat", type=float, default=None, metavar="SECONDS",
+            "--heartbeat",
+            type=float,
+            default=None,
+            metavar="SECONDS",
             help="Renewal period, shorter than the lease (default: the smaller of "
-                 "HEARTBEAT_SECONDS and lease / 3, the lease being --lease or else "
-                 f"LEASE_SECONDS: {conf.worker_heartbeat(defaults, None):g} "
-                 "s without --lease). Claims whose own lease is shorter are renewed every "
-                 "third of it anyway.")
+            "HEARTBEAT_SECONDS and lease / 3, the lease being --lease or else "
+            f"LEASE_SECONDS: {conf.worker_heartbeat(defaults, None):g} "
+            "s without --lease). Claims whose own lease is shorter are renewed every "
+            "third of it anyway.",
+        )
         parser.add_argument(
-            "--poll", type=float, default=None, metavar="SECONDS",
-            help=_option_help("POLL_SECONDS", f"{defaults.poll_seconds:g}; with 10%% jitter"))
+            "--poll",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help=_option_help("POLL_SECONDS", f"{defaults.poll_seconds:g}; with 10%% jitter"),
+        )
         parser.add_argument(
-            "--burst", action="store_true",
-            help="Exit (status 0) as soon as nothing is claimable and nothing is running.")
+            "--burst",
+            action="store_true",
+            help="Exit (status 0) as soon as nothing is claimable and nothing is running.",
+        )
         parser.add_argument(
-            "--max-jobs", type=int, default=None, metavar="N",
-            help="Exit after claiming N jobs and settling them.")
+            "--max-jobs",
+            type=int,
+            default=None,
+            metavar="N",
+            help="Exit after claiming N jobs and settling them.",
+        )
         parser.add_argument(
-            "--grace", type=float, default=None, metavar="SECONDS",
-            help=_option_help("GRACE_SECONDS", f"{defaults.grace_seconds:g}; on SIGTERM/SIGINT"))
+            "--grace",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help=_option_help("GRACE_SECONDS", f"{defaults.grace_seconds:g}; on SIGTERM/SIGINT"),
+        )
         parser.add_argument(
-            "--worker-id", default=None,
-            help="Name recorded as claimed_by and in the worker table (default: host-pid).")
+            "--worker-id",
+            default=None,
+            help="Name recorded as claimed_by and in the worker table (default: host-pid).",
+        )
         parser.add_argument(
-            "--log-format", choices=["text", "json"], default="text",
+            "--log-format",
+            choices=["text", "json"],
+            default="text",
             help="Lines of the handler this command adds when LOGGING does not route the "
-                 "worker's loggers: text (default) or one JSON object per line.")
+            "worker's loggers: text (default) or one JSON object per line.",
+        )
         parser.add_argument(
-            "--skip-connection-check", action="store_true",
+            "--skip-connection-check",
+            action="store_true",
             help="Neither refuse to start when the database's connection limits leave fewer "
-                 "connections than the worker may hold (2 or 3 + --concurrency), nor open a "
-                 "handler's connection before it runs: for handlers that do not use the "
-                 "database, or behind a connection pooler, whose own limit is what counts.")
+            "connections than the worker may hold (2 or 3 + --concurrency), nor open a "
+            "handler's connection before it runs: for handlers that do not use the "
+            "database, or behind a connection pooler, whose own limit is what counts.",
+        )
 
     @staticmethod
     def _defaults() -> conf.LeaseOptions:
@@ -97,7 +143,8 @@ class Command(BaseCommand):
         except InvalidLeaseOption:
             kwargs = None  # handle() reports it, after the checks have had their say
         if kwargs is not None and not wait_for_database(
-                kwargs["database"], kwargs["worker_id"] or default_worker_id()):
+            kwargs["database"], kwargs["worker_id"] or default_worker_id()
+        ):
             return None  # stopped by SIGTERM/SIGINT while waiting: a clean exit
         return super().execute(*args, **options)
 
@@ -122,8 +169,10 @@ class Command(BaseCommand):
         alias = options["backend"] or conf.first_lease_backend()
         if alias is None or alias not in aliases:
             raise InvalidLeaseOption(
-                "backend", f"{alias!r} is not a django_leases backend in settings.TASKS "
-                f"(lease backends: {', '.join(aliases) or 'none'})")
+                "backend",
+                f"{alias!r} is not a django_leases backend in settings.TASKS "
+                f"(lease backends: {', '.join(aliases) or 'none'})",
+            )
         try:
             backend = conf.get_options(alias)
         except InvalidLeaseOption as e:
@@ -135,14 +184,25 @@ class Command(BaseCommand):
         if heartbeat is None:
             heartbeat = conf.worker_heartbeat(backend, lease)
         heartbeat = conf.validate_heartbeat(
-            heartbeat, lease if lease is not None else backend.lease_seconds, "heartbeat")
+            heartbeat, lease if lease is not None else backend.lease_seconds, "heartbeat"
+        )
         # The ranges of the OPTIONS these override, checked by the same functions.
         concurrency = options["concurrency"]
-        concurrency = backend.concurrency if concurrency is None else conf.validate_concurrency(
-            concurrency, "concurrency")
-        poll = backend.poll_seconds if options["poll"] is None else conf.validate_poll(options["poll"], "poll")
-        grace = backend.grace_seconds if options["grace"] is None else conf.validate_grace(
-            options["grace"], "grace")
+        concurrency = (
+            backend.concurrency
+            if concurrency is None
+            else conf.validate_concurrency(concurrency, "concurrency")
+        )
+        poll = (
+            backend.poll_seconds
+            if options["poll"] is None
+            else conf.validate_poll(options["poll"], "poll")
+        )
+        grace = (
+            backend.grace_seconds
+            if options["grace"] is None
+            else conf.validate_grace(options["grace"], "grace")
+        )
         max_jobs = options["max_jobs"]
         if max_jobs is not None and max_jobs < 1:
             raise InvalidLeaseOption("max_jobs", f"must be at least 1, got {max_jobs}")
@@ -150,23 +210,36 @@ class Command(BaseCommand):
         # None: every queue (a claim with no queue filter).
         queues = None if options.get("all_queues") else options["queues"] or declared
         if queues is not None and "*" in queues:
-            raise InvalidLeaseOption("queue", "'*' is no wildcard here (an unquoted * is "
-                                              "expanded by the shell); use --all-queues")
+            raise InvalidLeaseOption(
+                "queue",
+                "'*' is no wildcard here (an unquoted * is "
+                "expanded by the shell); use --all-queues",
+            )
         for queue in queues or ():
             checked_text("queue", queue, 100)  # as enqueue checks a queue_name
         unknown = [q for q in queues or () if declared and q not in declared]
         if unknown:
             # No task of this backend can be enqueued there, so such a worker would idle forever.
-            raise InvalidLeaseOption("queue", f"{unknown!r} not in TASKS[{alias!r}]['QUEUES'] "
-                                              f"({', '.join(declared or ())})")
+            raise InvalidLeaseOption(
+                "queue",
+                f"{unknown!r} not in TASKS[{alias!r}]['QUEUES'] ({', '.join(declared or ())})",
+            )
         worker_id = options["worker_id"]
         if worker_id is not None and not 0 < len(worker_id) <= 200:
             raise InvalidLeaseOption("worker_id", "must be 1-200 characters")
         return {
-            "alias": alias, "database": backend.database, "queues": queues,
-            "concurrency": concurrency, "isolation": options["isolation"], "lease": lease,
-            "heartbeat": heartbeat, "poll": poll, "burst": options["burst"],
-            "max_jobs": max_jobs, "grace": grace, "worker_id": worker_id,
+            "alias": alias,
+            "database": backend.database,
+            "queues": queues,
+            "concurrency": concurrency,
+            "isolation": options["isolation"],
+            "lease": lease,
+            "heartbeat": heartbeat,
+            "poll": poll,
+            "burst": options["burst"],
+            "max_jobs": max_jobs,
+            "grace": grace,
+            "worker_id": worker_id,
             "notify": backend.notify,
             "connect_handlers": not options.get("skip_connection_check", False),
         }
@@ -188,17 +261,22 @@ def _require_ready_database(database: str) -> None:
     try:
         executor = MigrationExecutor(connections[database])
         leaves = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "django_leases"]
-        missing = [migration.name for migration, _ in executor.migration_plan(leaves)
-                   if migration.app_label == "django_leases"]
+        missing = [
+            migration.name
+            for migration, _ in executor.migration_plan(leaves)
+            if migration.app_label == "django_leases"
+        ]
     except DatabaseError as e:
         # Unreachable for now: the loop waits for it like for any outage.
         logging.getLogger("django_leases.worker").warning(
-            "Could not check the migrations of database %r: %s", database, e)
+            "Could not check the migrations of database %r: %s", database, e
+        )
         return
     if missing:
         raise CommandError(
             f"database {database!r} lacks django_leases migrations {', '.join(missing)}; "
-            f"run: manage.py migrate django_leases --database {database}")
+            f"run: manage.py migrate django_leases --database {database}"
+        )
     from ...checks import utc_session_problem
 
     problem = utc_session_problem(database)
@@ -220,7 +298,8 @@ def _require_connections(kwargs: dict[str, Any]) -> None:
         limits = connection_limits(database)
     except DatabaseError as e:
         logging.getLogger("django_leases.worker").warning(
-            "Could not read the connection limits of database %r: %s", database, e)
+            "Could not read the connection limits of database %r: %s", database, e
+        )
         return
     if not limits or limits[0].free >= needed:
         return
@@ -231,6 +310,10 @@ def _require_connections(kwargs: dict[str, Any]) -> None:
         f"{database!r} (main 1, heartbeat 1, listener {listener}, handlers {concurrency}), "
         f"but {tightest.what} allows {tightest.size} and other sessions hold "
         f"{tightest.in_use_by_others}: {tightest.free} free. "
-        + (f"Lower --concurrency to {fits} or less, raise the limit"
-           if fits >= 1 else "Raise the limit, wait for the other sessions to close")
-        + ", or pass --skip-connection-check (behind a connection pooler).")
+        + (
+            f"Lower --concurrency to {fits} or less, raise the limit"
+            if fits >= 1
+            else "Raise the limit, wait for the other sessions to close"
+        )
+        + ", or pass --skip-connection-check (behind a connection pooler)."
+    )

@@ -16,9 +16,16 @@ if os.environ.get("BENCH_CONCURRENCY"):
 if os.environ.get("BENCH_LEASE_SECONDS"):
     _options["LEASE_SECONDS"] = float(os.environ["BENCH_LEASE_SECONDS"])
 
-globals().update(django_settings(
-    os.environ.get("BENCH_DB", "bench_leases"),
-    ["django_leases", "sys_leases"],
-    {"default": {"BACKEND": "django_leases.backends.LeaseBackend",
-                 "QUEUES": ["default", "held"], "OPTIONS": _options}},
-))
+globals().update(
+    django_settings(
+        os.environ.get("BENCH_DB", "bench_leases"),
+        ["django_leases", "sys_leases"],
+        {
+            "default": {
+                "BACKEND": "django_leases.backends.LeaseBackend",
+                "QUEUES": ["default", "held"],
+                "OPTIONS": _options,
+            }
+        },
+    )
+)

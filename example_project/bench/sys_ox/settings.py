@@ -12,8 +12,10 @@ _options = {}
 if os.environ.get("BENCH_LEASE_SECONDS"):
     _options["LOCK_TIMEOUT"] = float(os.environ["BENCH_LEASE_SECONDS"])
 
-globals().update(django_settings(
-    os.environ.get("BENCH_DB", "bench_ox"),
-    ["django_ox", "sys_ox"],
-    {"default": {"BACKEND": "django_ox.backend.OxBackend", "OPTIONS": _options}},
-))
+globals().update(
+    django_settings(
+        os.environ.get("BENCH_DB", "bench_ox"),
+        ["django_ox", "sys_ox"],
+        {"default": {"BACKEND": "django_ox.backend.OxBackend", "OPTIONS": _options}},
+    )
+)

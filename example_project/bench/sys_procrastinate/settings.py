@@ -6,8 +6,10 @@ import os
 
 from common import django_settings
 
-globals().update(django_settings(
-    os.environ.get("BENCH_DB", "bench_procrastinate"),
-    ["procrastinate.contrib.django", "sys_procrastinate"],
-    None,
-))
+globals().update(
+    django_settings(
+        os.environ.get("BENCH_DB", "bench_procrastinate"),
+        ["procrastinate.contrib.django", "sys_procrastinate"],
+        None,
+    )
+)

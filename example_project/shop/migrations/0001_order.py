@@ -5,23 +5,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Order',
+            name="Order",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('email', models.EmailField(max_length=254)),
-                ('total_cents', models.PositiveIntegerField()),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('tax_cents', models.PositiveIntegerField(blank=True, null=True)),
-                ('receipt_sent_at', models.DateTimeField(blank=True, null=True)),
-                ('receipt_fence', models.BigIntegerField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("email", models.EmailField(max_length=254)),
+                ("total_cents", models.PositiveIntegerField()),
+                (
+                    "created_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("tax_cents", models.PositiveIntegerField(blank=True, null=True)),
+                ("receipt_sent_at", models.DateTimeField(blank=True, null=True)),
+                ("receipt_fence", models.BigIntegerField(blank=True, null=True)),
             ],
         ),
     ]

@@ -4,24 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Effect',
+            name="Effect",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=100)),
-                ('job_id', models.BigIntegerField()),
-                ('fence', models.BigIntegerField()),
-                ('worker_id', models.CharField(max_length=200)),
-                ('pid', models.IntegerField()),
-                ('phase', models.CharField(max_length=20)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=100)),
+                ("job_id", models.BigIntegerField()),
+                ("fence", models.BigIntegerField()),
+                ("worker_id", models.CharField(max_length=200)),
+                ("pid", models.IntegerField()),
+                ("phase", models.CharField(max_length=20)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
     ]

@@ -4,18 +4,22 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('testapp', '0001_effect'),
+        ("testapp", "0001_effect"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ItemLog',
+            name="ItemLog",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('item', models.IntegerField()),
-                ('fence', models.BigIntegerField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("item", models.IntegerField()),
+                ("fence", models.BigIntegerField()),
             ],
         ),
     ]

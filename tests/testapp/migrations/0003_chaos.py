@@ -5,49 +5,69 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('testapp', '0002_itemlog'),
+        ("testapp", "0002_itemlog"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ChaosLedger',
+            name="ChaosLedger",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('job_id', models.BigIntegerField()),
-                ('key', models.CharField(max_length=100)),
-                ('fence', models.BigIntegerField()),
-                ('worker_id', models.CharField(max_length=200)),
-                ('db_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("job_id", models.BigIntegerField()),
+                ("key", models.CharField(max_length=100)),
+                ("fence", models.BigIntegerField()),
+                ("worker_id", models.CharField(max_length=200)),
+                (
+                    "db_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='ChaosSlot',
+            name="ChaosSlot",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=100, unique=True)),
-                ('fence', models.BigIntegerField(null=True)),
-                ('applied', models.IntegerField(default=0)),
-                ('worker_id', models.CharField(blank=True, default='', max_length=200)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=100, unique=True)),
+                ("fence", models.BigIntegerField(null=True)),
+                ("applied", models.IntegerField(default=0)),
+                ("worker_id", models.CharField(blank=True, default="", max_length=200)),
             ],
         ),
         migrations.CreateModel(
-            name='ChaosRun',
+            name="ChaosRun",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('job_id', models.BigIntegerField()),
-                ('key', models.CharField(max_length=100)),
-                ('kind', models.CharField(max_length=20)),
-                ('fence', models.BigIntegerField()),
-                ('worker_id', models.CharField(max_length=200)),
-                ('pid', models.IntegerField()),
-                ('local_start', models.FloatField()),
-                ('db_start', models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
-                ('db_end', models.DateTimeField(null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("job_id", models.BigIntegerField()),
+                ("key", models.CharField(max_length=100)),
+                ("kind", models.CharField(max_length=20)),
+                ("fence", models.BigIntegerField()),
+                ("worker_id", models.CharField(max_length=200)),
+                ("pid", models.IntegerField()),
+                ("local_start", models.FloatField()),
+                (
+                    "db_start",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("db_end", models.DateTimeField(null=True)),
             ],
             options={
-                'indexes': [models.Index(fields=['job_id', 'fence'], name='chaos_run_job_idx')],
+                "indexes": [models.Index(fields=["job_id", "fence"], name="chaos_run_job_idx")],
             },
         ),
     ]

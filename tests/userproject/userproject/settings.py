@@ -35,34 +35,42 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 ROOT_URLCONF = "userproject.urls"
-TEMPLATES = [{
-    "BACKEND": "django.template.backends.django.DjangoTemplates",
-    "DIRS": [],
-    "APP_DIRS": True,
-    "OPTIONS": {"context_processors": [
-        "django.template.context_processors.request",
-        "django.contrib.auth.context_processors.auth",
-        "django.contrib.messages.context_processors.messages",
-    ]},
-}]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
 STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if os.environ.get("USER_DATABASE", "sqlite") == "postgres":
-    DATABASES = {"default": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": os.environ["USER_PG_NAME"],
-        "USER": os.environ.get("USER_PG_USER", "postgres"),
-        "PASSWORD": os.environ.get("USER_PG_PASSWORD", ""),
-        "HOST": os.environ.get("USER_PG_HOST", "127.0.0.1"),
-        "PORT": os.environ.get("USER_PG_PORT", "5432"),
-    }}
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ["USER_PG_NAME"],
+            "USER": os.environ.get("USER_PG_USER", "postgres"),
+            "PASSWORD": os.environ.get("USER_PG_PASSWORD", ""),
+            "HOST": os.environ.get("USER_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("USER_PG_PORT", "5432"),
+        }
+    }
 else:
-    DATABASES = {"default": {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": BASE_DIR / "db.sqlite3",
-        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
-    }}
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": BASE_DIR / "db.sqlite3",
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+        }
+    }
 
 TASKS = {
     "default": {
