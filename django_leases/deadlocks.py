@@ -6,9 +6,10 @@ statement back. The victim changed nothing, so sending it again is safe, and the
 gives the real answer (usually 0 rows: the takeover won). Without this the stale owner's
 handler would see an OperationalError instead of LeaseLost.
 
-Only a write outside any atomic block is retried: inside one, the rollback took the caller's
-earlier statements with it, and only the caller can redo those. Operator verbs that are one
-UPDATE (cancel, expire_now, retry_now) race claims the same way and are retried alike.
+Only a write outside the caller's own transaction (no atomic block, autocommit on) is retried:
+inside one, the rollback took the caller's earlier statements with it, and only the caller can
+redo those. Operator verbs that are one UPDATE (cancel, expire_now, retry_now) race claims the
+same way and are retried alike.
 """
 
 from __future__ import annotations
@@ -44,7 +45,15 @@ def retry_deadlock_victims[S: models.QuerySet[Any], **P, R](
             try:
                 return method(self, *args, **kwargs)
             except OperationalError as error:
-                if not tries_left or connections[db].in_atomic_block or not is_deadlock(error):
+                conn = connections[db]
+                # Inside the caller's own transaction (an atomic block, or autocommit turned
+                # off) the rollback took the caller's earlier writes too: only it can redo them.
+                if (
+                    not tries_left
+                    or conn.in_atomic_block
+                    or not conn.get_autocommit()
+                    or not is_deadlock(error)
+                ):
                     raise
         raise AssertionError("unreachable")
 

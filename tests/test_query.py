@@ -632,3 +632,40 @@ def test_a_lease_override_out_of_range_is_refused_by_every_owner_verb(lease):
         Job.objects.checkpoint(claim, 7, lease=lease)
     after = Job.objects.get(pk=job.pk)
     assert (after.lease_expires_at, after.cursor) == (before, None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deadlock_victim_is_sent_again_only_outside_the_callers_transaction():
+    """(3) InnoDB rolls back the whole transaction of a deadlock victim. A verb called on its
+    own is sent again; one called inside the caller's transaction (autocommit off, or an
+    atomic block) raises at once, so the caller's earlier writes are never silently lost."""
+    from django.db import OperationalError
+
+    from django_leases.deadlocks import MYSQL_DEADLOCK, TRIES, retry_deadlock_victims
+    from django_leases.query import JobQuerySet
+
+    calls = []
+
+    class Verbs(JobQuerySet):
+        @retry_deadlock_victims
+        def victim(self):
+            calls.append(self.count())  # a real statement, then the database's answer
+            raise OperationalError(MYSQL_DEADLOCK, "Deadlock found when trying to get lock")
+
+    with pytest.raises(OperationalError):
+        Verbs(model=Job).victim()
+    assert len(calls) == TRIES
+    for inside in ("autocommit off", "atomic"):
+        calls.clear()
+        if inside == "atomic":
+            with pytest.raises(OperationalError), transaction.atomic():
+                Verbs(model=Job).victim()
+        else:
+            transaction.set_autocommit(False)
+            try:
+                with pytest.raises(OperationalError):
+                    Verbs(model=Job).victim()
+            finally:
+                transaction.rollback()
+                transaction.set_autocommit(True)
+        assert len(calls) == 1, inside

@@ -314,14 +314,21 @@ def _drop_broken_connections() -> None:
     fail and the heartbeat wait forever. Closing rolls the transaction back. Healthy ones
     stay open whatever CONN_MAX_AGE says, so a busy worker does not reconnect per job."""
     for conn in connections.all(initialized_only=True):
-        if conn.connection is None:
-            continue
-        if _left_in_transaction(conn) or conn.errors_occurred and not conn.is_usable():
-            _close(conn)
-            continue
-        conn.errors_occurred = False
-        # With CONN_HEALTH_CHECKS the next job's first query checks the connection first.
-        conn.health_check_done = False  # type: ignore[attr-defined]  # Django's, not in django-stubs
+        try:
+            _tidy(conn)
+        except Exception as e:  # noqa: BLE001 -- one connection's trouble must not spare the others
+            logger.warning("Could not tidy connection %s after a job: %s", conn.alias, e)
+
+
+def _tidy(conn: Any) -> None:
+    if conn.connection is None:
+        return
+    if _left_in_transaction(conn) or conn.errors_occurred and not conn.is_usable():
+        _close(conn)
+        return
+    conn.errors_occurred = False
+    # With CONN_HEALTH_CHECKS the next job's first query checks the connection first.
+    conn.health_check_done = False
 
 
 def _left_in_transaction(conn: Any) -> bool:
