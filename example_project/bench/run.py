@@ -40,12 +40,10 @@ PEERS = {
     "ox": ["django-ox", "psycopg[binary]"],
 }
 PEER_DIST = {"tasksdb": "django-tasks-db", "procrastinate": "procrastinate", "ox": "django-ox"}
+# BENCH_DB_PREFIX ("bench_") lets two harness runs share one server without sharing tables.
+DB_PREFIX = os.environ.get("BENCH_DB_PREFIX", "bench_")
 DATABASES = {
-    "limit": "bench_limit",
-    "leases": "bench_leases",
-    "tasksdb": "bench_tasksdb",
-    "procrastinate": "bench_procrastinate",
-    "ox": "bench_ox",
+    name: f"{DB_PREFIX}{name}" for name in ("limit", "leases", "tasksdb", "procrastinate", "ox")
 }
 TABLE_PREFIX = {
     "limit": "limit_job",
@@ -728,7 +726,7 @@ def main() -> None:
                 attempt(
                     results["recovery"], s.key, recovery, s, n, a.recovery_timeout, a.recovery_lease
                 )
-        partial = Path(tempfile.gettempdir()) / "bench_results.partial.json"
+        partial = Path(tempfile.gettempdir()) / f"{DB_PREFIX}results.partial.json"
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps(results, indent=1, default=str))
         if "heartbeat" in workloads and "leases" in by_kind:
