@@ -20,8 +20,9 @@ if os.environ.get("LEASES_WORKER_QUEUE_DB_NAME"):
 # A handler's connection cut while idle is checked and reopened before its next job.
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 TASKS["default"]["OPTIONS"]["NOTIFY"] = os.environ.get("LEASES_WORKER_NOTIFY", "1") == "1"
-LOGGING["formatters"] = {"stamped": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}}
-LOGGING["handlers"]["console"]["formatter"] = "stamped"
+# JSON lines: the tests wait on the worker's events and fields (tests/worker_helpers.py).
+LOGGING["formatters"] = {"json": {"()": "django_leases.worker.logs.JsonFormatter"}}
+LOGGING["handlers"]["console"]["formatter"] = "json"
 # The worker tests of start-up and connection limits: another port (a proxy), another role.
 if os.environ.get("LEASES_WORKER_DB_PORT"):
     DATABASES["default"]["PORT"] = os.environ["LEASES_WORKER_DB_PORT"]

@@ -30,7 +30,16 @@ def store_checkpoint(handle: JobHandle, cursor: Any) -> bool:
     if held:
         transaction.on_commit(functools.partial(_renewed, handle, started), using=handle.database)
         logger.debug(
-            "Checkpoint job=%s fence=%s worker=%s", handle.job_id, handle.fence, handle.worker_id
+            "Checkpoint job=%s fence=%s worker=%s",
+            handle.job_id,
+            handle.fence,
+            handle.worker_id,
+            extra={
+                "event": "checkpoint",
+                "job_id": handle.job_id,
+                "fence": handle.fence,
+                "worker": handle.worker_id,
+            },
         )
     else:
         logger.warning(
@@ -38,6 +47,12 @@ def store_checkpoint(handle: JobHandle, cursor: Any) -> bool:
             handle.job_id,
             handle.fence,
             handle.worker_id,
+            extra={
+                "event": "checkpoint_rejected",
+                "job_id": handle.job_id,
+                "fence": handle.fence,
+                "worker": handle.worker_id,
+            },
         )
     return held
 

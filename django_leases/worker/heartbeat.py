@@ -147,7 +147,14 @@ class Heartbeat(VitalThread):
                 statements,
                 self.worker_id,
                 lost,
-                extra={"event": "renewed", "worker": self.worker_id},
+                extra={
+                    "event": "renewed",
+                    "worker": self.worker_id,
+                    "held": len(held),
+                    "claims": len(claims),
+                    "statements": statements,
+                    "lost": lost,
+                },
             )
 
 

@@ -358,7 +358,7 @@ class Worker:
                 "Claiming paused for %.1fs worker=%s: a handler could not connect",
                 pause,
                 self.worker_id,
-                extra={"event": "paused", "worker": self.worker_id},
+                extra=claim_fields(claim.job, self.worker_id, "paused", error=outcome.message),
             )
 
     def _results_at_start(self, jobs: list[Any]) -> dict[Any, Any]:
@@ -382,6 +382,7 @@ class Worker:
                 "Could not read the claimed jobs for task_started worker=%s error=%s",
                 self.worker_id,
                 e,
+                extra={"event": "signal_read_failed", "worker": self.worker_id},
             )
             return {}
 
@@ -487,6 +488,7 @@ class Worker:
             class_path(type(error)),
             first_line(error),
             exc_info=error,
+            extra=claim_fields(claim.job, self.worker_id, "dropped", error=class_path(type(error))),
         )
 
     def _discard(self, claim: Claim, outcome: Outcome) -> None:
@@ -589,6 +591,11 @@ class Worker:
                     len(oks),
                     self.worker_id,
                     first_line(e),
+                    extra={
+                        "event": "batch_ack_refused",
+                        "worker": self.worker_id,
+                        "error": first_line(e),
+                    },
                 )
                 while oks:
                     self._ack_or_refuse(oks[:1], others)
@@ -601,6 +608,7 @@ class Worker:
                 claim.job.fence,
                 self.worker_id,
                 first_line(e),
+                extra=claim_fields(claim.job, self.worker_id, "ack_refused", error=first_line(e)),
             )
             claim.write_strikes = 0
             others.append((claim, _refusal(e, "the database refused the result")))
@@ -623,6 +631,9 @@ class Worker:
                 claim.job.fence,
                 self.worker_id,
                 first_line(e),
+                extra=claim_fields(
+                    claim.job, self.worker_id, "failure_refused", error=first_line(e)
+                ),
             )
             minimal = replace(
                 outcome,
@@ -649,6 +660,9 @@ class Worker:
                 claim.job.fence,
                 self.worker_id,
                 first_line(e),
+                extra=claim_fields(
+                    claim.job, self.worker_id, "failure_dropped", error=first_line(e)
+                ),
             )
 
     def _refused(self, error: Exception, claim: Claim | None = None) -> bool:
@@ -695,7 +709,11 @@ class Worker:
                 self.worker_id,
                 len(self.book),
                 self.grace,
-                extra={"event": "stopping", "worker": self.worker_id},
+                extra={
+                    "event": "stopping",
+                    "worker": self.worker_id,
+                    "signal": self.stop_request.signal_name,
+                },
             )
         deadline = time.monotonic() + (0 if dead else self.grace)
         while self.book and not self.stop_request.hurry and time.monotonic() < deadline:
@@ -735,7 +753,7 @@ class Worker:
             self.worker_id,
             consequence,
             len(self.book),
-            extra={"event": "thread_died", "worker": self.worker_id},
+            extra={"event": "thread_died", "worker": self.worker_id, "thread": thread.role},
         )
 
     def _tell_to_stop(self) -> list[Claim]:
@@ -756,6 +774,7 @@ class Worker:
                 "they end with this process",
                 ",".join(map(str, running)),
                 self.worker_id,
+                extra={"event": "handlers_running", "worker": self.worker_id, "jobs": running},
             )
         return claims
 
@@ -809,6 +828,11 @@ class Worker:
                         what,
                         self.worker_id,
                         first_line(e),
+                        extra={
+                            "event": "db_refused",
+                            "worker": self.worker_id,
+                            "error": first_line(e),
+                        },
                     )
                     return None
                 self._db_trouble(what, e, wait=not self.stop_request.hurry)

@@ -71,7 +71,7 @@ def wait_for_database(database: str, worker_id: str) -> bool:
             "Stopping on %s worker=%s: the database never answered; nothing was claimed",
             stop.signal_name,
             worker_id,
-            extra={"event": "stopped", "worker": worker_id},
+            extra={"event": "stopped", "worker": worker_id, "signal": stop.signal_name},
         )
         return False
     finally:

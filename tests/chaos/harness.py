@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..worker_helpers import wait_for
+from ..worker_helpers import read_records, wait_for
 from .cluster import Cluster
 from .proxy import Proxy
 
@@ -240,7 +240,7 @@ class Harness:
         def started() -> bool:
             if not w.alive():
                 raise RuntimeError(f"{w.worker_id} exited at start:\n{w.text()[-3000:]}")
-            return "Worker started" in w.text()
+            return any(r.get("event") == "started" for r in read_records(w.text()))
 
         wait_for(started, 60, f"{w.worker_id} to start")
 
@@ -392,12 +392,12 @@ class Harness:
         def done() -> bool:
             if time.monotonic() < floor:
                 return False
-            text = w.text()
-            left = [
-                (pk, f)
-                for pk, f in held
-                if f"Lost claim job={pk} fence={f} worker={w.worker_id}" not in text
-            ]
+            given_up = {
+                (r["job_id"], r["fence"])
+                for r in read_records(w.text())
+                if r.get("event") == "lost" and r.get("worker") == w.worker_id
+            }
+            left = [(pk, f) for pk, f in held if (pk, f) not in given_up]
             return not left or not self._retry(
                 lambda: Job.objects.filter(
                     pk__in=[pk for pk, _ in left], fence__in=[f for _, f in left], state="claimed"

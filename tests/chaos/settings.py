@@ -36,8 +36,9 @@ TASKS["default"]["QUEUES"] = [*TASKS["default"].get("QUEUES", ["default"]), "iso
 TASKS["default"]["OPTIONS"] = {**TASKS["default"].get("OPTIONS", {}), "LEASE_SECONDS": 4}
 LOGGING = {
     **LOGGING,
-    "formatters": {"epoch": {"format": "%(created).3f %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "epoch"}},
+    # JSON lines: the checker reads events and fields (tests/worker_helpers.read_records).
+    "formatters": {"json": {"()": "django_leases.worker.logs.JsonFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
     "loggers": {
         "django_leases": {"handlers": ["console"], "level": "INFO"},
         "tests.chaos": {"handlers": ["console"], "level": "INFO"},

@@ -269,7 +269,10 @@ def _require_ready_database(database: str) -> None:
     except DatabaseError as e:
         # Unreachable for now: the loop waits for it like for any outage.
         logging.getLogger("django_leases.worker").warning(
-            "Could not check the migrations of database %r: %s", database, e
+            "Could not check the migrations of database %r: %s",
+            database,
+            e,
+            extra={"event": "migrations_unchecked", "error": str(e)},
         )
         return
     if missing:
@@ -298,7 +301,10 @@ def _require_connections(kwargs: dict[str, Any]) -> None:
         limits = connection_limits(database)
     except DatabaseError as e:
         logging.getLogger("django_leases.worker").warning(
-            "Could not read the connection limits of database %r: %s", database, e
+            "Could not read the connection limits of database %r: %s",
+            database,
+            e,
+            extra={"event": "limits_unread", "error": str(e)},
         )
         return
     if not limits or limits[0].free >= needed:
