@@ -20,7 +20,8 @@ from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_leases.admin import LeaseAdminPaginator, humanize_seconds
+from django_leases.admin import LeaseAdminPaginator
+from django_leases.durations import duration_text
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
 
@@ -167,8 +168,9 @@ def test_a_claim_whose_worker_is_gone_is_stalled_though_it_renewed_recently(admi
         (-95, "95 s"),
     ],
 )
-def test_humanize_seconds(value, text):
-    assert humanize_seconds(value) == text
+def test_duration_text(value, text):
+    """Whole units, rounded down, for ages and what is left of a lease."""
+    assert duration_text(value) == text
 
 
 # -- filters, search and counts ------------------------------------------------------------
