@@ -81,7 +81,7 @@ def test_the_heartbeat_outlives_an_interface_error(workers):
     job = job_of(result)
     assert (job.fence, job.attempts, job.leases_lost) == (1, 1, 0)
     failures = [r["error"] for r in a.events("renewal_failed", worker="iface-a")]
-    assert failures == ["(0, '') injected"] * 3, a.log()
+    assert failures == ["(0, '') injected by tests/worker_faults.py"] * 3, a.log()
     assert a.events("renewed", held=1, claims=1)
     assert not a.events("lost")
     after = add.enqueue(2, 3)
@@ -102,7 +102,7 @@ def test_a_dead_heartbeat_thread_makes_the_worker_release_and_exit_non_zero(work
         env_extra={"LEASES_WORKER_FAULT": "leases-heartbeat:SystemExit:1:django_leases_job"},
     )
     assert a.wait_exit(LEASE + 20) == 1
-    assert a.events("thread_died", worker="deadbeat-a", thread="heartbeat"), a.log()
+    assert a.events("thread_died", worker="deadbeat-a", role="heartbeat"), a.log()
     job = job_of(held)
     assert (job.state, job.attempts, job.fence, job.claim_token) == (JobState.PENDING, 0, 1, None)
     assert a.events("released", job_id=job.pk, fence=1, worker="deadbeat-a")

@@ -199,6 +199,18 @@ def _is_worker_logger(node: ast.expr) -> bool:
     )
 
 
+def _fields_of(call: ast.Call) -> set[str]:
+    """The names a logging call passes in ``extra=`` (a dict's keys, claim_fields()'s)."""
+    extra = next((k.value for k in call.keywords if k.arg == "extra"), None)
+    if isinstance(extra, ast.Dict):
+        return {k.value for k in extra.keys if isinstance(k, ast.Constant)}
+    if isinstance(extra, ast.Call):
+        return {"event", "job_id", "task", "queue", "worker", "fence"} | {
+            k.arg for k in extra.keywords if k.arg
+        }
+    return set()
+
+
 def _event_of(call: ast.Call) -> str | None:
     """The event a logging call passes in ``extra=``: a dict's "event" key or
     claim_fields()'s third argument; None if it passes none."""
@@ -218,8 +230,8 @@ def _event_of(call: ast.Call) -> str | None:
     return None
 
 
-def logging_calls() -> list[tuple[str, int, str | None]]:
-    """(file, line, event) of every call of the worker's loggers in the package."""
+def logging_calls() -> list[tuple[str, int, str | None, set[str]]]:
+    """(file, line, event, fields) of every call of the worker's loggers in the package."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -229,7 +241,8 @@ def logging_calls() -> list[tuple[str, int, str | None]]:
                 and node.func.attr in LEVELS
                 and _is_worker_logger(node.func.value)
             ):
-                found.append((str(path.relative_to(PACKAGE)), node.lineno, _event_of(node)))
+                where = str(path.relative_to(PACKAGE))
+                found.append((where, node.lineno, _event_of(node), _fields_of(node)))
     return found
 
 
@@ -239,11 +252,17 @@ def test_every_log_call_names_an_event_of_the_one_documented_list():
     one of Django's task lines), and docs/worker.md lists exactly EVENTS."""
     calls = logging_calls()
     assert len(calls) > 40, calls  # the walk found the worker's calls
-    unnamed = [(f, line) for f, line, event in calls if event is None]
+    unnamed = [(f, line) for f, line, event, _ in calls if event is None]
     assert not unnamed, f"log calls without extra={{'event': ...}}: {unnamed}"
-    unlisted = [(f, line, event) for f, line, event in calls if event not in logs.EVENTS]
+    unlisted = [(f, line, event) for f, line, event, _ in calls if event not in logs.EVENTS]
     assert not unlisted, f"events missing from logs.EVENTS: {unlisted}"
-    written = {event for _, _, event in calls}
+    # A field the JSON format would not write is a fact no reader sees; one named as a
+    # LogRecord attribute ("thread", "process", ...) makes logging raise.
+    unwritten = [(f, line, fields - set(logs.FIELDS)) for f, line, _, fields in calls]
+    assert not [u for u in unwritten if u[2]], f"fields missing from logs.FIELDS: {unwritten}"
+    reserved = set(vars(logging.LogRecord("n", 0, "p", 0, "m", None, None))) | {"message"}
+    assert not reserved & set(logs.FIELDS), reserved & set(logs.FIELDS)
+    written = {event for _, _, event, _ in calls}
     djangos = {name for name in logs.EVENTS if name.startswith("task_")}
     assert set(logs.EVENTS) - written == djangos, "EVENTS lists events nothing writes"
     page = (PACKAGE.parent / "docs" / "worker.md").read_text(encoding="utf-8")

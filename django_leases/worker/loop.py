@@ -753,7 +753,7 @@ class Worker:
             self.worker_id,
             consequence,
             len(self.book),
-            extra={"event": "thread_died", "worker": self.worker_id, "thread": thread.role},
+            extra={"event": "thread_died", "worker": self.worker_id, "role": thread.role},
         )
 
     def _tell_to_stop(self) -> list[Claim]:
