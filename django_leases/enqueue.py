@@ -29,6 +29,7 @@ from django.utils import timezone
 from . import conf
 from .jsonsafe import ensure_json, shown
 from .states import ACTIVE_STATES, JobState, LeaseLostPolicy
+from .storable import first_line
 
 if TYPE_CHECKING:
     from .models import Job
@@ -422,7 +423,7 @@ def migrated(model: type[Job], db: str) -> Iterator[None]:
             raise
         raise type(e)(
             f"The job table {model._meta.db_table!r} is missing or out of date on database "
-            f"{db!r} ({str(e).strip().splitlines()[0]}): run `python manage.py migrate django_leases "
+            f"{db!r} ({first_line(e)}): run `python manage.py migrate django_leases "
             f"--database {db}`."
         ) from e
 

@@ -25,11 +25,12 @@ from ..storable import (
     MESSAGE_LIMIT,
     ascii_text,
     class_path,
+    first_line,
     storable_text,
 )
 from .child import KILL_GRACE_SECONDS
 from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
-from .dberrors import DB_ERRORS, error_kind, first_line, refused_by_database
+from .dberrors import DB_ERRORS, error_kind, refused_by_database
 from .executors import ProcessExecutor, ThreadExecutor
 from .heartbeat import Heartbeat, Watchdog
 from .listener import Listener
@@ -908,14 +909,14 @@ class Worker:
     def _db_trouble(self, what: str, error: Exception, *, wait: bool = True) -> None:
         """Log, drop the broken connection, back off; the next call reconnects."""
         delay = self._backoff.next()
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        said = first_line(error)
         logger.warning(
             "Database trouble during %s worker=%s error=%s; retrying in %.1fs",
             what,
             self.worker_id,
-            first_line,
+            said,
             delay,
-            extra={"event": "db_trouble", "worker": self.worker_id, "error": first_line},
+            extra={"event": "db_trouble", "worker": self.worker_id, "error": said},
         )
         with contextlib.suppress(*DB_ERRORS):
             connections[self.database].close()

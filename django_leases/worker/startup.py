@@ -12,7 +12,8 @@ import time
 
 from django.db import connections
 
-from .dberrors import DB_ERRORS, first_line
+from ..storable import first_line
+from .dberrors import DB_ERRORS
 from .loop import Backoff
 from .shutdown import StopRequest
 from .waker import Waker
