@@ -71,6 +71,14 @@ def read_records(log: str) -> list[dict[str, Any]]:
     return found
 
 
+def _matches(record: dict[str, Any], event: str, facts: dict[str, Any]) -> bool:
+    """A record of ``event`` whose fields have the values of ``facts`` (compared as text:
+    a TaskResult's id is a string, the record's job_id a number)."""
+    return record.get("event") == event and all(
+        str(record.get(k)) == str(v) for k, v in facts.items()
+    )
+
+
 class WorkerProcess:
     def __init__(
         self,
@@ -84,6 +92,7 @@ class WorkerProcess:
         self.log_path = log_path
         self.own_group = own_group
         self._log = open(log_path, "wb")  # noqa: SIM115 -- closed in kill()
+        self._read, self._records = 0, []  # records(): what of the log is parsed so far
         cmd = [
             sys.executable,
             "-m",
@@ -113,17 +122,19 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
     def records(self) -> list[dict[str, Any]]:
-        """The JSON records in the log so far (see read_records)."""
-        return read_records(self.log())
+        """The JSON records in the log so far (see read_records), each line read once."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._read)
+            chunk = log.read()
+        complete = chunk.rfind(b"\n") + 1  # a line still being written waits for its end
+        if complete:
+            self._records += read_records(chunk[:complete].decode(errors="replace"))
+            self._read += complete
+        return list(self._records)
 
     def events(self, event: str, **facts: Any) -> list[dict[str, Any]]:
-        """The records of ``event`` whose fields have the values of ``facts`` (compared as
-        text: a TaskResult's id is a string, the record's job_id a number)."""
-        return [
-            r
-            for r in self.records()
-            if r.get("event") == event and all(str(r.get(k)) == str(v) for k, v in facts.items())
-        ]
+        """The records of ``event`` whose fields have the values of ``facts``."""
+        return [r for r in self.records() if _matches(r, event, facts)]
 
     def wait_event(self, event: str, timeout: float = 10.0, **facts: Any) -> dict[str, Any]:
         """The first record of ``event`` with ``facts``, once the worker has logged it."""
@@ -131,21 +142,14 @@ class WorkerProcess:
             lambda: next(iter(self.events(event, **facts)), None),
             timeout,
             lambda: f"event {event} {facts} from {self.worker_id}:\n{self.log()[-3000:]}",
+            interval=0.1,
         )
 
     def order(self, *wanted: tuple[str, dict[str, Any]]) -> list[int]:
         """The position in the log of the first record of each (event, facts), -1 if none."""
         records = self.records()
         return [
-            next(
-                (
-                    i
-                    for i, r in enumerate(records)
-                    if r.get("event") == event
-                    and all(str(r.get(k)) == str(v) for k, v in facts.items())
-                ),
-                -1,
-            )
+            next((i for i, r in enumerate(records) if _matches(r, event, facts)), -1)
             for event, facts in wanted
         ]
 
