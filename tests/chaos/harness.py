@@ -167,6 +167,8 @@ class Worker:
             f"{profile.poll:g}",
             "--grace",
             "3",
+            "--log-format",
+            "json",
             "-v",
             "2",
         ]
