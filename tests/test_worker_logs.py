@@ -108,7 +108,7 @@ def test_a_takeover_names_the_previous_owner_and_fence_and_the_lease_it_was_gran
     a.wait_event("claimed", job_id=result.id)
     a.signal(signal.SIGKILL)
     a.wait_exit()
-    b = workers.start("log-b", *FAST, "--log-format", "json", env_extra=OWN_LOGGING, ready=False)
+    b = workers.start("log-b", *FAST, env_extra=OWN_LOGGING)  # --log-format json
     wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, LEASE + 15, "the takeover")
     takeover = next(r for r in json_lines(b.log()) if r.get("event") == "takeover")
     assert (takeover["job_id"], takeover["fence"], takeover["worker"]) == (
