@@ -217,7 +217,8 @@ class Workers:
         self.started.append(worker)
         if ready:
             assert log_format == "json", "a worker logging text is started with ready=False"
-            worker.wait_event("started", timeout=20)
+            # A bound on start-up, not a measure: a loaded machine may take long to import.
+            worker.wait_event("started", timeout=60)
         return worker
 
     def close(self) -> None:
