@@ -30,10 +30,9 @@ fi
 # The tests that run through the pooler: every statement a worker, the backend, fencing and
 # the admin send, with real workers; and the chaos short profile (tests/test_chaos.py).
 # LEASES_POOLED_TESTS="tests/test_x.py ..." runs others instead.
-pooled_tests=(${LEASES_POOLED_TESTS:-tests/test_pooler.py tests/test_query.py tests/test_fencing.py tests/test_backend.py
-  tests/test_admin.py tests/test_advisor.py tests/test_worker_process.py tests/test_worker_fencing.py
-  tests/test_worker_heartbeat.py tests/test_worker_queues.py tests/test_worker_stopping.py
-  tests/test_chaos.py})
+pooled_tests=(${LEASES_POOLED_TESTS:-tests/test_pooler.py tests/test_query.py tests/test_fencing.py
+  tests/test_backend.py tests/test_admin.py tests/test_advisor.py tests/test_worker_process.py
+  tests/test_worker_fencing.py tests/test_worker_heartbeat.py tests/test_chaos.py})
 
 # PostgreSQL through a PgBouncer started here. Django's test database is made through it (its
 # CREATE DATABASE is one autocommit statement) and kept (--reuse-db): dropping it through the
@@ -47,6 +46,8 @@ pooled() {
     echo "SKIPPED: the tests through PgBouncer"; return 0
   fi
   dir=$(mktemp -d)
+  # Stopped however this script ends (a timeout, ^C), not only after pytest.
+  trap '"$LEASES_VENV_PYTHON" -m tests.pooler stop "'"$dir"'"' EXIT
   port=$("$LEASES_VENV_PYTHON" -m tests.pooler start "$dir" --target "$target") || return 1
   "$LEASES_VENV_PYTHON" -m tests.pooler dropdb "$name" "${name}_queue" --target "$target"
   local rc=0
@@ -54,6 +55,7 @@ pooled() {
     LEASES_POOLER_DIRECT_URL=$pg_url \
     "$LEASES_VENV_PYTHON" -m pytest -p no:cacheprovider --reuse-db "${pooled_tests[@]}" "$@" || rc=$?
   "$LEASES_VENV_PYTHON" -m tests.pooler stop "$dir"
+  trap - EXIT
   "$LEASES_VENV_PYTHON" -m tests.pooler dropdb "$name" "${name}_queue" --target "$target" || rc=1
   return $rc
 }
