@@ -226,7 +226,7 @@ class Harness:
         if self.pooler:
             from ..pooler import PgBouncer
 
-            self.bouncer = PgBouncer(self.cluster.port, pool_size=12, query_wait_timeout=10)
+            self.bouncer = PgBouncer(self.cluster.port, pool_size=12, query_wait_timeout=3)
             entry = self.bouncer.start()
             # The workers' LISTEN_DATABASE (tests/chaos/settings.py), not through a proxy.
             os.environ["LEASES_CHAOS_DIRECT_PORT"] = str(self.cluster.port)
