@@ -53,7 +53,8 @@ def chaos_report(tmp_path_factory):
         env=env,
         capture_output=True,
         text=True,
-        timeout=290,
+        # Through the pooler the drain is slower on a loaded machine (260 s seen alone).
+        timeout=480 if POOLED else 290,
     )
     report_path = out / "report.json"
     assert report_path.exists(), (
