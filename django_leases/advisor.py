@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
+
 from . import conf, registry
 from .durations import duration_text
 
@@ -191,9 +193,12 @@ def report(
     durations: dict[str, array[float]] = {}
     leases: dict[str, set[float]] = {}
     rows = Job.objects.using(database).handler_durations(since_days)
-    for task_path, lease_seconds, duration in rows.iterator(chunk_size=5000):
-        durations.setdefault(task_path, array("d")).append(_seconds(duration))
-        leases.setdefault(task_path, set()).add(float(lease_seconds))
+    # In a transaction: outside one, PostgreSQL's server-side cursor is declared WITH HOLD and
+    # read in later transactions, which a transaction pooler may send to another session.
+    with transaction.atomic(using=database):
+        for task_path, lease_seconds, duration in rows.iterator(chunk_size=5000):
+            durations.setdefault(task_path, array("d")).append(_seconds(duration))
+            leases.setdefault(task_path, set()).add(float(lease_seconds))
     out = []
     for task_path in sorted(durations):
         values = sorted(durations[task_path])

@@ -304,6 +304,11 @@ def test_without_notify_polling_alone_runs_the_job(workers):
 
 
 @pytest.mark.skipif(not ON_POSTGRES, reason=PG_ONLY)
+@pytest.mark.skipif(
+    bool(os.environ.get("LEASES_POOLER_DIRECT_URL")),
+    reason="through PgBouncer it would terminate the pooler's sessions that serve this test "
+    "process too; tests/chaos cuts a pooled worker's connections instead",
+)
 def test_the_worker_survives_losing_its_connections(workers):
     """When PostgreSQL drops every connection of the worker mid-job, it logs, reconnects and
     keeps its claim (renewals resume within the lease), so the job succeeds with its first

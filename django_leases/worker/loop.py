@@ -95,6 +95,7 @@ class Worker:
         grace: float = 20.0,
         worker_id: str | None = None,
         notify: bool = True,
+        listen_database: str | None = None,
         connect_handlers: bool = True,
     ) -> None:
         self.alias = alias
@@ -111,6 +112,8 @@ class Worker:
         self.grace = grace
         self.worker_id = worker_id or default_worker_id()
         self.notify = notify
+        # LISTEN_DATABASE: a direct connection when ``database`` goes through a pooler.
+        self.listen_database = listen_database or database
         # Open each handler's connection before it runs: one refused is a release, not a
         # failure (off with --skip-connection-check: handlers that use no database).
         self.connect_handlers = connect_handlers
@@ -893,10 +896,10 @@ class Worker:
         )
         self._vital = [self.heartbeat, watchdog]
         threads: list[Any] = list(self._vital)
-        if self.notify and connections[self.database].vendor == "postgresql":
+        if self.notify and connections[self.listen_database].vendor == "postgresql":
             threads.append(
                 Listener(
-                    database=self.database,
+                    database=self.listen_database,
                     queues=self.queues,
                     waker=self.waker,
                     worker_id=self.worker_id,

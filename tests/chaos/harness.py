@@ -200,8 +200,12 @@ class Worker:
 
 
 class Harness:
-    def __init__(self, profile: Profile, out: Path) -> None:
+    def __init__(self, profile: Profile, out: Path, *, pooler: bool = False) -> None:
         self.p = profile
+        # pooler: everything (workers, feed, checks) through PgBouncer in transaction
+        # pooling in front of the cluster; the workers LISTEN on a direct connection.
+        self.pooler = pooler
+        self.bouncer: Any = None
         self.out = out
         self.logs = out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -220,8 +224,16 @@ class Harness:
     def setup(self) -> None:
         self.cluster = Cluster(max_connections=self.p.max_connections)
         self.cluster.start()
+        entry = self.cluster.port
+        if self.pooler:
+            from ..pooler import PgBouncer
+
+            self.bouncer = PgBouncer(self.cluster.port, pool_size=12, query_wait_timeout=3)
+            entry = self.bouncer.start()
+            # The workers' LISTEN_DATABASE (tests/chaos/settings.py), not through a proxy.
+            os.environ["LEASES_CHAOS_DIRECT_PORT"] = str(self.cluster.port)
         os.environ["DJANGO_SETTINGS_MODULE"] = "tests.chaos.settings"
-        os.environ["LEASES_CHAOS_PORT"] = str(self.cluster.port)
+        os.environ["LEASES_CHAOS_PORT"] = str(entry)
         os.environ["LEASES_CHAOS_APP"] = "chaos-harness"
         import django
 
@@ -233,7 +245,7 @@ class Harness:
 
         install_audit()
         for spec in ROSTER:
-            self.proxies[spec.name] = Proxy(self.cluster.port)
+            self.proxies[spec.name] = Proxy(entry)
             self._spawn(spec)
         for w in self.workers.values():
             self._wait_started(w)
@@ -571,6 +583,7 @@ class Harness:
             "fed_at": self.fed_at,
             "drain": drain,
             "db_started": self.db_started,
+            "pooler": "pgbouncer" if self.pooler else None,
             "workers": [self._describe(w) for w in self.all_workers],
         }
 
@@ -641,6 +654,8 @@ class Harness:
             from django.db import connections
 
             connections.close_all()
+        if self.bouncer is not None:
+            self.bouncer.stop()
         if hasattr(self, "cluster"):
             self.cluster.stop_and_remove()
 

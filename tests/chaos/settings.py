@@ -32,6 +32,11 @@ DATABASES = {
 # The test suite's other aliases point at the same throwaway database (never used here).
 DATABASES["queue"] = copy.deepcopy(DATABASES["default"])
 TASKS = copy.deepcopy(TASKS)
+# Through PgBouncer (--pooler): LISTEN on a direct connection to the cluster.
+if os.environ.get("LEASES_CHAOS_DIRECT_PORT"):
+    DATABASES["direct"] = copy.deepcopy(DATABASES["default"])
+    DATABASES["direct"]["PORT"] = os.environ["LEASES_CHAOS_DIRECT_PORT"]
+    TASKS["default"]["OPTIONS"] = {**TASKS["default"]["OPTIONS"], "LISTEN_DATABASE": "direct"}
 TASKS["default"]["QUEUES"] = [*TASKS["default"].get("QUEUES", ["default"]), "isolated"]
 TASKS["default"]["OPTIONS"] = {**TASKS["default"].get("OPTIONS", {}), "LEASE_SECONDS": 4}
 LOGGING = {

@@ -241,6 +241,7 @@ class Command(BaseCommand):
             "grace": grace,
             "worker_id": worker_id,
             "notify": backend.notify,
+            "listen_database": backend.listen_database,
             "connect_handlers": not options.get("skip_connection_check", False),
         }
 
@@ -295,7 +296,12 @@ def _require_connections(kwargs: dict[str, Any]) -> None:
     from ...capacity import connection_limits
 
     database, concurrency = kwargs["database"], kwargs["concurrency"]
-    listener = int(kwargs["notify"] and connections[database].vendor == "postgresql")
+    # The listener's connection counts here only when it goes to this database.
+    listener = int(
+        kwargs["notify"]
+        and kwargs["listen_database"] == database
+        and connections[database].vendor == "postgresql"
+    )
     needed = 2 + listener + concurrency
     try:
         limits = connection_limits(database)
