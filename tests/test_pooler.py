@@ -129,7 +129,7 @@ def test_a_worker_behind_the_pooler_listens_on_the_direct_database(workers):
     connection, the LISTEN session is not one of PgBouncer's server sessions, and an enqueue
     through the pooler wakes the worker long before its 30 s poll."""
     a = workers.start("pooled-listen", "--lease", "3", "--poll", "30")
-    a.wait_log("Listening for wake-ups")
+    a.wait_event("listening")
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
@@ -162,7 +162,7 @@ def test_a_worker_behind_the_pooler_without_a_direct_connection_polls(workers):
     )
     results = [add.enqueue(i, 1) for i in range(5)]
     wait_for(lambda: all(job_of(r).state == JobState.SUCCEEDED for r in results), 20, "five jobs")
-    assert "Listening for wake-ups" not in a.log()
+    assert not a.events("listening")
     assert [job_of(r).result for r in results] == [1, 2, 3, 4, 5]
     a.signal(signal.SIGTERM)
     assert a.wait_exit() == 0
