@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import connections, models
+from django.db import connections, models, router, transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Now
 
@@ -119,17 +119,102 @@ class OperatorVerbs(_VerbsBase):
         self, older_than_days: float, *, include_dead: bool = False, batch_size: int = 1000
     ) -> int:
         """Delete finished jobs (succeeded and cancelled, and dead ones if asked) that finished
-        more than N days ago on the database clock, ``batch_size`` at a time so no statement
-        holds locks for long; return how many jobs were deleted."""
-        old = self.prunable(older_than_days, include_dead=include_dead)
-        manager = self.model._default_manager.using(self.db)
+        more than N days ago on the database clock, with their failures and effects; return
+        how many jobs were deleted.
+
+        Each batch of ``batch_size`` is its own short transaction that locks only the rows it
+        deletes, taken with SKIP LOCKED where the database has it, and re-checks the state and
+        the age in the DELETE itself: a job requeued by an operator in the meantime is pending
+        again and stays. Batches walk each state's (state, finished_at) index in order from
+        where the last one stopped, so no batch rescans what its predecessors deleted.
+        """
+        states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
+        db = self._db or router.db_for_write(self.model)
         deleted = 0
-        while True:
-            ids = list(old.order_by("pk").values_list("pk", flat=True)[:batch_size])
-            if not ids:
-                return deleted
-            _, per_model = manager.filter(pk__in=ids).delete()
-            deleted += per_model.get(self.model._meta.label, 0)
+        for state in states:
+            after: Any = None
+            while True:
+                n, after = (
+                    self._prune_batch_pg(db, state, older_than_days, after, batch_size)
+                    if connections[db].vendor == "postgresql"
+                    else self._prune_batch(db, state, older_than_days, after, batch_size)
+                )
+                deleted += n
+                if n == 0 or after is None:
+                    break
+        return deleted
+
+    def _prune_batch(
+        self, db: str, state: str, days: float, after: Any, batch_size: int
+    ) -> tuple[int, Any]:
+        """One batch through the ORM: (jobs deleted, the last finished_at seen)."""
+        manager = self.model._default_manager.using(db)
+        old = self.filter(state=state, finished_at__lt=Now() - Value(timedelta(days=days))).using(
+            db
+        )
+        if after is not None:
+            old = old.filter(finished_at__gte=after)
+        with transaction.atomic(using=db):
+            if connections[db].features.has_select_for_update_skip_locked:
+                old = old.select_for_update(skip_locked=True)
+            rows = list(
+                old.order_by("finished_at", "pk").values_list("pk", "finished_at")[:batch_size]
+            )
+            if not rows:
+                return 0, None
+            # Conditional again, in each DELETE itself: only what is still finished and old
+            # (a job requeued since the read is pending again and stays, history and all).
+            doomed = manager.filter(
+                pk__in=[pk for pk, _ in rows],
+                state=state,
+                finished_at__lt=Now() - Value(timedelta(days=days)),
+            )
+            for name in ("failures", "effects"):
+                related = cast("type[models.Model]", self.model._meta.get_field(name).related_model)
+                related._default_manager.using(db).filter(job__in=doomed).delete()
+            # One DELETE with the predicate: the history is gone, so nothing to collect.
+            deleted: int = doomed._raw_delete(db)
+        return deleted, rows[-1][1]
+
+    def _prune_batch_pg(
+        self, db: str, state: str, days: float, after: Any, batch_size: int
+    ) -> tuple[int, Any]:
+        """One batch on PostgreSQL, one statement: pick the oldest rows of ``state`` past
+        retention (an ordered scan of leases_job_finished_idx, SKIP LOCKED), delete their
+        failures and effects, then the jobs. Autocommit makes it its own transaction."""
+        quote = connections[db].ops.quote_name
+        job = self.model._meta
+        failure = job.get_field("failures").related_model._meta
+        effect = job.get_field("effects").related_model._meta
+        sql = f"""
+        WITH doomed AS (
+            SELECT id, finished_at FROM {quote(job.db_table)}
+            WHERE state = %(state)s
+              AND finished_at < statement_timestamp() - make_interval(secs => %(secs)s)
+              {"AND finished_at >= %(after)s" if after is not None else ""}
+            ORDER BY finished_at
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED
+        ), failures AS (
+            DELETE FROM {quote(failure.db_table)}
+            WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
+        ), effects AS (
+            DELETE FROM {quote(effect.db_table)}
+            WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
+        ), jobs AS (
+            -- ids as an array: primary-key lookups, never a join planned as a scan of the
+            -- whole table.
+            DELETE FROM {quote(job.db_table)}
+            WHERE id = ANY(ARRAY(SELECT id FROM doomed)) AND state = %(state)s
+            RETURNING finished_at
+        )
+        SELECT count(*), max(finished_at) FROM jobs
+        """
+        params = {"state": state, "secs": days * 86400, "after": after, "limit": batch_size}
+        with transaction.atomic(using=db), connections[db].cursor() as cursor:
+            cursor.execute(sql, params)
+            n, last = cursor.fetchone()
+        return n, last
 
     def dead_letter_past_deadline(self, *, batch_size: int = 1000) -> int:
         """Dead-letter pending jobs whose deadline passed (database clock) although no claim
