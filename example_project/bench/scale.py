@@ -571,6 +571,9 @@ def cmd_plan(a: argparse.Namespace) -> None:
         here = plan["Node Type"] + (f" using {plan['Index Name']}" if "Index Name" in plan else "")
         return [here] + [n for child in plan.get("Plans", []) for n in nodes(child)]
 
+    def walk(plan: dict) -> list[dict]:
+        return [plan] + [n for child in plan.get("Plans", []) for n in walk(child)]
+
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}")
         plan = cursor.fetchone()[0]
@@ -583,6 +586,12 @@ def cmd_plan(a: argparse.Namespace) -> None:
                 "nodes": nodes(top),
                 "execution_ms": plan["Execution Time"],
                 "buffers": top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0),
+                # Pages read by the scans alone (a ModifyTable's counts include its scans').
+                "scan_pages": sum(
+                    n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0)
+                    for n in walk(top)
+                    if n["Node Type"].endswith("Scan") and "Relation Name" in n
+                ),
             }
         )
     )
@@ -754,6 +763,66 @@ def big_table_md(r: dict) -> str:
     return "\n".join(lines)
 
 
+def cmd_claims_ab(a: argparse.Namespace) -> dict:
+    """The claim on the big table and on a table of its pending jobs alone, interleaved
+    (small, big, small, big, ...) so that both see the same machine: the probe's claim
+    latency, the claim statement's own execution time (pg_stat_statements, which leaves out
+    the commit's WAL flush) and the plan."""
+    big, small = f"{PREFIX}scale_big", f"{PREFIX}scale_curve"
+    ensure_database(small)
+    result: dict = {"mode": "claims-ab", "rounds": []}
+    with connect(small) as conn:
+        truncate(conn)
+        insert_pending(conn, a.pending)
+        conn.execute("VACUUM ANALYZE")
+    with connect(big) as conn:
+        (pending,) = conn.execute(f"SELECT count(*) FROM {JOB} WHERE state = 'pending'").fetchone()
+        if pending < a.pending:
+            insert_pending(conn, a.pending - pending)
+        conn.execute(f"VACUUM ANALYZE {JOB}")
+        result["big_counts"] = dict(
+            conn.execute(f"SELECT state, count(*) FROM {JOB} GROUP BY state").fetchall()
+        )
+    for r in range(a.rounds):
+        for name, db in (("small", small), ("big", big)):
+            with connect(db) as conn:
+                conn.execute("SELECT pg_stat_statements_reset()")
+                claims = quiet_claims(db, a.claims)
+                stats = statement_stats(conn)["claim"]
+            plan = claim_plan(db)
+            row = {
+                "table": name,
+                "round": r,
+                **claims,
+                "server_mean_ms": stats["mean_ms"],
+                "nodes": plan["nodes"],
+                "buffers": plan["scan_pages"],
+            }
+            result["rounds"].append(row)
+            log("claims-ab:", row)
+    return result
+
+
+def claims_ab_md(r: dict) -> str:
+    lines = [
+        "| table | claim p50 ms | claim p99 ms | claim statement, server mean ms | pages its scans read |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    counts = ", ".join(f"{n:,} {s}" for s, n in sorted(r["big_counts"].items()))
+    for name, label in (("small", "pending jobs alone"), ("big", counts)):
+        rows = [x for x in r["rounds"] if x["table"] == name]
+
+        def m(key: str, rows: list[dict] = rows) -> str:
+            values = [x[key] for x in rows]
+            return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+        lines.append(
+            f"| {label} | {m('p50_ms')} | {m('p99_ms')} | {m('server_mean_ms')} "
+            f"| {statistics.median(x['buffers'] for x in rows):.0f} |"
+        )
+    return "\n".join(lines)
+
+
 # -- storage ----------------------------------------------------------------------------
 
 
@@ -852,6 +921,10 @@ def main() -> None:
     p.add_argument("--pending", type=int, default=100_000)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--rounds", type=int, default=1)
+    p = sub.add_parser("claims-ab")
+    p.add_argument("--pending", type=int, default=100_000)
+    p.add_argument("--claims", type=int, default=500)
+    p.add_argument("--rounds", type=int, default=3)
     p = sub.add_parser("probe")
     p.add_argument("--gap", type=float, default=0.02)
     p.add_argument("--limit", type=int, default=10)
@@ -865,10 +938,20 @@ def main() -> None:
         cmd_plan(a)
         return
     os.environ.update(env_for(f"{PREFIX}scale_big"))
-    result = {"curve": cmd_curve, "big-table": cmd_big_table, "storage": cmd_storage}[a.mode](a)
+    result = {
+        "curve": cmd_curve,
+        "big-table": cmd_big_table,
+        "storage": cmd_storage,
+        "claims-ab": cmd_claims_ab,
+    }[a.mode](a)
     result["command"] = " ".join(sys.argv)
     result["server"] = f"{PG['host']}:{PG['port']}"
-    md = {"curve": curve_table, "big-table": big_table_md, "storage": storage_md}[a.mode](result)
+    md = {
+        "curve": curve_table,
+        "big-table": big_table_md,
+        "storage": storage_md,
+        "claims-ab": claims_ab_md,
+    }[a.mode](result)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"scale-{a.mode}.json").write_text(json.dumps(result, indent=1, default=str))
