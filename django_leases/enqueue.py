@@ -627,6 +627,7 @@ def insert_job_row(
     if fields.unique_key is None and on_postgresql(db):
         with migrated(model, db):
             row = _pg_insert_row(model, db, fields, args, kwargs)
+        assert row is not None  # without a unique key an INSERT always answers its row
         return row[0], row[1], args, kwargs
     job = insert_job(model, db, fields, args, kwargs)
     return job.pk, job.enqueued_at, job.args, job.kwargs
@@ -676,7 +677,10 @@ def _pg_bound_sql(model: type[Job], db: str, fields: JobFields) -> str | None:
     )
     connection = connections[db]
     # What the options became is text now: a % in it (a queue named "50%") stays a %.
-    bound = connection.ops.compose_sql(head, fields.pg_params()).replace("%", "%%")
+    # compose_sql is the PostgreSQL backend's (the driver's mogrify); the stubs know only
+    # the base class.
+    composed: str = connection.ops.compose_sql(head, fields.pg_params())  # type: ignore[attr-defined]
+    bound = composed.replace("%", "%%")
     if len(_pg_bound_cache) >= 256:
         _pg_bound_cache.clear()
     _pg_bound_cache[key] = sql = bound + _PG_BOUND_ARGS + tail
