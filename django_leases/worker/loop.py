@@ -182,6 +182,7 @@ class Worker:
     # -- the loop ----------------------------------------------------------------------
 
     def _loop(self) -> None:
+        woken = False
         while not self.stop_request.stopping and self._dead_thread() is None:
             self._settle()
             self._release_unconnected()
@@ -197,7 +198,12 @@ class Worker:
             got = 0
             if free > 0 and self._heartbeat_on_time() and time.monotonic() >= self._paused_until:
                 try:
-                    got = self._claim(free)
+                    # Woken (NOTIFY, a handler done), the jobs claimed start before the
+                    # settling pass due once per poll interval runs, not after it.
+                    settle = time.monotonic() - self._settled_at >= self.poll
+                    got = self._claim(free, settle=settle and not woken)
+                    if settle and woken and got < free:
+                        got += self._claim(free - got, settle=True)
                     self._backoff.reset()
                 except DB_ERRORS as e:
                     self._db_trouble("claim", e)
@@ -211,10 +217,10 @@ class Worker:
                     return
                 if got == free and self._claims_left():
                     # There may be more due jobs; look again once a slot frees up.
-                    self.waker.wait(self.poll if len(self.book) >= self.concurrency else 0)
+                    woken = self.waker.wait(self.poll if len(self.book) >= self.concurrency else 0)
                     continue
             # Jitter keeps a fleet of idle workers from polling in lockstep.
-            self.waker.wait(self.poll * random.uniform(0.9, 1.1))
+            woken = self.waker.wait(self.poll * random.uniform(0.9, 1.1))
 
     def _dead_thread(self) -> VitalThread | None:
         return next((t for t in self._vital if t.died or not t.is_alive()), None)
@@ -246,11 +252,10 @@ class Worker:
             return self.concurrency
         return max(self.max_jobs - self._claimed, 0)
 
-    def _claim(self, free: int) -> int:
+    def _claim(self, free: int, *, settle: bool) -> int:
         started = time.monotonic()
         # Settling (dead-lettering what must not run again) once per poll interval is
-        # enough; a claim woken by NOTIFY skips it and stays one statement.
-        settle = started - self._settled_at >= self.poll
+        # enough (the caller decides); a claim without it stays one statement.
         jobs = self.Job.objects.using(self.database).claim(
             self.worker_id, self.queues, limit=free, lease=self.lease, settle=settle
         )
