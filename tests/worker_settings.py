@@ -8,8 +8,10 @@ injects a driver fault into one thread's statements (tests/worker_faults.py).
 
 from __future__ import annotations
 
+import json
 import os
 
+import tests.tick_faults  # noqa: F401 -- LEASES_TICK_FAULT, for the schedule tests
 import tests.worker_faults  # noqa: F401 -- LEASES_WORKER_FAULT, for the tests that set it
 from tests.settings import *  # noqa: F403
 from tests.settings import DATABASES, LOGGING, TASKS
@@ -20,6 +22,9 @@ if os.environ.get("LEASES_WORKER_QUEUE_DB_NAME"):
 # A handler's connection cut while idle is checked and reopened before its next job.
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 TASKS["default"]["OPTIONS"]["NOTIFY"] = os.environ.get("LEASES_WORKER_NOTIFY", "1") == "1"
+# Periodic schedules in the settings form, as JSON (tests/test_schedule_workers.py).
+if os.environ.get("LEASES_WORKER_SCHEDULES"):
+    TASKS["default"]["OPTIONS"]["SCHEDULES"] = json.loads(os.environ["LEASES_WORKER_SCHEDULES"])
 LOGGING["formatters"] = {"stamped": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}}
 LOGGING["handlers"]["console"]["formatter"] = "stamped"
 # The worker tests of start-up and connection limits: another port (a proxy), another role.
