@@ -29,6 +29,7 @@ from django.utils.translation import ngettext
 
 from . import conf
 from .models import Job, WorkerProcess
+from .schedule_admin import ScheduleAdmin, made_by
 from .states import JobState
 
 if TYPE_CHECKING:
@@ -289,6 +290,7 @@ class JobAdmin(_JobAdminBase):
                     "priority",
                     "state",
                     *_present("dead_reason", "unique_key"),
+                    "made_by_schedule",
                 ]
             },
         ),
@@ -417,6 +419,10 @@ class JobAdmin(_JobAdminBase):
         return f"in {humanize_seconds(wait)}" if wait > 0 else "now"
 
     @admin.display(description=_("args"))
+    @admin.display(description=_("made by schedule"))
+    def made_by_schedule(self, job: Job) -> str:
+        return made_by(job)
+
     def args_pretty(self, job: Job) -> str:
         return _pretty_json(job.args)
 
@@ -751,3 +757,6 @@ class WorkerProcessAdmin(_WorkerAdminBase):
         else:
             return format_html('<span class="leases-worker-alive">{}</span>', "alive")
         return format_html('<span class="leases-worker-gone">{}</span>', text)
+
+
+__all__ = ["JobAdmin", "ScheduleAdmin", "WorkerProcessAdmin"]
