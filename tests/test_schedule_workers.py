@@ -111,7 +111,7 @@ def test_eight_workers_two_with_clocks_an_hour_off_enqueue_each_tick_once(worker
     started += start(workers, "ahead", 1, env=skewed_env("+1h"), ready=False)
     started += start(workers, "behind", 1, env=skewed_env("-1h"), ready=False)
     for worker in started:
-        worker.wait_log("Worker started", timeout=90)
+        worker.wait_log("Worker started", timeout=180)  # eight at once on a small machine
     wait_runs(6)
     stop_all(started)
     assert_each_tick_once(started)
