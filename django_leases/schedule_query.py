@@ -22,7 +22,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from .enqueue import JobFields, insert_job
-from .exceptions import DuplicateJob
+from .exceptions import DuplicateJob, InvalidSchedule
 from .schedules import Periodic, ScheduleSpec, first_tick, plan
 from .states import ACTIVE_STATES
 
@@ -69,10 +69,14 @@ def _utc(value: datetime) -> datetime:
 
 
 @contextmanager
-def _bounded_idle(db: str) -> Iterator[None]:
+def _bounded_idle(db: str, outer: bool) -> Iterator[None]:
     """Inside a decision's transaction: if this process stops (SIGSTOP, a debugger), the
     server ends the transaction after IDLE_DECISION_SECONDS, rolling it back and freeing
-    the row; on SQLite one writer holds the whole database anyway."""
+    the row; on SQLite one writer holds the whole database anyway. Not inside a caller's
+    own transaction (``outer``), whose idle time is the caller's business."""
+    if outer:
+        yield
+        return
     vendor = connections[db].vendor
     mariadb = getattr(connections[db], "mysql_is_mariadb", False)
     with connections[db].cursor() as cursor:
@@ -162,22 +166,32 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
     # -- the tick ----------------------------------------------------------------------
 
     def enqueue_due(
-        self, alias: str, fields_for: Callable[[Schedule], JobFields]
+        self, alias: str, fields_for: Callable[[Schedule], JobFields | None]
     ) -> list[TickOutcome]:
         """Decide every due schedule of backend ``alias``: for each, one conditional
         UPDATE of its row decides whether this process makes its ticks' jobs. Return the
-        decisions this process won (those that made or skipped ticks)."""
+        decisions this process won (those that made or skipped ticks).
+
+        ``fields_for(schedule)`` answers what its task's jobs get, or None when this
+        process cannot enqueue that task (code of another version): the schedule is left
+        to the workers that can. A row whose stored schedule this version cannot read is
+        left too, and logged."""
         db = self._db_name()
         outcomes = []
         for row in list(self.using(db).due(alias)):
-            outcome = self.using(db).decide(row, fields_for)
+            fields = fields_for(row)
+            if fields is None:
+                continue
+            try:
+                outcome = self.using(db).decide(row, fields)
+            except InvalidSchedule as e:
+                logger.warning("Schedule %s left alone: its stored schedule reads %s", row.name, e)
+                continue
             if outcome is not None and (outcome.jobs or outcome.skipped or outcome.misfired):
                 outcomes.append(outcome)
         return outcomes
 
-    def decide(
-        self, row: Schedule, fields_for: Callable[[Schedule], JobFields]
-    ) -> TickOutcome | None:
+    def decide(self, row: Schedule, fields: JobFields) -> TickOutcome | None:
         """The due ticks of ``row`` (as read, with the database's now in ``db_now``),
         enqueued if this process's conditional UPDATE touches the row; None when another
         worker decided first (0 rows: discard), or the row is locked by one deciding now."""
@@ -191,7 +205,8 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
             if row.last_tick_at is None
             else Q(last_tick_at=row.last_tick_at)
         )
-        with transaction.atomic(using=db), _bounded_idle(db):
+        outer = connections[db].in_atomic_block
+        with transaction.atomic(using=db), _bounded_idle(db, outer):
             # A row another worker is deciding is left to it (no waiting behind a stopped
             # process); the UPDATE's rowcount still decides on databases without SKIP LOCKED.
             skip_locked = connections[db].features.has_select_for_update_skip_locked
@@ -216,7 +231,7 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
             )
             if touched != 1:
                 return None  # another worker decided these ticks
-            return self._make_jobs(row, periodic, the_plan.run, the_plan.misfired, fields_for)
+            return self._make_jobs(row, periodic, the_plan.run, the_plan.misfired, fields)
 
     def _make_jobs(
         self,
@@ -224,14 +239,13 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
         periodic: Periodic,
         ticks: list[datetime],
         misfired: int,
-        fields_for: Callable[[Schedule], JobFields],
+        fields: JobFields,
     ) -> TickOutcome:
         """The jobs of the ticks this process owns, in the decision's transaction."""
         db = self._db_name()
         Job = apps.get_model("django_leases", "Job")
         Run = apps.get_model("django_leases", "ScheduleRun")
         manager = self.model._default_manager.using(db)
-        fields = fields_for(row)
         jobs: list[Any] = []
         skipped = 0
         last_job_id = row.last_job_id

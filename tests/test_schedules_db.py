@@ -82,8 +82,8 @@ def test_a_tick_is_enqueued_only_by_the_decision_whose_update_touched_the_row():
     started("s")
     back("s", 1)
     first, second = due(), due()
-    won = Schedule.objects.decide(first[0], fields_for)
-    lost = Schedule.objects.decide(second[0], fields_for)
+    won = Schedule.objects.decide(first[0], fields_for(first[0]))
+    lost = Schedule.objects.decide(second[0], fields_for(second[0]))
     assert won is not None and len(won.jobs) == 1
     assert lost is None
     assert Job.objects.count() == 1
@@ -202,3 +202,30 @@ def test_the_task_option_declares_schedules():
     assert found["tests.hourly"].periodic.overlap == "skip"
     report = Schedule.objects.sync("default", list(found.values()))
     assert {"tests.every-minute", "tests.nightly", "tests.hourly"} <= set(report.added)
+
+
+def test_the_system_check_names_a_bad_schedule_setting():
+    """Invariant 6: manage.py check reports OPTIONS["SCHEDULES"] errors as E019, naming
+    the schedule and the field."""
+    from django_leases.checks import check_backend
+
+    bad = {"SCHEDULES": {"nightly": {"task": TASK, "cron": "0 3 * * *", "timezone": "Nowhere"}}}
+    [error] = [m for m in check_backend("default", bad) if m.id == "django_leases.E019"]
+    assert "SCHEDULES['nightly'].timezone" in error.msg
+    good = {"SCHEDULES": {"nightly": {"task": TASK, "cron": "0 3 * * *"}}}
+    assert not [m for m in check_backend("default", good) if m.id == "django_leases.E019"]
+
+
+def test_a_schedule_this_code_cannot_enqueue_is_left_to_other_workers():
+    """Invariant 6: a worker of another version (fields_for answers None) decides nothing
+    for that schedule and writes nothing; a stored schedule that no longer reads is
+    skipped, not fatal, and the other schedules still tick."""
+    started("s")
+    started("t")
+    back("s", 1)
+    back("t", 1)
+    assert Schedule.objects.enqueue_due("default", lambda row: None) == []
+    assert Schedule.objects.get(name="s").ticks == 0
+    Schedule.objects.filter(name="s").update(spec={"every": 60, "timezone": "Nowhere/Gone"})
+    [outcome] = Schedule.objects.enqueue_due("default", fields_for)
+    assert outcome.name == "t" and len(outcome.jobs) == 1

@@ -30,6 +30,7 @@ class Ticker:
         self.every = every
         self._last = float("-inf")
         self._synced = False
+        self._unrunnable: set[str] = set()
 
     def sync(self) -> None:
         """Make the schedule rows say what this code declares, and log what changed. A
@@ -81,10 +82,25 @@ class Ticker:
             )
 
     def _fields_for(self, schedule: Any) -> Any:
-        """The job fields of ``schedule``'s task, as the backend enqueues it."""
+        """The job fields of ``schedule``'s task, as the backend enqueues it; None (the
+        schedule left to other workers, said once) when this code cannot enqueue it: a
+        worker of another version during a rolling deploy."""
         from django.tasks import task_backends
+        from django.tasks.exceptions import InvalidTask
 
         task = registry.lookup(self.alias, schedule.task_path)
-        if task is None:
-            raise LookupError(f"schedule {schedule.name!r}: no task {schedule.task_path!r}")
-        return task_backends[self.alias].job_fields(task)  # type: ignore[attr-defined]
+        try:
+            if task is None:
+                raise InvalidTask(f"no task {schedule.task_path!r} is declared here")
+            return task_backends[self.alias].job_fields(task)  # type: ignore[attr-defined]
+        except InvalidTask as e:
+            if schedule.name not in self._unrunnable:
+                self._unrunnable.add(schedule.name)
+                logger.warning(
+                    "Schedule left to other workers schedule=%s worker=%s: %s",
+                    schedule.name,
+                    self.worker_id,
+                    e,
+                    extra={"event": "schedule_unrunnable", "worker": self.worker_id},
+                )
+            return None
