@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -246,6 +246,9 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
         Job = apps.get_model("django_leases", "Job")
         Run = apps.get_model("django_leases", "ScheduleRun")
         manager = self.model._default_manager.using(db)
+        if fields.unique_key is not None:
+            # A held key skips the tick: merging would hand back a job some other call made.
+            fields = replace(fields, on_duplicate="refuse")
         jobs: list[Any] = []
         skipped = 0
         last_job_id = row.last_job_id

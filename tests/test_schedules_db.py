@@ -229,3 +229,16 @@ def test_a_schedule_this_code_cannot_enqueue_is_left_to_other_workers():
     Schedule.objects.filter(name="s").update(spec={"every": 60, "timezone": "Nowhere/Gone"})
     [outcome] = Schedule.objects.enqueue_due("default", fields_for)
     assert outcome.name == "t" and len(outcome.jobs) == 1
+
+
+def test_a_held_unique_key_skips_the_tick():
+    """Invariant 3: a task whose unique_key is held (even with on_duplicate="merge") skips
+    the tick, recorded as skipped, instead of claiming another call's job as its own."""
+    started("s")
+    keyed = EnqueueOptions.of({"unique_key": "report", "on_duplicate": "merge"}).check(TASK)
+    held = Job.objects.enqueue(TASK, [0, 0], unique_key="report")
+    back("s", 1)
+    outcome = Schedule.objects.decide(due()[0], keyed)
+    assert outcome is not None and (outcome.jobs, outcome.skipped) == ([], 1)
+    assert Job.objects.get().pk == held.pk
+    assert not ScheduleRun.objects.filter(job=held).exists()
