@@ -30,6 +30,7 @@ from django.utils.translation import ngettext
 from . import conf
 from .durations import duration_text
 from .models import Job, WorkerProcess
+from .schedule_admin import ScheduleAdmin, made_by
 from .states import JobState
 
 if TYPE_CHECKING:
@@ -278,6 +279,7 @@ class JobAdmin(_JobAdminBase):
                     "priority",
                     "state",
                     *_present("dead_reason", "unique_key"),
+                    "made_by_schedule",
                 ]
             },
         ),
@@ -408,6 +410,10 @@ class JobAdmin(_JobAdminBase):
         return f"in {duration_text(wait)}" if wait > 0 else "now"
 
     @admin.display(description=_("args"))
+    @admin.display(description=_("made by schedule"))
+    def made_by_schedule(self, job: Job) -> str:
+        return made_by(job)
+
     def args_pretty(self, job: Job) -> str:
         return _pretty_json(job.args)
 
@@ -744,3 +750,6 @@ class WorkerProcessAdmin(_WorkerAdminBase):
         else:
             return format_html('<span class="leases-worker-alive">{}</span>', "alive")
         return format_html('<span class="leases-worker-gone">{}</span>', text)
+
+
+__all__ = ["JobAdmin", "ScheduleAdmin", "WorkerProcessAdmin"]

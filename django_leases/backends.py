@@ -114,6 +114,21 @@ def _as_enqueued(task: Any, job: Any) -> Any:
     return replace(task, queue_name=job.queue_name, priority=job.priority, run_after=job.run_after)
 
 
+def _check_schedule_option(task: Any) -> None:
+    """A task's ``schedule`` must be a Periodic or a list of them (each checked when made)."""
+    from .schedules import Periodic
+
+    option = getattr(task, "schedule", None)
+    if option is None:
+        return
+    items = option if isinstance(option, list | tuple) else [option]
+    if not items or not all(isinstance(p, Periodic) for p in items):
+        raise InvalidTask(
+            f"{task.module_path}: schedule must be a django_leases.schedules.Periodic or a "
+            f"list of them, got {option!r}"
+        )
+
+
 class LeaseBackend(BaseTaskBackend):
     """Stores tasks as jobs claimed under leases by ``manage.py run_lease_worker``."""
 
@@ -143,7 +158,12 @@ class LeaseBackend(BaseTaskBackend):
             check_task_options(task)
         except InvalidLeaseOption as e:
             raise InvalidTask(f"{task.module_path}: {e}") from e
+        _check_schedule_option(task)
         registry.declare(self.alias, task)
+
+    def job_fields(self, task: Any) -> JobFields:
+        """What a job of ``task`` gets, checked: what the scheduled ticks enqueue with."""
+        return self._job_fields(task)
 
     def job_options(self, task: Any) -> tuple[float, int]:
         """Lease and max attempts for ``task``'s jobs: the task's, else its queue's, else the

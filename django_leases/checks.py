@@ -34,11 +34,33 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
         )
         for problem in validate_options(options)
     ]
+    messages.extend(_schedule_messages(alias, options))
     if any(m.id == "django_leases.E010" for m in messages):
         return messages
     database = options.get("DATABASE", "default") if isinstance(options, dict) else "default"
     messages.extend(check_database(alias, database))
     return messages
+
+
+def _schedule_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
+    """OPTIONS["SCHEDULES"] must read as schedules (whether each names a declared task is
+    for the worker's sync to say, after discovery)."""
+    from .exceptions import InvalidSchedule
+    from .schedules import checked_settings
+
+    if not isinstance(options, dict) or not options.get("SCHEDULES"):
+        return []
+    try:
+        checked_settings(options["SCHEDULES"])
+    except InvalidSchedule as e:
+        return [
+            checks.Error(
+                f"TASKS[{alias!r}]['OPTIONS']['SCHEDULES']: {e}",
+                obj=f"TASKS[{alias!r}]",
+                id="django_leases.E020",
+            )
+        ]
+    return []
 
 
 def check_task_modules(alias: str) -> list[checks.CheckMessage]:

@@ -126,6 +126,13 @@ OPTIONS: dict[str, Option] = {
             "Modules holding @task functions besides each installed app's tasks module, "
             "e.g. ['shop.jobs']; workers and readers import them.",
         ),
+        Option(
+            "SCHEDULES",
+            {},
+            "django_leases.E019",
+            "Periodic jobs by name: {'nightly': {'task': 'shop.tasks.report', "
+            "'cron': '0 3 * * *', 'timezone': 'Europe/Paris'}} (docs/periodic.md).",
+        ),
     )
 }
 UNKNOWN_OPTION_ID = "django_leases.E003"

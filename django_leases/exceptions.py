@@ -25,6 +25,15 @@ class InvalidLeaseOption(LeasesError, ValueError):
         super().__init__(f"{option}: {reason}")
 
 
+class InvalidSchedule(LeasesError, ValueError):
+    """A periodic schedule's declaration cannot work; names the field."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
 class LeaseLost(LeasesError):
     """The claim was lost (renewal touched no row): stop, and discard the result."""
 

@@ -13,6 +13,8 @@ from django.utils.translation import gettext_lazy as _
 from .conf import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from .enqueue import TASK_PATH_LENGTH
 from .query import JobQuerySet
+from .schedule_query import RunKind, ScheduleQuerySet
+from .schedules import NAME_LENGTH as SCHEDULE_NAME_LENGTH
 from .states import ACTIVE_STATES, DeadReason, FailureKind, JobState, LeaseLostPolicy
 from .worker_registry import WorkerQuerySet
 
@@ -196,3 +198,79 @@ class JobEffect(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id}: {self.key}"
+
+
+class Schedule(models.Model):
+    """A periodic schedule declared in code (``@task(schedule=...)`` or
+    ``OPTIONS["SCHEDULES"]``), synced here at worker start, and where it stands: the tick
+    last decided and the job it made, the next tick, on the database clock. Moved only by
+    ScheduleQuerySet verbs (schedule_query.py)."""
+
+    name = models.CharField(_("name"), max_length=SCHEDULE_NAME_LENGTH, unique=True)
+    backend = models.CharField(_("backend"), max_length=100, default="default")
+    task_path = models.CharField(_("task"), max_length=TASK_PATH_LENGTH)
+    # Periodic.to_json(): cron or every, timezone, args, kwargs, misfire, grace, overlap.
+    spec = models.JSONField(_("schedule"))
+    paused = models.BooleanField(_("paused"), default=False)
+    # Set when the code no longer declares it: it stops ticking, its history stays.
+    removed_at = models.DateTimeField(_("removed from code at"), null=True, blank=True)
+    # NULL: planned from the database's now at the next decision (new, resumed, changed).
+    next_tick_at = models.DateTimeField(_("next tick"), null=True, blank=True)
+    last_tick_at = models.DateTimeField(_("last tick"), null=True, blank=True)
+    last_job = models.ForeignKey(
+        Job,
+        verbose_name=_("last job"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    decided_at = models.DateTimeField(_("last decided at"), null=True, blank=True)
+    # Ticks decided, ticks missed (workers down past the grace) and not run, ticks skipped
+    # because the previous job was still active.
+    ticks = models.PositiveBigIntegerField(_("ticks"), default=0)
+    misfires = models.PositiveBigIntegerField(_("misfires"), default=0)
+    skipped = models.PositiveBigIntegerField(_("skipped"), default=0)
+    # Grows at every write: a decision's UPDATE is conditional on the revision it read.
+    revision = models.PositiveBigIntegerField(_("revision"), default=0)
+    created_at = models.DateTimeField(_("created at"), db_default=Now())
+    synced_at = models.DateTimeField(_("synced at"), db_default=Now())
+
+    objects = ScheduleQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("schedule")
+        verbose_name_plural = _("schedules")
+        ordering = ["name"]
+        indexes = [models.Index(fields=["next_tick_at"], name="leases_schedule_next_idx")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ScheduleRun(models.Model):
+    """One tick a schedule decided (a job, or skipped while the previous one was active),
+    or one "run now": how a job links back to the schedule that made it."""
+
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="runs")
+    # The tick's time; NULL for "run now", which is not a tick.
+    tick_at = models.DateTimeField(_("tick"), null=True, blank=True)
+    kind = models.CharField(_("kind"), max_length=10, choices=RunKind.choices)
+    job = models.OneToOneField(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="schedule_run"
+    )
+    recorded_at = models.DateTimeField(_("recorded at"), db_default=Now())
+
+    class Meta:
+        verbose_name = _("schedule run")
+        verbose_name_plural = _("schedule runs")
+        ordering = ["-id"]
+        constraints = [
+            # Belt and braces under the conditional UPDATE: one record per tick.
+            models.UniqueConstraint(
+                fields=["schedule", "tick_at"], name="leases_schedule_tick_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} {self.kind} {self.tick_at or ''}"

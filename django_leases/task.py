@@ -47,6 +47,9 @@ class LeaseTask(_TaskBase):
     # (None for both: the backend's MAX_AGE_DAYS).
     deadline: datetime | None = None
     max_age: float | None = None
+    # Run by itself: a schedules.Periodic (or a list of them), enqueued by the workers, each
+    # tick exactly once (docs/periodic.md).
+    schedule: Any = None
 
     def enqueue_many(self, calls: Any) -> list[Any]:
         """Enqueue one job per ``(args, kwargs)`` pair in bulk INSERTs, in the caller's
@@ -56,7 +59,7 @@ class LeaseTask(_TaskBase):
 
     def using_lease(self, **changes: Any) -> LeaseTask:
         """A copy with other lease options (lease, max_attempts, retry, on_lease_lost,
-        non_retryable, unique_key, on_duplicate, deadline, max_age); validated at once,
+        non_retryable, unique_key, on_duplicate, deadline, max_age, schedule); validated at once,
         like ``using()``."""
         allowed = LEASE_OPTIONS
         unknown = set(changes) - allowed

@@ -83,6 +83,12 @@ def test_tour_shows_a_takeover_after_sigkill_and_leaves_a_job_in_each_admin_view
     assert "[stale] worker-a wakes up: its renewal touches 0 rows and its ack is refused" in out
     assert "[kill -9]" in out and "[takeover]" in out and "fence 2" in out
     assert "Takeover after SIGKILL: yes. Nothing lost." in out
+    # The periodic part: three ticks ran, each tick recorded once.
+    assert (
+        len(re.findall(r"\[tick\] .* UTC \(database clock\): job \d+, run by tour-tick-", out)) == 3
+    )
+    assert re.search(r"\[schedule\] \d+ ticks decided so far, \d+ recorded, each once", out)
+    assert "/admin/django_leases/schedule/" in out
     assert "nightly_backfill     1          1     0" in out
     assert "user admin, password leases-demo" in out
     killed_at = re.search(r"killed while it holds job \d+ at cursor (\d+) with fence 1", out)

@@ -30,6 +30,8 @@ DATA = {
     "django_leases.retry",
     "django_leases.storable",
     "django_leases.deadlocks",
+    "django_leases.schedules",
+    "django_leases.schedule_query",
 }
 # What only the manager (models.py's Job.objects) and the backend's enqueue may use.
 STATEMENTS = {
@@ -37,6 +39,7 @@ STATEMENTS = {
     "django_leases.operators",
     "django_leases.enqueue",
     "django_leases.worker_registry",
+    "django_leases.schedule_query",
 }
 CALLERS = (
     "django_leases.worker",

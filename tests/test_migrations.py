@@ -97,7 +97,7 @@ def test_the_job_tables_storage_parameters_are_set_on_postgresql_and_reset_when_
         pytest.skip("storage parameters are PostgreSQL's")
     wanted = import_module("django_leases.migrations.0004_job_storage").JOB_STORAGE
     assert job_storage() == wanted
-    call_command("migrate", "django_leases", "0002", verbosity=0)
+    call_command("migrate", "django_leases", "0003", verbosity=0)
     try:
         assert job_storage() == {}
     finally:

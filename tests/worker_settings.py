@@ -9,8 +9,10 @@ injects a driver fault into one thread's statements (tests/worker_faults.py).
 
 from __future__ import annotations
 
+import json
 import os
 
+import tests.tick_faults  # noqa: F401 -- LEASES_TICK_FAULT, for the schedule tests
 import tests.worker_faults  # noqa: F401 -- LEASES_WORKER_FAULT, for the tests that set it
 from tests.settings import *  # noqa: F403
 from tests.settings import DATABASES, LOGGING, TASKS, database_from_url
@@ -29,6 +31,9 @@ if os.environ.get("LEASES_POOLER_DIRECT_URL"):
     DATABASES["direct"]["NAME"] = os.environ["LEASES_WORKER_DB_NAME"]
     if os.environ.get("LEASES_WORKER_LISTEN_DIRECT", "1") == "1":
         TASKS["default"]["OPTIONS"]["LISTEN_DATABASE"] = "direct"
+# Periodic schedules in the settings form, as JSON (tests/test_schedule_workers.py).
+if os.environ.get("LEASES_WORKER_SCHEDULES"):
+    TASKS["default"]["OPTIONS"]["SCHEDULES"] = json.loads(os.environ["LEASES_WORKER_SCHEDULES"])
 # JSON lines: the tests wait on the worker's events and fields (tests/worker_helpers.py).
 LOGGING["formatters"] = {"json": {"()": "django_leases.worker.logs.JsonFormatter"}}
 LOGGING["handlers"]["console"]["formatter"] = "json"

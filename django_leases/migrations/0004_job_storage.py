@@ -56,5 +56,5 @@ def reset_storage(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> N
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_leases", "0002_mysql_indexes_postgresql_trigger")]
+    dependencies = [("django_leases", "0003_schedules")]
     operations = [migrations.RunPython(set_storage, reset_storage, elidable=False)]

@@ -37,6 +37,7 @@ from .listener import Listener
 from .logs import claim_fields
 from .running import task_context
 from .shutdown import StopRequest
+from .ticker import Ticker
 from .vetting import unrunnable
 from .vital import VitalThread
 from .waker import Waker
@@ -152,6 +153,7 @@ class Worker:
             if not self._register():
                 return 0
             self.executor = self._executor()
+            self.ticker = Ticker(self.alias, self.database, self.worker_id, every=self.poll)
             threads = self._start_threads()
             logger.info(
                 "Worker started worker=%s queues=%s concurrency=%d isolation=%s "
@@ -184,6 +186,7 @@ class Worker:
     def _loop(self) -> None:
         woken = False
         while not self.stop_request.stopping and self._dead_thread() is None:
+            self.ticker.maybe_tick()  # periodic schedules' due ticks (worker/ticker.py)
             self._settle()
             self._release_unconnected()
             if self._claims_left() == 0 and not self.book:

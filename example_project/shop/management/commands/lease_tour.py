@@ -45,6 +45,8 @@ DEMO_USER, DEMO_PASSWORD = "admin", "leases-demo"
 FINISHED = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
 # The queue of the jobs left claimed for the admin: only the reporting worker serves it.
 REPORTS = "reports"
+PERIODIC = "periodic"
+SCHEDULE = "shop.tally"
 STALLED_LEASE = 3600.0
 ADMIN_JOBS = "http://127.0.0.1:8000/admin/django_leases/job/"
 
@@ -266,7 +268,9 @@ class Command(BaseCommand):
     def _run(self, fleet: Fleet, count: int, deadline: float, *, kill_all: bool) -> dict[str, int]:
         # The shop's workers serve every queue but the reports queue; one worker serves that
         # alone, with each job's own lease, so that once it is killed nobody takes its jobs.
-        shop_queues = [q for q in settings.TASKS["default"]["QUEUES"] if q != REPORTS]
+        shop_queues = [
+            q for q in settings.TASKS["default"]["QUEUES"] if q not in (REPORTS, PERIODIC)
+        ]
         flags = {}
         for i in range(count):
             flags[f"tour-{chr(ord('a') + i)}"] = [
@@ -415,7 +419,51 @@ class Command(BaseCommand):
             deadline,
         )
         self.summary(jobs, orders, backfill, victim, time.monotonic() - self.started)
+        # A deadline of its own: the part before may have used most of the tour's.
+        self.periodic_part(fleet, time.monotonic() + 90)
         return left
+
+    def periodic_part(self, fleet: Fleet, deadline: float) -> None:
+        """Two workers serve the periodic queue; the "shop.tally" schedule ticks every 2 s
+        and each tick becomes one job, whichever of them (or of the workers before them)
+        enqueued it."""
+        from django_leases.models import Schedule, ScheduleRun
+
+        self.heading(f"3. A periodic job: the {SCHEDULE!r} schedule, every 2 s, two workers")
+        for name in ("tour-tick-1", "tour-tick-2"):
+            fleet.start(name, ["--queue", PERIODIC])
+        self.wait_for("the periodic workers to start", fleet.all_registered, deadline)
+
+        def ticked() -> list[Any]:
+            runs = ScheduleRun.objects.filter(
+                schedule__name=SCHEDULE, kind="tick", job__state=JobState.SUCCEEDED
+            ).select_related("job")
+            done = list(runs.order_by("-tick_at")[:3])
+            return done if len(done) == 3 else []
+
+        runs = self.wait_for("three ticks of the schedule to run", ticked, deadline)
+        fleet.stop_all(graceful=True)
+        schedule = Schedule.objects.get(name=SCHEDULE)
+        for run in reversed(runs):
+            self.say(
+                "tick",
+                f"{run.tick_at:%H:%M:%S} UTC (database clock): job {run.job.pk}, run by "
+                f"{run.job.claimed_by}, result {run.job.result}",
+            )
+        ticks = list(
+            ScheduleRun.objects.filter(schedule=schedule, kind="tick").values_list(
+                "tick_at", flat=True
+            )
+        )
+        once = len(ticks) == len(set(ticks))
+        self.say(
+            "schedule",
+            f"{schedule.ticks} ticks decided so far, {len(ticks)} recorded, "
+            f"{'each once' if once else 'SOME TWICE'}; misfires {schedule.misfires}, "
+            f"skipped while the previous job ran {schedule.skipped}",
+        )
+        if not once:
+            raise TourFailed(f"a tick of {SCHEDULE} was enqueued twice")
 
     def strand_reports(self, fleet: Fleet, reporter: str, deadline: float) -> dict[str, int]:
         """Enqueue two sales reports, one with the tour's short lease and one with an hour's;
@@ -658,6 +706,12 @@ class Command(BaseCommand):
                 f"running. Start one ({manage} run_lease_worker) and it takes job {expired.pk} over "
                 '(fence 2), resumes after its cursor, and reads "expires in ..." for the '
                 f"~{todo * expired.kwargs['pause']:.0f} s it still needs.",
+            ),
+            (
+                "schedules",
+                ADMIN_JOBS.replace("/job/", "/schedule/"),
+                f"the {SCHEDULE!r} schedule: its next run, its last run and the job it made; "
+                "'Pause', 'Resume' and 'Run now' act on it, and each job it made links back.",
             ),
         ]
         self.stdout.write("  What the tour left there, and where to look:")

@@ -1,0 +1,106 @@
+"""Periodic schedules from the worker's side: synced at start, due ticks enqueued from the
+main loop about once per poll interval.
+
+Every worker does this; the schedule's row decides which one makes each tick's job
+(Schedule.objects verbs, schedule_query.py). The worker's own clock only paces the
+looking; whether a tick is due is the database's answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .. import registry
+from ..schedules import declared_schedules
+from .dberrors import DB_ERRORS, first_line
+
+logger = logging.getLogger("django_leases.worker")
+
+
+class Ticker:
+    """Sync the backend's schedules once, then enqueue due ticks every ``every`` seconds."""
+
+    def __init__(self, alias: str, database: str, worker_id: str, every: float) -> None:
+        from ..models import Schedule
+
+        self.Schedule = Schedule
+        self.alias, self.database, self.worker_id = alias, database, worker_id
+        self.every = every
+        self._last = float("-inf")
+        self._synced = False
+        self._unrunnable: set[str] = set()
+
+    def sync(self) -> None:
+        """Make the schedule rows say what this code declares, and log what changed. A
+        declaration that cannot work raises (InvalidSchedule): the worker does not start."""
+        specs = declared_schedules(self.alias)
+        report = self.Schedule.objects.using(self.database).sync(self.alias, specs)
+        self._synced = True
+        if specs or report.removed:
+            logger.info(
+                "Schedules synced worker=%s added=%s changed=%s removed=%s unchanged=%d",
+                self.worker_id,
+                ",".join(report.added) or "-",
+                ",".join(report.changed) or "-",
+                ",".join(report.removed) or "-",
+                len(report.unchanged),
+                extra={"event": "schedules_synced", "worker": self.worker_id},
+            )
+
+    def maybe_tick(self) -> None:
+        """Enqueue the due ticks if ``every`` seconds passed since the last look (monotonic);
+        database trouble is logged and left to the next look."""
+        now = time.monotonic()
+        if now - self._last < self.every:
+            return
+        self._last = now
+        try:
+            if not self._synced:
+                self.sync()
+            outcomes = self.Schedule.objects.using(self.database).enqueue_due(
+                self.alias, self._fields_for
+            )
+        except DB_ERRORS as e:
+            logger.warning(
+                "Schedules not ticked worker=%s: %s",
+                self.worker_id,
+                first_line(e),
+                extra={"event": "schedules_trouble", "worker": self.worker_id},
+            )
+            return
+        for outcome in outcomes:
+            logger.info(
+                "Schedule ticked schedule=%s jobs=%s skipped=%d misfired=%d worker=%s",
+                outcome.name,
+                ",".join(str(j.pk) for j in outcome.jobs) or "-",
+                outcome.skipped,
+                outcome.misfired,
+                self.worker_id,
+                extra={"event": "schedule_ticked", "worker": self.worker_id},
+            )
+
+    def _fields_for(self, schedule: Any) -> Any:
+        """The job fields of ``schedule``'s task, as the backend enqueues it; None (the
+        schedule left to other workers, said once) when this code cannot enqueue it: a
+        worker of another version during a rolling deploy."""
+        from django.tasks import task_backends
+        from django.tasks.exceptions import InvalidTask
+
+        task = registry.lookup(self.alias, schedule.task_path)
+        try:
+            if task is None:
+                raise InvalidTask(f"no task {schedule.task_path!r} is declared here")
+            return task_backends[self.alias].job_fields(task)  # type: ignore[attr-defined]
+        except InvalidTask as e:
+            if schedule.name not in self._unrunnable:
+                self._unrunnable.add(schedule.name)
+                logger.warning(
+                    "Schedule left to other workers schedule=%s worker=%s: %s",
+                    schedule.name,
+                    self.worker_id,
+                    e,
+                    extra={"event": "schedule_unrunnable", "worker": self.worker_id},
+                )
+            return None

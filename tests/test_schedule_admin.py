@@ -1,0 +1,107 @@
+"""The schedules page: next and last run on the database clock, pause, resume, run now,
+and the link from a job back to the schedule that made it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from html import unescape
+
+import pytest
+from django.db.models import F
+from django.db.models.functions import Now
+
+from django_leases.enqueue import EnqueueOptions
+from django_leases.models import Job, Schedule, ScheduleRun
+from django_leases.schedules import Periodic, ScheduleSpec
+
+pytestmark = pytest.mark.django_db
+
+TASK = "tests.testapp.tasks.add"
+LIST = "/admin/django_leases/schedule/"
+
+
+def fields_for(schedule):
+    return EnqueueOptions.of({}).check(schedule.task_path)
+
+
+@pytest.fixture
+def schedule():
+    Schedule.objects.sync("default", [ScheduleSpec("nightly", TASK, Periodic(every=600))])
+    Schedule.objects.enqueue_due("default", fields_for)
+    return Schedule.objects.get(name="nightly")
+
+
+def place(name, seconds):
+    """The next tick ``seconds`` from the database's now (negative: in the past)."""
+    Schedule.objects.filter(name=name).update(
+        next_tick_at=Now() + timedelta(seconds=seconds), revision=F("revision") + 1
+    )
+
+
+def act(client, action, schedule):
+    return client.post(
+        LIST, {"action": action, "_selected_action": [schedule.pk], "index": 0}, follow=True
+    )
+
+
+def test_the_list_says_when_the_next_run_is_and_what_the_last_one_made(admin_client, schedule):
+    """Invariant 1: "in 4 min" is the next tick minus the database's now; the last run
+    shows its job (linked) and the job's state."""
+    place("nightly", 4 * 60 + 30)
+    page = unescape(admin_client.get(LIST).content.decode())
+    assert "in 4 min" in page and "every 600 s" in page
+    place("nightly", -1)
+    Schedule.objects.enqueue_due("default", fields_for)
+    job = Job.objects.get()
+    page = unescape(admin_client.get(LIST).content.decode())
+    assert f"/admin/django_leases/job/{job.pk}/change/" in page
+    assert f"job {job.pk}" in page and "(Pending)" in page
+
+
+def test_pause_and_resume_actions(admin_client, schedule):
+    """Invariant 3: the actions call the verbs and say how many rows changed."""
+    page = act(admin_client, "pause", schedule).content.decode()
+    assert "1 of 1 paused" in page
+    assert Schedule.objects.get(pk=schedule.pk).paused
+    assert "paused" in unescape(admin_client.get(LIST).content.decode())
+    page = act(admin_client, "pause", schedule).content.decode()
+    assert "0 of 1 paused" in page
+    page = act(admin_client, "resume", schedule).content.decode()
+    assert "1 of 1 resumed" in page
+    row = Schedule.objects.get(pk=schedule.pk)
+    assert not row.paused and row.next_tick_at is None
+
+
+def test_run_now_enqueues_a_job_that_links_back(admin_client, schedule):
+    """Invariant 3: run now makes one job (not a tick), and the job's page names the
+    schedule that made it."""
+    page = unescape(act(admin_client, "run_now", schedule).content.decode())
+    job = Job.objects.get()
+    assert f"job {job.pk}" in page
+    run = ScheduleRun.objects.get()
+    assert (run.kind, run.job_id, run.tick_at) == ("run_now", job.pk, None)
+    row = Schedule.objects.get(pk=schedule.pk)
+    assert (row.ticks, row.last_tick_at) == (0, None)
+    job_page = unescape(
+        admin_client.get(f"/admin/django_leases/job/{job.pk}/change/").content.decode()
+    )
+    assert f"/admin/django_leases/schedule/{schedule.pk}/change/" in job_page
+    assert "run now" in job_page
+
+
+def test_a_schedule_page_lists_its_recent_runs(admin_client, schedule):
+    """Invariant 3: ticks, skipped ticks and run-now jobs are all visible on the page."""
+    place("nightly", -1)
+    Schedule.objects.enqueue_due("default", fields_for)
+    page = unescape(admin_client.get(f"{LIST}{schedule.pk}/change/").content.decode())
+    assert "recent runs" in page.lower() and "tick" in page
+    assert "misfire: once; overlap: allow" in page
+
+
+def test_a_schedule_of_a_task_no_longer_declared_is_not_run(admin_client, schedule):
+    """Invariant 6: run now on a schedule whose task the code lost says so; nothing is
+    written."""
+    Schedule.objects.filter(pk=schedule.pk).update(task_path="tests.testapp.tasks.gone")
+    page = unescape(act(admin_client, "run_now", schedule).content.decode())
+    assert "Not run: nightly" in page
+    assert Job.objects.count() == 0

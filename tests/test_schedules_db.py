@@ -1,0 +1,244 @@
+"""The schedule verbs on a real database (schedule_query.py): sync, the tick decision,
+misfires, overlap, pause, resume and run-now. Time passing is a row moved back on the
+database's own clock, never a sleep."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import django
+import pytest
+from django.db.models import F
+from django.db.models.functions import Now
+from django.test import override_settings
+
+from django_leases.enqueue import EnqueueOptions
+from django_leases.models import Job, Schedule, ScheduleRun
+from django_leases.schedules import Periodic, ScheduleSpec, declared_schedules
+from django_leases.states import JobState
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TASK = "tests.testapp.tasks.add"
+
+
+def fields_for(schedule):
+    return EnqueueOptions.of({}).check(schedule.task_path)
+
+
+def spec(name="s", **kw):
+    kw.setdefault("every", 60)
+    kw.setdefault("args", [1, 2])
+    return ScheduleSpec(name, TASK, Periodic(**kw))
+
+
+def due():
+    return list(Schedule.objects.due("default"))
+
+
+def started(name="s", **kw):
+    """A synced schedule whose first tick is planned (the first decision)."""
+    Schedule.objects.sync("default", [spec(name, **kw)])
+    Schedule.objects.enqueue_due("default", fields_for)
+    return Schedule.objects.get(name=name)
+
+
+def back(name, seconds):
+    """Move the schedule's next tick ``seconds`` before the database's now."""
+    Schedule.objects.filter(name=name).update(
+        next_tick_at=Now() - timedelta(seconds=seconds), revision=F("revision") + 1
+    )
+
+
+def test_sync_reports_added_changed_and_removed():
+    """Invariant 3: what the code declares is what the table says, and each change is
+    reported; a removed schedule keeps its row (and history) but stops ticking."""
+    report = Schedule.objects.sync("default", [spec("a"), spec("b")])
+    assert (report.added, report.changed, report.removed) == (["a", "b"], [], [])
+    report = Schedule.objects.sync("default", [spec("a", every=120), spec("c")])
+    assert (report.added, report.changed, report.removed) == (["c"], ["a"], ["b"])
+    assert Schedule.objects.get(name="a").spec["every"] == 120
+    assert Schedule.objects.get(name="b").removed_at is not None
+    assert {s.name for s in due()} == {"a", "c"}
+    report = Schedule.objects.sync("default", [spec("a", every=120), spec("b"), spec("c")])
+    assert (report.added, report.changed, report.unchanged) == ([], ["b"], ["a", "c"])
+    assert Schedule.objects.get(name="b").removed_at is None
+
+
+def test_the_first_decision_plans_on_the_database_clock():
+    """Invariant 1: a new cron schedule's first tick is the next minute after the
+    database's now; no job is made for it yet."""
+    Schedule.objects.sync("default", [spec("m", every=None, cron="* * * * *")])
+    Schedule.objects.enqueue_due("default", fields_for)
+    row = Schedule.objects.annotate(db_now=Now()).get(name="m")
+    assert row.next_tick_at.second == 0 and row.next_tick_at.microsecond == 0
+    assert row.db_now < row.next_tick_at <= row.db_now + timedelta(seconds=60)
+    assert Job.objects.count() == 0
+
+
+def test_a_tick_is_enqueued_only_by_the_decision_whose_update_touched_the_row():
+    """Invariant 2: two workers that read the same due row both try; the second one's
+    conditional UPDATE touches nothing, and it inserts nothing."""
+    started("s")
+    back("s", 1)
+    first, second = due(), due()
+    won = Schedule.objects.decide(first[0], fields_for(first[0]))
+    lost = Schedule.objects.decide(second[0], fields_for(second[0]))
+    assert won is not None and len(won.jobs) == 1
+    assert lost is None
+    assert Job.objects.count() == 1
+    run = ScheduleRun.objects.get()
+    row = Schedule.objects.get(name="s")
+    assert (run.kind, run.job_id, row.last_job_id) == ("tick", won.jobs[0].pk, won.jobs[0].pk)
+    assert row.last_tick_at == run.tick_at and row.ticks == 1
+    job = Job.objects.get()
+    assert (job.task_path, job.args) == (TASK, [1, 2])
+
+
+@pytest.mark.parametrize(
+    ("policy", "jobs", "misfires"), [("once", 1, 11), ("each", 3, 9), ("skip", 0, 12)]
+)
+def test_misfire_policy_decides_ticks_missed_while_no_worker_ran(policy, jobs, misfires):
+    """Invariants 1 and 3: twelve ticks missed (the schedule 11.5 minutes behind on the
+    database clock, grace 10 s): one job, the last three, or none, and the rest counted."""
+    started("s", misfire=policy, misfire_limit=3, grace=10)
+    back("s", 690)
+    outcomes = Schedule.objects.enqueue_due("default", fields_for)
+    assert [len(o.jobs) for o in outcomes] == ([jobs] if jobs else [0])
+    row = Schedule.objects.annotate(db_now=Now()).get(name="s")
+    assert (Job.objects.count(), row.misfires, row.ticks) == (jobs, misfires, 12)
+    assert row.db_now < row.next_tick_at <= row.db_now + timedelta(seconds=60)
+
+
+def test_overlap_skip_records_the_tick_while_the_previous_job_is_active():
+    """Invariant 3: the skipped tick is visible (a skipped run, the counter), and the next
+    tick after the job finished enqueues again."""
+    started("s", overlap="skip")
+    back("s", 1)
+    Schedule.objects.enqueue_due("default", fields_for)
+    first = Job.objects.get()
+    back("s", 1)
+    [outcome] = Schedule.objects.enqueue_due("default", fields_for)
+    assert (outcome.jobs, outcome.skipped) == ([], 1)
+    assert Schedule.objects.get(name="s").skipped == 1
+    assert list(ScheduleRun.objects.order_by("id").values_list("kind", flat=True)) == [
+        "tick",
+        "skipped",
+    ]
+    Job.objects.filter(pk=first.pk).update(state=JobState.SUCCEEDED)
+    back("s", 1)
+    Schedule.objects.enqueue_due("default", fields_for)
+    assert Job.objects.count() == 2
+
+
+def test_a_paused_schedule_keeps_its_place_and_resumes_from_now():
+    """Invariant 3: paused, it makes nothing; its last tick and job stay; resumed, it is
+    planned from the database's now (ticks that fell while paused are not run)."""
+    started("s")
+    back("s", 1)
+    Schedule.objects.enqueue_due("default", fields_for)
+    before = Schedule.objects.get(name="s")
+    assert Schedule.objects.filter(name="s").pause() == 1
+    back("s", 3600)
+    assert Schedule.objects.enqueue_due("default", fields_for) == []
+    assert Job.objects.count() == 1
+    assert Schedule.objects.filter(name="s").resume() == 1
+    Schedule.objects.enqueue_due("default", fields_for)
+    row = Schedule.objects.annotate(db_now=Now()).get(name="s")
+    assert (row.last_tick_at, row.last_job_id, row.misfires) == (
+        before.last_tick_at,
+        before.last_job_id,
+        0,
+    )
+    assert row.next_tick_at > row.db_now and Job.objects.count() == 1
+
+
+def test_run_now_makes_a_job_that_is_not_a_tick():
+    """Invariant 3: a run-now job links back to its schedule; ticks and the next tick are
+    untouched."""
+    row = started("s")
+    job = Schedule.objects.run_now(row, fields_for(row))
+    after = Schedule.objects.get(name="s")
+    assert (after.ticks, after.last_tick_at, after.next_tick_at) == (0, None, row.next_tick_at)
+    assert job.schedule_run.kind == "run_now" and job.schedule_run.schedule == row
+
+
+def test_a_removed_schedule_stops_ticking():
+    """Invariant 3: removed from code, it is never due again."""
+    started("s")
+    back("s", 120)
+    Schedule.objects.sync("default", [])
+    assert Schedule.objects.enqueue_due("default", fields_for) == []
+    assert Job.objects.count() == 0
+
+
+def test_the_settings_form_declares_schedules():
+    """Invariant 6: OPTIONS["SCHEDULES"] of a declared task is read; a task no worker knows
+    is refused naming the schedule's task."""
+    from django.conf import settings
+
+    tasks = {**settings.TASKS}
+    tasks["default"] = {
+        **tasks["default"],
+        "OPTIONS": {"SCHEDULES": {"tick": {"task": TASK, "every": 5, "args": [1, 1]}}},
+    }
+    with override_settings(TASKS=tasks):
+        [found] = [s for s in declared_schedules("default") if s.name == "tick"]
+        assert (found.task_path, found.periodic.every) == (TASK, 5)
+    tasks["default"]["OPTIONS"]["SCHEDULES"]["tick"]["task"] = "tests.testapp.tasks.nope"
+    with override_settings(TASKS=tasks), pytest.raises(Exception, match=r"SCHEDULES\['tick'\]"):
+        declared_schedules("default")
+
+
+@pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(schedule=...) needs Django 6.1")
+def test_the_task_option_declares_schedules():
+    """Invariant 6: @task(schedule=...) declares one schedule per Periodic, named by the
+    Periodic or the task's path."""
+    import tests.testapp.periodic  # noqa: F401
+
+    found = {s.name: s for s in declared_schedules("default")}
+    assert found["tests.every-minute"].task_path == "tests.testapp.periodic.scheduled_add"
+    assert found["tests.nightly"].periodic.cron == "30 2 * * *"
+    assert found["tests.hourly"].periodic.overlap == "skip"
+    report = Schedule.objects.sync("default", list(found.values()))
+    assert {"tests.every-minute", "tests.nightly", "tests.hourly"} <= set(report.added)
+
+
+def test_the_system_check_names_a_bad_schedule_setting():
+    """Invariant 6: manage.py check reports OPTIONS["SCHEDULES"] errors as E020, naming
+    the schedule and the field."""
+    from django_leases.checks import check_backend
+
+    bad = {"SCHEDULES": {"nightly": {"task": TASK, "cron": "0 3 * * *", "timezone": "Nowhere"}}}
+    [error] = [m for m in check_backend("default", bad) if m.id == "django_leases.E020"]
+    assert "SCHEDULES['nightly'].timezone" in error.msg
+    good = {"SCHEDULES": {"nightly": {"task": TASK, "cron": "0 3 * * *"}}}
+    assert not [m for m in check_backend("default", good) if m.id == "django_leases.E020"]
+
+
+def test_a_schedule_this_code_cannot_enqueue_is_left_to_other_workers():
+    """Invariant 6: a worker of another version (fields_for answers None) decides nothing
+    for that schedule and writes nothing; a stored schedule that no longer reads is
+    skipped, not fatal, and the other schedules still tick."""
+    started("s")
+    started("t")
+    back("s", 1)
+    back("t", 1)
+    assert Schedule.objects.enqueue_due("default", lambda row: None) == []
+    assert Schedule.objects.get(name="s").ticks == 0
+    Schedule.objects.filter(name="s").update(spec={"every": 60, "timezone": "Nowhere/Gone"})
+    [outcome] = Schedule.objects.enqueue_due("default", fields_for)
+    assert outcome.name == "t" and len(outcome.jobs) == 1
+
+
+def test_a_held_unique_key_skips_the_tick():
+    """Invariant 3: a task whose unique_key is held (even with on_duplicate="merge") skips
+    the tick, recorded as skipped, instead of claiming another call's job as its own."""
+    started("s")
+    keyed = EnqueueOptions.of({"unique_key": "report", "on_duplicate": "merge"}).check(TASK)
+    held = Job.objects.enqueue(TASK, [0, 0], unique_key="report")
+    back("s", 1)
+    outcome = Schedule.objects.decide(due()[0], keyed)
+    assert outcome is not None and (outcome.jobs, outcome.skipped) == ([], 1)
+    assert Job.objects.get().pk == held.pk
+    assert not ScheduleRun.objects.filter(job=held).exists()
