@@ -186,7 +186,9 @@ def cmd_enqueue_breakdown(a) -> dict:
     fields = task.get_backend()._job_fields(task)
     params = {**fields.pg_params(), "args": "[]", "kwargs": "{}"}
     ours = enqueue._pg_enqueue_sql(Job, "default", enqueue._PG_ONE_ROW, False)
-    limit = psycopg.connect(dsn(os.environ.get("BENCH_DB_PREFIX", "bench_") + "limit"), autocommit=True)
+    limit = psycopg.connect(
+        dsn(os.environ.get("BENCH_DB_PREFIX", "bench_") + "limit"), autocommit=True
+    )
     own = psycopg.connect(dsn(os.environ["BENCH_DB"]), autocommit=True)
     prepared, client = own.cursor(), psycopg.ClientCursor(own)
 
