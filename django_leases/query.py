@@ -13,6 +13,7 @@ same database clock. Operator verbs and the admin's reads are in operators.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Iterable, Sequence
@@ -140,6 +141,7 @@ _DB_CLOCK_FIELDS = ("lease_expires_at", "heartbeat_at", "last_attempted_at", "st
 # -- PostgreSQL: the statements of JobQuerySet._PG_* for a model and database ------------
 
 
+@functools.lru_cache(maxsize=64)
 def _pg_sql(template: str, model: Any, db: str, *, all_queues: bool = False) -> str:
     """``template`` for ``model``'s tables; the claim's queue filter left out for a claim
     of every queue (the due half is then the same ordered index scan, unfiltered)."""

@@ -155,7 +155,8 @@ class System:
                 str(self.batch),
                 "--listen",
             ],
-            "leases": [*django, "run_lease_worker", "-v", "0"],
+            # As a user starts it: default verbosity, one line per event.
+            "leases": [*django, "run_lease_worker"],
             "tasksdb": [*django, "db_worker", "--no-startup-delay", "--no-reload", "-v", "0"],
             "procrastinate": [*django, "procrastinate", "worker"],
             "ox": [*django, "ox_worker"],
@@ -748,7 +749,7 @@ def main() -> None:
     variants = [
         System(s.kind, conn_max_age="none", venvs=a.venvs)
         for s in systems
-        if s.kind in a.cma_variants.split(",") and s.batch == 1
+        if s.kind in a.cma_variants.split(",") and s.batch == 1 and not s.ref
     ]
     if a.leases_concurrency and "leases" in wanted:
         variants.append(
