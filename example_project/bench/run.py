@@ -339,9 +339,10 @@ def cpu_seconds(pids: list[int], *, with_children: bool) -> dict[int, float]:
 
 
 class CpuMeter:
-    """CPU spent while jobs drain: the workers' processes, and the PostgreSQL backends
-    connected to the system's database (the harness's own connection left out), sampled
-    during the drain so that connections opened meanwhile count from their start."""
+    """CPU spent from just before the jobs are committed to the end of the drain: the
+    workers' processes, and the PostgreSQL backends connected to the system's database
+    (the harness's own connection left out), sampled during the drain so that connections
+    opened meanwhile count from their start."""
 
     def __init__(self, conn: psycopg.Connection, db: str, workers: list[int]) -> None:
         self.conn, self.db, self.workers = conn, db, workers
@@ -398,12 +399,14 @@ def drain(
     spy = None
     try:
         settle(workers)
-        prefill = system.driver("prefill", str(jobs))
         with psycopg.connect(dsn(system.db), autocommit=True) as conn:
+            # From before the jobs exist (idle workers cost little): a first look at the
+            # queue may already find thousands done on a loaded machine.
+            meter = CpuMeter(conn, system.db, [p.pid for p in procs])
+            meter.sample()
+            prefill = system.driver("prefill", str(jobs))
             conn.execute("ANALYZE")
             peak = [0] * workers
-            meter = CpuMeter(conn, system.db, [p.pid for p in procs])
-            first_count = 0
             first_seen = None
             last_rss = 0.0
             began = time.monotonic()
@@ -412,8 +415,6 @@ def drain(
                 now = time.monotonic()
                 if count and first_seen is None:
                     first_seen = now
-                    first_count = count
-                    meter.sample()
                     if profile_to is not None:
                         # Sample only while jobs drain, not the idle time around it.
                         spy = subprocess.Popen(
@@ -435,8 +436,7 @@ def drain(
                             stderr=subprocess.DEVNULL,
                         )
                 if now - last_rss > 0.5:
-                    if first_seen is not None:
-                        meter.sample()
+                    meter.sample()
                     peak = [max(a, b) for a, b in zip(peak, rss_of(procs), strict=True)]
                     last_rss = now
                 if count >= jobs or (first_seen and now - first_seen > cap):
@@ -456,7 +456,7 @@ def drain(
                 spy = None
             count, first, last = finished(system, conn)
             worker_cpu, db_cpu = meter.spent()
-            done = max(count - first_count, 1)
+            done = max(count, 1)
     finally:
         if spy is not None:
             spy.kill()
