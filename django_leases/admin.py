@@ -28,6 +28,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from . import conf
+from .durations import duration_text
 from .models import Job, WorkerProcess
 from .states import JobState
 
@@ -74,18 +75,6 @@ def heartbeat_seconds() -> float:
     return conf.get_options().heartbeat_seconds
 
 
-def humanize_seconds(seconds: float) -> str:
-    """Render a duration the way an operator reads it: 42 s, 3 min, 5 h, 2 d."""
-    s = abs(seconds)
-    if s < 120:
-        return f"{int(s)} s"
-    if s < 120 * 60:
-        return f"{int(s // 60)} min"
-    if s < 48 * 3600:
-        return f"{int(s // 3600)} h"
-    return f"{int(s // 86400)} d"
-
-
 def _age(now: datetime, then: datetime | None) -> float | None:
     return None if then is None else (now - then).total_seconds()
 
@@ -97,12 +86,12 @@ def lease_text(job: ListedJob, period: float) -> str:
         return EMPTY
     now = job.db_now
     if status == "expired":
-        return f"expired {humanize_seconds(_age(now, job.lease_expires_at) or 0)} ago"
-    remaining = humanize_seconds((job.lease_expires_at - now).total_seconds())
+        return f"expired {duration_text(_age(now, job.lease_expires_at) or 0)} ago"
+    remaining = duration_text((job.lease_expires_at - now).total_seconds())
     if status == "stalled":
         silent = _age(now, job.heartbeat_at)
         if silent is not None and silent > 2 * period:
-            return f"stalled: no heartbeat for {humanize_seconds(silent)}"
+            return f"stalled: no heartbeat for {duration_text(silent)}"
         return f"stalled: worker gone, expires in {remaining}"
     return f"expires in {remaining}"
 
@@ -388,7 +377,9 @@ class JobAdmin(_JobAdminBase):
             "leases_total": sum(r["total"] for r in rows),
             "leases_expired": (Job.objects.expired().count(), link(lease="expired")),
             "leases_stalled": (Job.objects.stalled_claims(period).count(), link(lease="stalled")),
-            "leases_heartbeat": humanize_seconds(period),
+            "leases_heartbeat": duration_text(period),
+            # On a big table the census estimates groups of over CENSUS_CAP jobs.
+            "leases_estimated": any(row.get("estimated") for row in self.census(request)),
         }
 
     @admin.display(description=_("lease"))
@@ -405,7 +396,7 @@ class JobAdmin(_JobAdminBase):
     def heartbeat_age(self, job: ListedJob) -> str:
         if job.state != JobState.CLAIMED or job.heartbeat_at is None:
             return EMPTY
-        return f"{humanize_seconds(_age(job.db_now, job.heartbeat_at) or 0)} ago"
+        return f"{duration_text(_age(job.db_now, job.heartbeat_at) or 0)} ago"
 
     @admin.display(description=_("due"))
     def due(self, job: ListedJob) -> str:
@@ -414,7 +405,7 @@ class JobAdmin(_JobAdminBase):
         if job.available_at is None:
             return "parked"
         wait = (job.available_at - job.db_now).total_seconds()
-        return f"in {humanize_seconds(wait)}" if wait > 0 else "now"
+        return f"in {duration_text(wait)}" if wait > 0 else "now"
 
     @admin.display(description=_("args"))
     def args_pretty(self, job: Job) -> str:
@@ -638,7 +629,7 @@ class JobAdmin(_JobAdminBase):
         from django.core.exceptions import PermissionDenied
         from django.template.response import TemplateResponse
 
-        from .advisor import fmt_seconds, report
+        from .advisor import report
 
         if not self.has_view_permission(request):
             raise PermissionDenied
@@ -654,13 +645,15 @@ class JobAdmin(_JobAdminBase):
                 "rows": [
                     {
                         "advice": r,
-                        "p50": fmt_seconds(r.p50),
-                        "p99": fmt_seconds(r.p99),
-                        "p999": fmt_seconds(r.p999),
-                        "max": fmt_seconds(r.max),
-                        "lease": fmt_seconds(r.lease),
-                        "heartbeat": "lease/3" if r.heartbeat is None else fmt_seconds(r.heartbeat),
-                        "recommended": fmt_seconds(r.recommended_lease),
+                        "p50": duration_text(r.p50, precise=True),
+                        "p99": duration_text(r.p99, precise=True),
+                        "p999": duration_text(r.p999, precise=True),
+                        "max": duration_text(r.max, precise=True),
+                        "lease": duration_text(r.lease, precise=True),
+                        "heartbeat": "lease/3"
+                        if r.heartbeat is None
+                        else duration_text(r.heartbeat, precise=True),
+                        "recommended": duration_text(r.recommended_lease, precise=True),
                     }
                     for r in report(days)
                 ],
@@ -728,7 +721,7 @@ class WorkerProcessAdmin(_WorkerAdminBase):
 
     @admin.display(description=_("last seen"), ordering="last_seen_at")
     def last_seen(self, worker: ListedWorker) -> str:
-        return f"{humanize_seconds(_age(worker.db_now, worker.last_seen_at) or 0)} ago"
+        return f"{duration_text(_age(worker.db_now, worker.last_seen_at) or 0)} ago"
 
     @admin.display(description=_("claims held"))
     def claims(self, worker: ListedWorker) -> str:
@@ -745,9 +738,9 @@ class WorkerProcessAdmin(_WorkerAdminBase):
     def status(self, worker: ListedWorker) -> str:
         now = worker.db_now
         if worker.stopped_at is not None:
-            text = f"gone: stopped {humanize_seconds(_age(now, worker.stopped_at) or 0)} ago"
+            text = f"gone: stopped {duration_text(_age(now, worker.stopped_at) or 0)} ago"
         elif worker.looks_gone:
-            text = f"gone: not seen for {humanize_seconds(_age(now, worker.last_seen_at) or 0)}"
+            text = f"gone: not seen for {duration_text(_age(now, worker.last_seen_at) or 0)}"
         else:
             return format_html('<span class="leases-worker-alive">{}</span>', "alive")
         return format_html('<span class="leases-worker-gone">{}</span>', text)

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
+
 from . import conf, registry
+from .durations import duration_text
 
 # The lease should cover the slowest handlers with this much to spare ...
 HEADROOM = 1.5
@@ -147,28 +150,28 @@ def advise(
         advice.findings.append(
             Finding(
                 SHORT,
-                f"lease {fmt_seconds(lease)} is below p99.9 {fmt_seconds(p999)} x {headroom:g}: without "
+                f"lease {duration_text(lease, precise=True)} is below p99.9 {duration_text(p999, precise=True)} x {headroom:g}: without "
                 f"heartbeats (a paused worker, a database failover) handlers outlive "
-                f"their lease and duplicates are likely; set the lease to {fmt_seconds(recommended)}",
+                f"their lease and duplicates are likely; set the lease to {duration_text(recommended, precise=True)}",
             )
         )
     elif lease > recommended * TOO_LONG_FACTOR:
         advice.findings.append(
             Finding(
                 LONG,
-                f"lease {fmt_seconds(lease)} is far above need (p99.9 {fmt_seconds(p999)}): a crashed "
-                f"worker's job waits up to {fmt_seconds(lease)} before anyone retries it; "
-                f"set the lease to {fmt_seconds(recommended)}",
+                f"lease {duration_text(lease, precise=True)} is far above need (p99.9 {duration_text(p999, precise=True)}): a crashed "
+                f"worker's job waits up to {duration_text(lease, precise=True)} before anyone retries it; "
+                f"set the lease to {duration_text(recommended, precise=True)}",
             )
         )
     if heartbeat is not None and heartbeat > lease / 3:
         advice.findings.append(
             Finding(
                 HEARTBEAT,
-                f"HEARTBEAT_SECONDS {fmt_seconds(heartbeat)} is above lease/3 ({fmt_seconds(lease / 3)}): "
+                f"HEARTBEAT_SECONDS {duration_text(heartbeat, precise=True)} is above lease/3 ({duration_text(lease / 3, precise=True)}): "
                 f"fewer than two beats may fail before the claim is lost (run_lease_worker renews these "
-                f"claims every {fmt_seconds(lease / 3)} anyway); set it to at most "
-                f"{fmt_seconds(advice.recommended_heartbeat)}",
+                f"claims every {duration_text(lease / 3, precise=True)} anyway); set it to at most "
+                f"{duration_text(advice.recommended_heartbeat, precise=True)}",
             )
         )
     return advice
@@ -190,9 +193,12 @@ def report(
     durations: dict[str, array[float]] = {}
     leases: dict[str, set[float]] = {}
     rows = Job.objects.using(database).handler_durations(since_days)
-    for task_path, lease_seconds, duration in rows.iterator(chunk_size=5000):
-        durations.setdefault(task_path, array("d")).append(_seconds(duration))
-        leases.setdefault(task_path, set()).add(float(lease_seconds))
+    # In a transaction: outside one, PostgreSQL's server-side cursor is declared WITH HOLD and
+    # read in later transactions, which a transaction pooler may send to another session.
+    with transaction.atomic(using=database):
+        for task_path, lease_seconds, duration in rows.iterator(chunk_size=5000):
+            durations.setdefault(task_path, array("d")).append(_seconds(duration))
+            leases.setdefault(task_path, set()).add(float(lease_seconds))
     out = []
     for task_path in sorted(durations):
         values = sorted(durations[task_path])
@@ -216,14 +222,3 @@ def _seconds(value: Any) -> float:
     if isinstance(value, timedelta):
         return max(value.total_seconds(), 0.0)
     return max(float(value) / 1e6, 0.0)
-
-
-def fmt_seconds(seconds: float) -> str:
-    """Seconds as an operator reads them: 0.25 s, 12 s, 4.5 min, 2.0 h."""
-    if seconds < 10:
-        return f"{seconds:.2g} s" if seconds < 1 else f"{seconds:.1f} s"
-    if seconds < 600:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"

@@ -19,7 +19,7 @@ from .enqueue import (
     JobFields,
     check_task_options,
     checked_arguments,
-    insert_job,
+    insert_job_row,
     insert_job_rows,
 )
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
@@ -54,12 +54,21 @@ def _exception_path(failure: Any) -> str:
     return "builtins.Exception"
 
 
+# The app registry's configs when the app was last found installed: while the registry
+# holds the same dict (override_settings(INSTALLED_APPS) swaps it), it still is.
+_installed_in: list[Any] = [None]
+
+
 def _job_model(alias: str) -> Any:
     """The Job model; ImproperlyConfigured saying what to add when the app is not installed
     (importing the model would fail with a RuntimeError about its app_label)."""
     from django.apps import apps
     from django.core.exceptions import ImproperlyConfigured
 
+    if apps.app_configs is _installed_in[0]:
+        from .models import Job
+
+        return Job
     if not apps.is_installed("django_leases"):
         raise ImproperlyConfigured(
             f"TASKS[{alias!r}] uses django_leases.backends.LeaseBackend: add 'django_leases' to "
@@ -67,6 +76,7 @@ def _job_model(alias: str) -> Any:
         )
     from .models import Job
 
+    _installed_in[0] = apps.app_configs
     return Job
 
 
@@ -150,10 +160,10 @@ class LeaseBackend(BaseTaskBackend):
             fields = self._job_fields(task)
             args, kwargs = checked_arguments(args, kwargs)
             _check_fits(task, args, kwargs)
-            job = insert_job(Job, self.database, fields, args, kwargs)
+            row = insert_job_row(Job, self.database, fields, args, kwargs)
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
-        result = self._enqueued_result(task, job.pk, job.enqueued_at, job.args, job.kwargs)
+        result = self._enqueued_result(task, *row)
         task_enqueued.send(type(self), task_result=result)
         return result
 

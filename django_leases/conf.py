@@ -109,8 +109,15 @@ OPTIONS: dict[str, Option] = {
             "NOTIFY",
             True,
             "django_leases.E011",
-            "Wake idle workers with LISTEN/NOTIFY on PostgreSQL; off for PgBouncer "
-            "transaction pooling.",
+            "Wake idle workers with LISTEN/NOTIFY on PostgreSQL; off behind a transaction "
+            "pooler unless LISTEN_DATABASE names a direct connection.",
+        ),
+        Option(
+            "LISTEN_DATABASE",
+            None,
+            "django_leases.E019",
+            "Database alias of a direct (unpooled) PostgreSQL connection to the jobs' database, "
+            "used only for LISTEN; None listens on DATABASE.",
         ),
         Option(
             "TASK_MODULES",
@@ -191,6 +198,8 @@ class LeaseOptions:
     concurrency: int
     grace_seconds: float
     notify: bool
+    # The alias the worker LISTENs on: LISTEN_DATABASE, else DATABASE.
+    listen_database: str
     queue_options: dict[str, dict[str, Any]]
 
     def for_queue(self, queue_name: str) -> tuple[float, int]:
@@ -228,6 +237,7 @@ class LeaseOptions:
             concurrency=merged["CONCURRENCY"],
             grace_seconds=float(merged["GRACE_SECONDS"]),
             notify=merged["NOTIFY"],
+            listen_database=merged["LISTEN_DATABASE"] or merged["DATABASE"],
             queue_options=dict(merged["QUEUE_OPTIONS"]),
         )
 
@@ -277,6 +287,7 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
         problems.append(
             InvalidLeaseOption("NOTIFY", f"must be True or False, got {merged['NOTIFY']!r}")
         )
+    problems.extend(_listen_database_problems(merged["LISTEN_DATABASE"]))
     problems.extend(_task_module_problems(merged["TASK_MODULES"]))
     if merged["DATABASE"] not in settings.DATABASES:
         problems.append(
@@ -294,6 +305,30 @@ def _validate_retry(value: Any, name: str = "RETRY") -> Any:
         return Retry.from_json(value)
     except InvalidLeaseOption as e:
         raise InvalidLeaseOption(name, f"{e.option}: {e.reason}") from e
+
+
+def _listen_database_problems(alias: Any) -> list[InvalidLeaseOption]:
+    """LISTEN_DATABASE: None, or an alias of settings.DATABASES on PostgreSQL (LISTEN is
+    PostgreSQL's; an alias of another engine would silently never wake anyone)."""
+    if alias is None:
+        return []
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        return [
+            InvalidLeaseOption(
+                "LISTEN_DATABASE",
+                f"must be None or an alias of settings.DATABASES, got {shown(alias)}",
+            )
+        ]
+    engine = str(settings.DATABASES[alias].get("ENGINE", ""))
+    if "postgresql" not in engine and "postgis" not in engine:
+        return [
+            InvalidLeaseOption(
+                "LISTEN_DATABASE",
+                f"{alias!r} is not a PostgreSQL database (ENGINE {engine!r}); LISTEN is "
+                "PostgreSQL's",
+            )
+        ]
+    return []
 
 
 def _task_module_problems(modules: Any) -> list[InvalidLeaseOption]:

@@ -61,6 +61,12 @@ def storable_name(value: Any, limit: int = CLASS_PATH_LIMIT) -> str:
     return _escape(_plain(value)[:limit])[:limit]
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (its class name if it has none), for a log
+    line or a message that names the error."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def ascii_text(value: Any, limit: int) -> str:
     """``value`` as printable ASCII (anything else backslash-escaped), cut to ``limit``:
     what a column of any character set takes."""

@@ -143,7 +143,7 @@ def main() -> int:
         started = time.perf_counter()
         with connection.cursor() as cursor:
             cursor.execute(
-                "TRUNCATE django_leases_jobfailure, django_leases_job, "
+                "TRUNCATE django_leases_jobeffect, django_leases_jobfailure, django_leases_job, "
                 "django_leases_workerprocess RESTART IDENTITY"
             )
             cursor.execute(*load_sql(Job, args.rows))

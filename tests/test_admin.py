@@ -20,7 +20,8 @@ from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_leases.admin import LeaseAdminPaginator, humanize_seconds
+from django_leases.admin import LeaseAdminPaginator
+from django_leases.durations import duration_text
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
 
@@ -124,11 +125,15 @@ def test_lease_column_reads_countdown_expiry_and_stall(admin_client):
     stalled = claimed_job("w3", expires_in=60, heartbeat_ago=95.5)
     pending = Job.objects.enqueue(TASK, [3, 4])
     response = admin_client.get(LIST)
-    assert cell(response, healthy.pk, "lease") == "expires in 42 s"
+    # Half a second of margin each way; a loaded machine may spend more between statements.
+    assert cell(response, healthy.pk, "lease") in ("expires in 42 s", "expires in 41 s")
     assert cell(response, expired.pk, "lease") == "expired 3 min ago"
-    assert cell(response, stalled.pk, "lease") == "stalled: no heartbeat for 95 s"
+    assert cell(response, stalled.pk, "lease") in (
+        "stalled: no heartbeat for 95 s",
+        "stalled: no heartbeat for 96 s",
+    )
     assert cell(response, pending.pk, "lease") == "—"
-    assert cell(response, stalled.pk, "heartbeat_age") == "95 s ago"
+    assert cell(response, stalled.pk, "heartbeat_age") in ("95 s ago", "96 s ago")
     assert cell(response, healthy.pk, "attempts_of_max") == "1/5"
     assert cell(response, healthy.pk, "fence") == "1"
     assert cell(response, healthy.pk, "claimed_by") == "w1"
@@ -140,7 +145,7 @@ def test_lease_column_ignores_the_web_servers_clock(admin_client):
     healthy = claimed_job("w1", expires_in=42.5)
     with mock.patch("django.utils.timezone.now", return_value=timezone.now() + timedelta(days=1)):
         response = admin_client.get(LIST)
-    assert cell(response, healthy.pk, "lease") == "expires in 42 s"
+    assert cell(response, healthy.pk, "lease") in ("expires in 42 s", "expires in 41 s")
 
 
 def test_a_claim_whose_worker_is_gone_is_stalled_though_it_renewed_recently(admin_client):
@@ -149,7 +154,10 @@ def test_a_claim_whose_worker_is_gone_is_stalled_though_it_renewed_recently(admi
     WorkerProcess.objects.filter(worker_id="w-gone").update(last_seen_at=Now() - seconds(60))
     job = claimed_job("w-gone", expires_in=30.5, heartbeat_ago=1)
     response = admin_client.get(LIST)
-    assert cell(response, job.pk, "lease") == "stalled: worker gone, expires in 30 s"
+    assert cell(response, job.pk, "lease") in (
+        "stalled: worker gone, expires in 30 s",
+        "stalled: worker gone, expires in 29 s",
+    )
     job.refresh_from_db()
     assert job.state == JobState.CLAIMED and job.lease_expires_at > job.heartbeat_at
 
@@ -167,8 +175,9 @@ def test_a_claim_whose_worker_is_gone_is_stalled_though_it_renewed_recently(admi
         (-95, "95 s"),
     ],
 )
-def test_humanize_seconds(value, text):
-    assert humanize_seconds(value) == text
+def test_duration_text(value, text):
+    """Whole units, rounded down, for ages and what is left of a lease."""
+    assert duration_text(value) == text
 
 
 # -- filters, search and counts ------------------------------------------------------------

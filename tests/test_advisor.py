@@ -18,6 +18,7 @@ from django.db.models.functions import Now
 from django.test import override_settings
 
 from django_leases import advisor
+from django_leases.durations import duration_text
 from django_leases.models import Job
 from django_leases.states import JobState
 
@@ -187,7 +188,7 @@ def test_command_prints_a_table_and_verdicts_per_task():
     assert cells == [
         ADD,
         "1000",
-        "500 s",
+        "8.3 min",
         "16.5 min",
         "16.6 min",
         "16.7 min",
@@ -209,6 +210,17 @@ def test_command_json_and_check_exit_status():
     with pytest.raises(CommandError) as raised:
         call_command("lease_report", "--check", stdout=StringIO())
     assert raised.value.returncode == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.25, "0.25 s"), (4.5, "4.5 s"), (12, "12 s"), (500, "8.3 min"), (7200, "2.0 h")],
+)
+def test_measured_durations_keep_their_digits_on_the_admins_ladder_of_units(value, text):
+    """The advisor's figures (precise) and the admin's ages change unit at the same
+    lengths: one function writes both."""
+    assert duration_text(value, precise=True) == text
+    assert duration_text(value).split()[1] == text.split()[1]
 
 
 def test_command_with_no_finished_jobs_says_so():

@@ -16,7 +16,7 @@ from decimal import Decimal
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.management import call_command
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.tasks.exceptions import InvalidTask
 from django.test import override_settings
 from django.utils import timezone as dj_timezone
@@ -25,8 +25,9 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from django_leases import conf
+from django_leases import enqueue as inserts
 from django_leases.exceptions import InvalidJobArgument, InvalidLeaseOption
-from django_leases.jsonsafe import MAX_DEPTH
+from django_leases.jsonsafe import MAX_DEPTH, ensure_json
 from django_leases.models import Job
 from tests.testapp.models import Effect
 from tests.testapp.tasks import add, echo, with_context
@@ -628,3 +629,46 @@ def test_times_compare_on_the_database_after_a_round_trip(offset):
     back = Job.objects.get(pk=job.pk)
     assert back.run_after == when and back.available_at == when
     assert dj_timezone.is_aware(back.run_after)
+
+
+# -- PostgreSQL: a task's shared options bound into the statement once ---------------------
+
+# Text the driver's quoting must carry through, and a % that a second binding (the args and
+# kwargs) must not take for a placeholder.
+_bound_text = st.lists(
+    st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00")
+    | st.sampled_from(["%", "%s", "%(args)s", "'", '"', "\\", "$1", "::", ")"]),
+    min_size=1,
+    max_size=6,
+).map("".join)
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="only PostgreSQL binds a task's options once"
+)
+@PROPERTY
+@given(
+    queue_name=_bound_text,
+    task_path=_bound_text,
+    args=_good_args,
+    retry=st.lists(seconds, max_size=2),
+)
+def test_property_options_bound_into_the_insert_are_stored_as_given(
+    queue_name, task_path, args, retry
+):
+    """(6) The one-row INSERT with a task's options bound in once (quoted by the driver)
+    stores any text they hold exactly, whatever quotes, backslashes or % it holds, and the
+    args bound per call beside them; the cached statement serves the next call the same."""
+    try:
+        fields = inserts.EnqueueOptions(queue_name=queue_name, retry=retry).check(task_path)
+        checked = ensure_json(args, "args")
+    except (InvalidLeaseOption, InvalidJobArgument):
+        return
+    assert inserts._pg_bound_sql(Job, "default", fields) is not None
+    for _ in range(2):
+        with transaction.atomic():
+            job = inserts._pg_insert_one(Job, "default", fields, checked, {"q": queue_name})
+        back = Job.objects.get(pk=job.pk)
+        assert (back.queue_name, back.task_path) == (queue_name, task_path)
+        assert same(checked, back.args) and back.kwargs == {"q": queue_name}
+        assert back.retry == fields.retry_json()

@@ -75,3 +75,31 @@ def test_the_schema_has_its_named_indexes_constraints_and_trigger_and_unapplies_
     finally:
         call_command("migrate", "django_leases", verbosity=0)
     assert job_table_names() == names
+
+
+def job_storage() -> dict[str, str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [Job._meta.db_table]
+        )
+        options = cursor.fetchone()[0] or []
+    return dict(option.split("=", 1) for option in options)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_job_tables_storage_parameters_are_set_on_postgresql_and_reset_when_unapplied():
+    """0004 gives the job table on PostgreSQL the fillfactor and fixed autovacuum thresholds
+    docs/scale.md measures; unapplying it gives back PostgreSQL's defaults; other databases
+    have nothing to set."""
+    from importlib import import_module
+
+    if connection.vendor != "postgresql":
+        pytest.skip("storage parameters are PostgreSQL's")
+    wanted = import_module("django_leases.migrations.0004_job_storage").JOB_STORAGE
+    assert job_storage() == wanted
+    call_command("migrate", "django_leases", "0002", verbosity=0)
+    try:
+        assert job_storage() == {}
+    finally:
+        call_command("migrate", "django_leases", verbosity=0)
+    assert job_storage() == wanted

@@ -105,7 +105,7 @@ def test_a_stale_workers_fenced_write_is_refused_after_sigcont(workers):
     b = workers.start("fenced-b", *FAST)
     wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, LEASE * 2 + 10, "B to finish")
     a.signal(signal.SIGCONT)
-    a.wait_log("Discarded result", timeout=LEASE + 10)
+    a.wait_event("discarded", timeout=LEASE + 10)
     b.kill()
     assert list(Effect.objects.filter(key="fenced").values_list("fence", "worker_id")) == [
         (2, "fenced-b")
@@ -215,7 +215,7 @@ def test_a_handler_spinning_in_pure_python_does_not_stop_renewals(workers):
     assert list(
         Effect.objects.filter(key="spin").order_by("id").values_list("fence", "worker_id", "phase")
     ) == [(1, "spin-a", "start"), (1, "spin-a", "done")]
-    assert "Lost claim" not in a.log()
+    assert not a.events("lost")
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,12 @@ fields of the JSON lines, not the wording.
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import re
 import signal
+from pathlib import Path
 
 import pytest
 from django.test import override_settings
@@ -38,7 +40,14 @@ def test_djangos_task_lines_and_the_workers_share_one_stamped_format(workers):
     worker's come out of one handler, each with its time, level and logger."""
     ok, bad = add.enqueue(1, 2), boom.enqueue()
     w = workers.start(
-        "fmt-a", "--burst", "--poll", "0.2", verbosity=1, ready=False, env_extra=OWN_LOGGING
+        "fmt-a",
+        "--burst",
+        "--poll",
+        "0.2",
+        verbosity=1,
+        ready=False,
+        env_extra=OWN_LOGGING,
+        log_format="text",
     )
     assert w.wait_exit(timeout=30) == 0, w.log()
     lines = [line for line in w.log().splitlines() if line.strip() and not line.startswith(" ")]
@@ -96,10 +105,10 @@ def test_a_takeover_names_the_previous_owner_and_fence_and_the_lease_it_was_gran
     out, not the job's own 30 s (3)."""
     result = record.enqueue("takeover-log", first_seconds=60, later_seconds=0)
     a = workers.start("log-a", *FAST)
-    a.wait_log(f"Claimed job={result.id} ")
+    a.wait_event("claimed", job_id=result.id)
     a.signal(signal.SIGKILL)
     a.wait_exit()
-    b = workers.start("log-b", *FAST, "--log-format", "json", env_extra=OWN_LOGGING, ready=False)
+    b = workers.start("log-b", *FAST, env_extra=OWN_LOGGING)  # --log-format json
     wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, LEASE + 15, "the takeover")
     takeover = next(r for r in json_lines(b.log()) if r.get("event") == "takeover")
     assert (takeover["job_id"], takeover["fence"], takeover["worker"]) == (
@@ -170,3 +179,113 @@ def test_the_json_formatter_writes_one_object_with_the_fields():
     assert parsed["message"] == "Acked job=7"
     assert (parsed["event"], parsed["job_id"], parsed["worker"]) == ("acked", 7, "w\u00e9")
     assert parsed["time"].endswith("+00:00") and parsed["level"] == "INFO"
+
+
+# -- every event in one list -------------------------------------------------------------
+
+PACKAGE = Path(logs.__file__).resolve().parent.parent
+LEVELS = {"debug", "info", "warning", "error", "exception", "critical", "log"}
+
+
+def _is_worker_logger(node: ast.expr) -> bool:
+    """``logger`` (each worker module's getLogger("django_leases.worker")) or a
+    ``logging.getLogger(...)`` called in place."""
+    if isinstance(node, ast.Name):
+        return node.id == "logger"
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "getLogger"
+    )
+
+
+def _fields_of(call: ast.Call) -> set[str]:
+    """The names a logging call passes in ``extra=`` (a dict's keys, claim_fields()'s)."""
+    extra = next((k.value for k in call.keywords if k.arg == "extra"), None)
+    if isinstance(extra, ast.Dict):
+        return {k.value for k in extra.keys if isinstance(k, ast.Constant)}
+    if isinstance(extra, ast.Call):
+        return {"event", "job_id", "task", "queue", "worker", "fence"} | {
+            k.arg for k in extra.keywords if k.arg
+        }
+    return set()
+
+
+def _event_of(call: ast.Call) -> str | None:
+    """The event a logging call passes in ``extra=``: a dict's "event" key or
+    claim_fields()'s third argument; None if it passes none."""
+    extra = next((k.value for k in call.keywords if k.arg == "extra"), None)
+    if isinstance(extra, ast.Dict):
+        for key, value in zip(extra.keys, extra.values, strict=True):
+            if isinstance(key, ast.Constant) and key.value == "event":
+                return value.value if isinstance(value, ast.Constant) else None
+    if (
+        isinstance(extra, ast.Call)
+        and isinstance(extra.func, ast.Name)
+        and extra.func.id == "claim_fields"
+        and len(extra.args) >= 3
+        and isinstance(extra.args[2], ast.Constant)
+    ):
+        return extra.args[2].value
+    return None
+
+
+def logging_calls() -> list[tuple[str, int, str | None, set[str]]]:
+    """(file, line, event, fields) of every call of the worker's loggers in the package."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in LEVELS
+                and _is_worker_logger(node.func.value)
+            ):
+                where = str(path.relative_to(PACKAGE))
+                found.append((where, node.lineno, _event_of(node), _fields_of(node)))
+    return found
+
+
+def test_every_log_call_names_an_event_of_the_one_documented_list():
+    """Tests wait on events, not wording: so every line the worker can write carries an
+    event (a constant), each is in logs.EVENTS, each of EVENTS is written somewhere (or is
+    one of Django's task lines), and docs/worker.md lists exactly EVENTS."""
+    calls = logging_calls()
+    assert len(calls) > 40, calls  # the walk found the worker's calls
+    unnamed = [(f, line) for f, line, event, _ in calls if event is None]
+    assert not unnamed, f"log calls without extra={{'event': ...}}: {unnamed}"
+    unlisted = [(f, line, event) for f, line, event, _ in calls if event not in logs.EVENTS]
+    assert not unlisted, f"events missing from logs.EVENTS: {unlisted}"
+    # A field the JSON format would not write is a fact no reader sees; one named as a
+    # LogRecord attribute ("thread", "process", ...) makes logging raise.
+    unwritten = [(f, line, fields - set(logs.FIELDS)) for f, line, _, fields in calls]
+    assert not [u for u in unwritten if u[2]], f"fields missing from logs.FIELDS: {unwritten}"
+    reserved = set(vars(logging.LogRecord("n", 0, "p", 0, "m", None, None))) | {"message"}
+    assert not reserved & set(logs.FIELDS), reserved & set(logs.FIELDS)
+    written = {event for _, _, event, _ in calls}
+    djangos = {name for name in logs.EVENTS if name.startswith("task_")}
+    assert set(logs.EVENTS) - written == djangos, "EVENTS lists events nothing writes"
+    page = (PACKAGE.parent / "docs" / "worker.md").read_text(encoding="utf-8")
+    table = page.split("| Event | Meaning |", 1)[1].split("\n\n", 1)[0]
+    documented = re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)
+    assert documented == list(logs.EVENTS), "docs/worker.md's table of events != EVENTS"
+
+
+@pytest.mark.slow
+def test_a_workers_records_each_name_a_listed_event(workers):
+    """A worker that claims, renews, acks, fails, is told to stop and releases: each of its
+    JSON records and Django's task lines names an event of EVENTS (records() checks it),
+    and those of a job's life are there with their fields."""
+    ok, bad, held = add.enqueue(2, 2), boom.enqueue(), record.enqueue("events", first_seconds=60)
+    w = workers.start("events-a", *FAST, "--concurrency", "3", "--grace", "0")
+    w.wait_event("acked", job_id=ok.id)
+    w.wait_event("failed", job_id=bad.id)
+    w.wait_event("renewed", worker="events-a", timeout=LEASE + 5)
+    w.signal(signal.SIGTERM)
+    assert w.wait_exit() == 0
+    records = w.records()
+    assert records, w.log()
+    seen = {r["event"] for r in records}
+    assert {"started", "claimed", "acked", "failed", "renewed", "stopping", "released"} <= seen
+    assert {"task_running", "task_successful", "task_failed", "stopped"} <= seen
+    assert w.events("released", job_id=held.id, fence=1, worker="events-a")

@@ -119,10 +119,10 @@ def test_sigstop_past_the_lease_then_sigcont_stops_the_first_handler(workers):
     )
     a.signal(signal.SIGCONT)
     thawed = time.monotonic()
-    a.wait_log(f"Lost claim job={job.pk} fence=1 worker=stop-a", timeout=BEAT + 2)
+    a.wait_event("lost", job_id=job.pk, fence=1, worker="stop-a", timeout=BEAT + 2)
     assert time.monotonic() - thawed <= BEAT + 0.5
-    a.wait_log(f"Discarded result of job={job.pk} fence=1 worker=stop-a", timeout=BEAT + 2)
-    assert f"Acked job={job.pk} fence=1" not in a.log()
+    a.wait_event("discarded", job_id=job.pk, fence=1, worker="stop-a", timeout=BEAT + 2)
+    assert not a.events("acked", job_id=job.pk)
     job = job_of(result)
     assert (job.state, job.fence, job.result) == (
         JobState.SUCCEEDED,
@@ -164,7 +164,7 @@ def test_a_handler_that_ignores_cancellation_is_killed_in_process_isolation(work
     wait_for(child_gone, BEAT + 4, "the child to be killed")
     # One beat to notice, one second to stop by itself, then SIGTERM.
     assert time.monotonic() - cancelled <= BEAT + 1.0 + 1.5
-    assert f"Killing handler process pid={child_pid}" in a.log()
+    assert a.events("process_killed", pid=child_pid, job_id=result.id), a.log()
     assert effects("deaf") == [(1, "deaf-a", "start")]
     assert job_of(result).state == JobState.CANCELLED
     after = add.enqueue(2, 3)
@@ -192,7 +192,7 @@ def test_sigterm_finishes_within_grace_then_releases_and_nothing_is_lost(workers
         1,
         None,
     )
-    assert f"Released job={released.pk} fence=1 worker=term-a" in a.log()
+    assert a.events("released", job_id=released.pk, fence=1, worker="term-a")
     assert WorkerProcess.objects.get(worker_id="term-a").stopped_at is not None
     b = workers.start("term-b", "--burst", *FAST, ready=False)
     assert b.wait_exit() == 0
@@ -210,9 +210,9 @@ def test_a_second_signal_releases_at_once(workers):
     """A second SIGTERM does not wait out --grace: jobs are released and the worker exits (3)."""
     result = hold.enqueue(60)
     a = workers.start("twice-a", "--grace", "60", *FAST)
-    a.wait_log(f"Claimed job={result.id}")
+    a.wait_event("claimed", job_id=result.id)
     a.signal(signal.SIGTERM)
-    a.wait_log("Stopping on SIGTERM")
+    a.wait_event("stopping", signal="SIGTERM")
     sent = time.monotonic()
     a.signal(signal.SIGINT)
     assert a.wait_exit() == 0
@@ -230,7 +230,7 @@ def test_a_handler_hogging_its_thread_does_not_stop_renewals(workers):
     job = job_of(result)
     assert (job.fence, job.attempts, job.claimed_by) == (1, 1, "hog-a")
     assert not JobFailure.objects.exists()
-    assert "Renewed 1 of 1 claims" in a.log()
+    assert a.events("renewed", held=1, claims=1)
     a.signal(signal.SIGTERM)
     assert a.wait_exit() == 0
 
@@ -262,14 +262,13 @@ def test_heartbeats_of_500_held_jobs_cost_one_statement_per_period(workers):
         20,
         "all jobs to be claimed",
     )
-    pattern = re.compile(r"Renewed (\d+) of (\d+) claims in (\d+) statement")
 
     def full_beats():
-        return [m for m in pattern.findall(a.log()) if m[1] == str(n)]
+        return a.events("renewed", claims=n)
 
     beats = wait_for(lambda: len(full_beats()) >= 3 and full_beats(), 10, "three full renewals")
-    assert all(statements == "1" for _, _, statements in beats), beats
-    assert all(kept == str(n) for kept, _, _ in beats), beats
+    assert all(beat["statements"] == 1 for beat in beats), beats
+    assert all(beat["held"] == n for beat in beats), beats
     held = Job.objects.filter(state=JobState.CLAIMED, claimed_by="many-a")
     assert held.values("heartbeat_at").distinct().count() == 1
     a.signal(signal.SIGTERM)
@@ -282,7 +281,7 @@ def test_notify_wakes_an_idle_worker_at_once(workers):
     """On PostgreSQL an enqueue wakes an idle worker through NOTIFY, long before its poll
     interval; the job still runs under a lease like any other (2)."""
     a = workers.start("notify-a", "--lease", "3", "--poll", "30")
-    a.wait_log("Listening for wake-ups")
+    a.wait_event("listening")
     enqueued = time.monotonic()
     result = add.enqueue(20, 22)
     wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 5, "the job")
@@ -299,12 +298,17 @@ def test_without_notify_polling_alone_runs_the_job(workers):
     a = workers.start("poll-a", "--lease", "3", "--poll", "0.5", notify=False)
     result = add.enqueue(1, 1)
     wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 5, "the job")
-    assert "Listening for wake-ups" not in a.log()
+    assert not a.events("listening")
     a.signal(signal.SIGTERM)
     assert a.wait_exit() == 0
 
 
 @pytest.mark.skipif(not ON_POSTGRES, reason=PG_ONLY)
+@pytest.mark.skipif(
+    bool(os.environ.get("LEASES_POOLER_DIRECT_URL")),
+    reason="through PgBouncer it would terminate the pooler's sessions that serve this test "
+    "process too; tests/chaos cuts a pooled worker's connections instead",
+)
 def test_the_worker_survives_losing_its_connections(workers):
     """When PostgreSQL drops every connection of the worker mid-job, it logs, reconnects and
     keeps its claim (renewals resume within the lease), so the job succeeds with its first
@@ -322,7 +326,7 @@ def test_the_worker_survives_losing_its_connections(workers):
     wait_for(lambda: job_of(held).state == JobState.SUCCEEDED, 10, "the held job")
     assert (job_of(held).fence, job_of(held).attempts) == (1, 1)
     wait_for(
-        lambda: "Renewal failed" in a.log() or "Database trouble" in a.log(),
+        lambda: a.events("renewal_failed") or a.events("db_trouble"),
         5,
         "the trouble to be logged",
     )
@@ -370,10 +374,9 @@ def test_a_stale_owners_checkpoint_is_rejected_and_stops_the_handler(workers, is
     [thief] = wait_for(take_over, 10, "the takeover")
     taken = job_of(result)
     assert (thief.pk, taken.fence, taken.claimed_by) == (taken.pk, 2, "ckpt-thief")
-    a.wait_log(f"Discarded result of job={taken.pk} fence=1 worker=ckpt-a")
-    assert (
-        f"Checkpoint rejected job={taken.pk} fence=1" in a.log()
-        or f"Lost claim job={taken.pk} fence=1" in a.log()
+    a.wait_event("discarded", job_id=taken.pk, fence=1, worker="ckpt-a")
+    assert a.events("checkpoint_rejected", job_id=taken.pk, fence=1) or a.events(
+        "lost", job_id=taken.pk, fence=1
     )
     after = job_of(result)
     assert (after.cursor, after.fence, after.claimed_by, after.state) == (
@@ -397,7 +400,7 @@ def test_an_async_handler_is_cancelled_when_its_claim_is_lost(workers):
     wait_for(lambda: effects("async"), 10, "the handler to start")
     Job.objects.filter(pk=job_of(result).pk).cancel()
     cancelled = time.monotonic()
-    a.wait_log(f"Discarded result of job={result.id} fence=1 worker=async-a", timeout=BEAT + 2)
+    a.wait_event("discarded", job_id=result.id, fence=1, worker="async-a", timeout=BEAT + 2)
     assert time.monotonic() - cancelled <= BEAT + 0.5
     assert effects("async") == [(1, "async-a", "start")]
     assert job_of(result).state == JobState.CANCELLED

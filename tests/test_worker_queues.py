@@ -49,7 +49,7 @@ def test_a_worker_of_a_backend_without_queues_serves_every_queue(workers):
     w = workers.start("anyq-a", "--poll", "0.2", "--burst", env_extra={"LEASES_WORKER_QUEUES": ""})
     assert w.wait_exit(timeout=30) == 0, w.log()
     assert states(jobs) == [JobState.SUCCEEDED] * 4, w.log()
-    assert "queues=* " in w.log()
+    assert w.events("started", queue="*"), w.log()
     assert WorkerProcess.objects.get(worker_id="anyq-a").queues == ["*"]
 
 
@@ -85,7 +85,7 @@ def test_notify_wakes_a_worker_of_every_queue_for_any_queue(workers):
     """LISTEN/NOTIFY: a job enqueued in a queue no list names wakes an all-queues worker
     long before its 30 s poll."""
     w = workers.start("anyq-notify", "--all-queues", "--lease", "3", "--poll", "30")
-    w.wait_log("Listening for wake-ups")
+    w.wait_event("listening")
     time.sleep(0.3)  # past the first poll: only a notification can wake it now
     enqueued = time.monotonic()
     [job] = enqueue_in("zzz-unlisted")

@@ -44,15 +44,15 @@ def test_a_worker_started_while_the_database_is_down_waits_then_runs_a_job(worke
     once the database answers the checks pass and the worker serves as usual (3)."""
     env = {"LEASES_WORKER_DB_PORT": str(down_database.port)}
     w = workers.start("down-a", *FAST, ready=False, env_extra=env)
-    w.wait_log("attempt=3", timeout=20)
+    w.wait_event("db_wait", attempt=3, timeout=20)
     assert w.proc.poll() is None, w.log()
-    assert "Traceback" not in w.log() and "Worker started" not in w.log()
-    waits = [line for line in w.log().splitlines() if "not answering at start" in line]
-    assert len(waits) >= 3 and "retrying in" in waits[0], w.log()
+    assert "Traceback" not in w.log() and not w.events("started")
+    waits = w.events("db_wait", worker="down-a")
+    assert [wait["attempt"] for wait in waits[:3]] == [1, 2, 3], w.log()
     result = add.enqueue(2, 3)
     down_database.heal()
-    w.wait_log("Worker started", timeout=20)
-    assert "answered after" in w.log()
+    w.wait_event("started", timeout=20)
+    assert w.events("db_back", worker="down-a")
     wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 10, "the job")
     assert (job_of(result).result, job_of(result).attempts) == (5, 1)
     w.signal(signal.SIGTERM)
@@ -65,10 +65,10 @@ def test_sigterm_while_waiting_for_the_database_exits_0(workers, down_database):
     result = add.enqueue(1, 1)
     env = {"LEASES_WORKER_DB_PORT": str(down_database.port)}
     w = workers.start("down-term", *FAST, ready=False, env_extra=env)
-    w.wait_log("not answering at start", timeout=20)
+    w.wait_event("db_wait", timeout=20)
     w.signal(signal.SIGTERM)
     assert w.wait_exit(timeout=5) == 0
-    assert "Stopping on SIGTERM" in w.log() and "Traceback" not in w.log(), w.log()
+    assert w.events("stopped", signal="SIGTERM") and "Traceback" not in w.log(), w.log()
     assert (job_of(result).state, job_of(result).attempts) == (JobState.PENDING, 0)
 
 
@@ -127,7 +127,7 @@ def test_a_concurrency_the_connection_limit_cannot_serve_is_refused_with_the_num
             f"role '{role}' CONNECTION LIMIT allows 6 and other sessions hold 0: 6 free" in log
         ), log
         assert "Lower --concurrency to 3 or less" in log and "--skip-connection-check" in log, log
-        assert "Worker started" not in log
+        assert not w.events("started")
         # --skip-connection-check starts it anyway (behind a pooler the server's limit is
         # not the worker's).
         w2 = workers.start(
@@ -172,12 +172,13 @@ def test_a_worker_started_while_its_connection_limit_is_full_waits_then_starts(w
                 ready=False,
                 env_extra={"LEASES_WORKER_DB_USER": role},
             )
-            w.wait_log("attempt=2", timeout=20)
-            assert "too many connections for role" in w.log() and w.proc.poll() is None, w.log()
+            wait = w.wait_event("db_wait", attempt=2, timeout=20)
+            assert "too many connections for role" in wait["error"], wait
+            assert w.proc.poll() is None, w.log()
         finally:
             for other in others:
                 other.close()
-        w.wait_log("Worker started", timeout=30)
+        w.wait_event("started", timeout=30)
         wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 10, "the job")
         w.signal(signal.SIGTERM)
         assert w.wait_exit() == 0
@@ -192,18 +193,17 @@ def test_a_handler_that_cannot_connect_is_released_without_spending_an_attempt(w
         w = workers.start(
             "budget-full", *FAST, "--concurrency", "3", env_extra={"LEASES_WORKER_DB_USER": role}
         )
-        w.wait_log("Listening for wake-ups")
+        w.wait_event("listening")
         # Main, heartbeat and listener connections, then others fill the role's limit.
         wait_for(lambda: sessions_of(role) == 3, 10, "the worker's three connections")
         others = [connect_as(role) for _ in range(3)]
         try:
             result = add.enqueue(4, 5)
-            w.wait_log("could not connect to the database", timeout=10)
-            w.wait_log("Claiming paused", timeout=5)
+            paused = w.wait_event("paused", timeout=10)
+            assert "too many connections for role" in paused["error"], paused
             job = job_of(result)
             assert job.state in (JobState.PENDING, JobState.CLAIMED), job.state
             assert not JobFailure.objects.filter(job=job).exists()
-            assert "too many connections for role" in w.log(), w.log()
         finally:
             for other in others:
                 other.close()

@@ -56,7 +56,8 @@ def test_sigterm_to_the_whole_process_group_finishes_or_releases_process_isolate
     assert (done.state, done.attempts, done.fence) == (JobState.SUCCEEDED, 1, 1), log[-3000:]
     assert done.result == {"fence": 1, "worker": "group-a"}
     # It was still running when the signal came, and finished in the grace period.
-    assert log.index("Stopping on SIGTERM") < log.index(f"Acked job={done.pk} fence=1")
+    stopping, acked = a.order(("stopping", {"signal": "SIGTERM"}), ("acked", {"job_id": done.pk}))
+    assert 0 <= stopping < acked, log[-3000:]
     for result in (long, dies):
         job = job_of(result)
         assert (job.state, job.attempts, job.fence, job.claim_token) == (
@@ -65,11 +66,7 @@ def test_sigterm_to_the_whole_process_group_finishes_or_releases_process_isolate
             1,
             None,
         ), log[-3000:]
-        assert f"Released job={job.pk} fence=1 worker=group-a" in log
-    assert (
-        f"Released job={dies.id} fence=1 worker=group-a: back to pending, attempt not "
-        "counted; its handler process died while the worker was stopping" in log
-    )
+        assert a.events("released", job_id=job.pk, fence=1, worker="group-a"), log[-3000:]
     assert not JobFailure.objects.exists(), list(
         JobFailure.objects.values_list("message", flat=True)
     )
@@ -105,11 +102,16 @@ def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_w
         assert stopped_at <= job.available_at, (stopped_at, job.available_at)
     # The cooperative handler stopped when told, before its job was released; the deaf one
     # was still running and was released anyway.
-    assert log.index(f"Handler of job={coop.id} fence=1 worker=order-a has stopped") < log.index(
-        f"Released job={coop.id} fence=1"
+    told, coop_released, deaf_released, stopped = a.order(
+        ("handler_stopped", {"job_id": coop.id, "fence": 1, "worker": "order-a"}),
+        ("released", {"job_id": coop.id, "fence": 1}),
+        ("released", {"job_id": deaf.id, "fence": 1}),
+        ("stopped", {"worker": "order-a"}),
     )
-    assert f"Handlers of jobs {deaf.id} still running worker=order-a" in log
-    assert log.index(f"Released job={deaf.id} fence=1") < log.index("Worker stopped worker=order-a")
+    assert 0 <= told < coop_released, log[-3000:]
+    assert 0 <= deaf_released < stopped, log[-3000:]
+    [running] = a.events("handlers_running", worker="order-a")
+    assert running["jobs"] == [int(deaf.id)]
     # The deaf handler ended with the process: its 8 s sleep never got to the "done" effect.
     wait_for(lambda: time.monotonic() - signalled > 9, 15, "the deaf handler's sleep to pass")
     assert phases("order-deaf") == ["start"] and phases("order-coop") == ["start"]

@@ -1,14 +1,23 @@
-"""Start real run_lease_worker processes for the worker tests, and wait for conditions."""
+"""Start real run_lease_worker processes for the worker tests, and wait for conditions.
+
+The workers write JSON lines (tests/worker_settings.py, ``--log-format json``); tests wait
+on and look at their events (django_leases.worker.logs.EVENTS) and fields, never at the
+wording of a message, which stays free to change. Every record read is checked to carry
+an event of that list.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from django.db import connection, connections
 
@@ -22,20 +31,52 @@ PG_ONLY = (
 def wait_for(
     condition,
     timeout: float,
-    what: str,
+    what: str | Callable[[], str],
     interval: float = 0.05,
     error: type[Exception] = AssertionError,
 ):
     """Poll ``condition`` until it returns something truthy; raise ``error`` after
-    ``timeout`` seconds (a test fails; the chaos harness catches TimeoutError)."""
+    ``timeout`` seconds (a test fails; the chaos harness catches TimeoutError). ``what``
+    may be a callable, asked only then (a log's tail as it was at the timeout)."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise error(f"timed out after {timeout:g} s waiting for {what}")
+            said = what() if callable(what) else what
+            raise error(f"timed out after {timeout:g} s waiting for {said}")
         time.sleep(interval)
+
+
+def read_records(log: str) -> list[dict[str, Any]]:
+    """The JSON records of a worker's log (other lines, such as a handler's prints or a
+    line still being written, are passed over). A record of the worker's loggers must
+    carry an event of EVENTS: the test fails otherwise."""
+    from django_leases.worker.logs import EVENTS, TASKS_LOGGER, WORKER_LOGGER
+
+    found = []
+    for line in log.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or "logger" not in record:
+            continue
+        if record["logger"] in (WORKER_LOGGER, TASKS_LOGGER):
+            assert record.get("event") in EVENTS, f"an event not in EVENTS: {line}"
+        found.append(record)
+    return found
+
+
+def _matches(record: dict[str, Any], event: str, facts: dict[str, Any]) -> bool:
+    """A record of ``event`` whose fields have the values of ``facts`` (compared as text:
+    a TaskResult's id is a string, the record's job_id a number)."""
+    return record.get("event") == event and all(
+        str(record.get(k)) == str(v) for k, v in facts.items()
+    )
 
 
 class WorkerProcess:
@@ -51,6 +92,7 @@ class WorkerProcess:
         self.log_path = log_path
         self.own_group = own_group
         self._log = open(log_path, "wb")  # noqa: SIM115 -- closed in kill()
+        self._read, self._records = 0, []  # records(): what of the log is parsed so far
         cmd = [
             sys.executable,
             "-m",
@@ -79,12 +121,37 @@ class WorkerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_log(self, text: str, timeout: float = 10.0) -> str:
+    def records(self) -> list[dict[str, Any]]:
+        """The JSON records in the log so far (see read_records), each line read once."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._read)
+            chunk = log.read()
+        complete = chunk.rfind(b"\n") + 1  # a line still being written waits for its end
+        if complete:
+            self._records += read_records(chunk[:complete].decode(errors="replace"))
+            self._read += complete
+        return list(self._records)
+
+    def events(self, event: str, **facts: Any) -> list[dict[str, Any]]:
+        """The records of ``event`` whose fields have the values of ``facts``."""
+        return [r for r in self.records() if _matches(r, event, facts)]
+
+    def wait_event(self, event: str, timeout: float = 10.0, **facts: Any) -> dict[str, Any]:
+        """The first record of ``event`` with ``facts``, once the worker has logged it."""
         return wait_for(
-            lambda: text in self.log() and self.log(),
+            lambda: next(iter(self.events(event, **facts)), None),
             timeout,
-            f"{text!r} in the log of {self.worker_id}:\n{self.log()[-3000:]}",
+            lambda: f"event {event} {facts} from {self.worker_id}:\n{self.log()[-3000:]}",
+            interval=0.1,
         )
+
+    def order(self, *wanted: tuple[str, dict[str, Any]]) -> list[int]:
+        """The position in the log of the first record of each (event, facts), -1 if none."""
+        records = self.records()
+        return [
+            next((i for i, r in enumerate(records) if _matches(r, event, facts)), -1)
+            for event, facts in wanted
+        ]
 
     def signal(self, sig: int) -> None:
         os.kill(self.pid, sig)
@@ -130,6 +197,7 @@ class Workers:
         verbosity: int = 2,
         own_group: bool = False,
         env_extra: dict[str, str] | None = None,
+        log_format: str = "json",
     ) -> WorkerProcess:
         env = dict(os.environ)
         env.update(env_extra or {})
@@ -141,19 +209,23 @@ class Workers:
         env["PYTHONPATH"] = str(ROOT)
         worker = WorkerProcess(
             worker_id,
-            [*args, "-v", str(verbosity)],
+            ["--log-format", log_format, *args, "-v", str(verbosity)],
             self.tmp_path / f"{worker_id}.log",
             env,
             own_group,
         )
         self.started.append(worker)
         if ready:
-            worker.wait_log("Worker started", timeout=20)
+            assert log_format == "json", "a worker logging text is started with ready=False"
+            # A bound on start-up, not a measure: a loaded machine may take long to import.
+            worker.wait_event("started", timeout=60)
         return worker
 
     def close(self) -> None:
         for worker in self.started:
             worker.kill()
+        for worker in self.started:
+            worker.records()  # each record of the worker's names an event of EVENTS
 
 
 # Short leases so that expiry happens within a test.

@@ -2,7 +2,8 @@
 
 The same as tests.settings, pointed at the test database the pytest process created
 (LEASES_WORKER_DB_NAME), with timestamps in the log lines. LEASES_WORKER_NOTIFY=0 turns
-NOTIFY off, as a deployment behind PgBouncer transaction pooling would. LEASES_WORKER_FAULT
+NOTIFY off, as a deployment behind PgBouncer transaction pooling without a direct connection
+would; LEASES_POOLER_DIRECT_URL adds that direct connection for LISTEN_DATABASE. LEASES_WORKER_FAULT
 injects a driver fault into one thread's statements (tests/worker_faults.py).
 """
 
@@ -12,7 +13,7 @@ import os
 
 import tests.worker_faults  # noqa: F401 -- LEASES_WORKER_FAULT, for the tests that set it
 from tests.settings import *  # noqa: F403
-from tests.settings import DATABASES, LOGGING, TASKS
+from tests.settings import DATABASES, LOGGING, TASKS, database_from_url
 
 DATABASES["default"]["NAME"] = os.environ["LEASES_WORKER_DB_NAME"]
 if os.environ.get("LEASES_WORKER_QUEUE_DB_NAME"):
@@ -20,8 +21,17 @@ if os.environ.get("LEASES_WORKER_QUEUE_DB_NAME"):
 # A handler's connection cut while idle is checked and reopened before its next job.
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 TASKS["default"]["OPTIONS"]["NOTIFY"] = os.environ.get("LEASES_WORKER_NOTIFY", "1") == "1"
-LOGGING["formatters"] = {"stamped": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}}
-LOGGING["handlers"]["console"]["formatter"] = "stamped"
+# The pass through PgBouncer (tests/run.sh): "default" is the pooler, and the worker LISTENs
+# on a direct connection to the same database ("direct"), as docs/databases.md advises.
+# LEASES_WORKER_LISTEN_DIRECT=0 leaves LISTEN_DATABASE unset.
+if os.environ.get("LEASES_POOLER_DIRECT_URL"):
+    DATABASES["direct"] = database_from_url(os.environ["LEASES_POOLER_DIRECT_URL"])
+    DATABASES["direct"]["NAME"] = os.environ["LEASES_WORKER_DB_NAME"]
+    if os.environ.get("LEASES_WORKER_LISTEN_DIRECT", "1") == "1":
+        TASKS["default"]["OPTIONS"]["LISTEN_DATABASE"] = "direct"
+# JSON lines: the tests wait on the worker's events and fields (tests/worker_helpers.py).
+LOGGING["formatters"] = {"json": {"()": "django_leases.worker.logs.JsonFormatter"}}
+LOGGING["handlers"]["console"]["formatter"] = "json"
 # The worker tests of start-up and connection limits: another port (a proxy), another role.
 if os.environ.get("LEASES_WORKER_DB_PORT"):
     DATABASES["default"]["PORT"] = os.environ["LEASES_WORKER_DB_PORT"]

@@ -215,7 +215,16 @@ def store_checkpoint(handle: JobHandle, link: WorkerLink, cursor: Any) -> bool:
     if held:
         transaction.on_commit(functools.partial(link.renewed, started), using=handle.database)
         logger.debug(
-            "Checkpoint job=%s fence=%s worker=%s", handle.job_id, handle.fence, handle.worker_id
+            "Checkpoint job=%s fence=%s worker=%s",
+            handle.job_id,
+            handle.fence,
+            handle.worker_id,
+            extra={
+                "event": "checkpoint",
+                "job_id": handle.job_id,
+                "fence": handle.fence,
+                "worker": handle.worker_id,
+            },
         )
     else:
         logger.warning(
@@ -223,5 +232,11 @@ def store_checkpoint(handle: JobHandle, link: WorkerLink, cursor: Any) -> bool:
             handle.job_id,
             handle.fence,
             handle.worker_id,
+            extra={
+                "event": "checkpoint_rejected",
+                "job_id": handle.job_id,
+                "fence": handle.fence,
+                "worker": handle.worker_id,
+            },
         )
     return held

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
+from ..storable import first_line
+
 if TYPE_CHECKING:
     from .claims import Outcome
 
@@ -69,11 +71,6 @@ def contention(error: BaseException) -> bool:
     failure or the server short of a resource: an OperationalError that says nothing
     against the statement itself."""
     return error_kind(error) == "outage"
-
-
-def first_line(error: Exception) -> str:
-    """The first line of ``error``'s message (its class name if it has none), for a log line."""
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def connect_before_handler(database: str) -> Outcome | None:

@@ -26,6 +26,7 @@ from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .child import KILL_GRACE_SECONDS
 from .claims import RELEASING, Claim, Kind, Outcome
 from .dberrors import connect_before_handler
+from .logs import claim_fields
 from .running import run_task, task_context
 
 logger = logging.getLogger("django_leases.worker")
@@ -67,7 +68,10 @@ class _Slots:
                 _drop_broken_connections()
             except BaseException as e:  # noqa: BLE001 -- a raising cleanup must not kill the slot
                 logger.warning(
-                    "Could not clean up the handler's connections job=%s error=%s", claim.job.pk, e
+                    "Could not clean up the handler's connections job=%s error=%s",
+                    claim.job.pk,
+                    e,
+                    extra={"event": "cleanup_failed", "job_id": claim.job.pk, "error": str(e)},
                 )
             finally:
                 claim.exited.set()
@@ -173,6 +177,7 @@ class ProcessExecutor(_Slots):
             job.pk,
             job.fence,
             self._worker_id,
+            extra={"event": "process_started", "job_id": job.pk, "pid": process.pid},
         )
         try:
             return self._supervise(claim, process, ours)
@@ -214,6 +219,9 @@ class ProcessExecutor(_Slots):
                         claim.job.fence,
                         self._worker_id,
                         "released" if claim.state == RELEASING else "lost",
+                        extra=claim_fields(
+                            claim.job, self._worker_id, "process_killed", pid=process.pid
+                        ),
                     )
                     _kill(process)
                     return Outcome(Kind.LOST)
@@ -316,7 +324,12 @@ def _drop_broken_connections() -> None:
         try:
             _tidy(conn)
         except Exception as e:  # noqa: BLE001 -- one connection's trouble must not spare the others
-            logger.warning("Could not tidy connection %s after a job: %s", conn.alias, e)
+            logger.warning(
+                "Could not tidy connection %s after a job: %s",
+                conn.alias,
+                e,
+                extra={"event": "tidy_failed", "error": str(e)},
+            )
 
 
 def _tidy(conn: Any) -> None:

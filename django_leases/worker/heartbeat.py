@@ -17,8 +17,9 @@ from typing import Any
 
 from django.db import connections
 
+from ..storable import first_line
 from .claims import ClaimBook
-from .dberrors import DB_ERRORS, first_line
+from .dberrors import DB_ERRORS
 from .logs import claim_fields
 from .vital import VitalThread
 from .waker import Waker
@@ -147,7 +148,14 @@ class Heartbeat(VitalThread):
                 statements,
                 self.worker_id,
                 lost,
-                extra={"event": "renewed", "worker": self.worker_id},
+                extra={
+                    "event": "renewed",
+                    "worker": self.worker_id,
+                    "held": len(held),
+                    "claims": len(claims),
+                    "statements": statements,
+                    "lost": lost,
+                },
             )
 
 

@@ -1,10 +1,10 @@
 """The worker's log lines: one format for its own lines and Django's ``Task id=...`` lines.
 
-Every worker record carries its facts as attributes (``extra=``): ``event`` (claimed,
-takeover, acked, failed, released, lost, ...), ``job_id``, ``task``, ``queue``, ``worker``,
-``fence`` and, for a takeover, ``previous_worker`` and ``previous_fence``. The text format
-shows the message, which repeats them; the JSON format writes them as fields, for log
-shippers. ``run_lease_worker`` installs a handler only on the loggers the project's
+Every worker record carries its facts as attributes (``extra=``): an ``event`` named in
+EVENTS, and ``job_id``, ``task``, ``queue``, ``worker``, ``fence`` and the other FIELDS it
+has. The text format shows the message, which repeats them in words free to change; the
+JSON format writes them as fields, for log shippers and for the tests, which wait on events
+rather than on wording. ``run_lease_worker`` installs a handler only on the loggers the project's
 ``LOGGING`` leaves alone.
 """
 
@@ -19,6 +19,66 @@ WORKER_LOGGER = "django_leases.worker"
 TASKS_LOGGER = "django.tasks"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
+# Every event a worker record can carry, and what it says; docs/worker.md lists the same,
+# and tests/test_worker_logs.py holds the code, the docs and a worker's output to it.
+EVENTS: dict[str, str] = {
+    # Starting and stopping
+    "db_wait": "the database does not answer at start; retrying (attempt, error)",
+    "db_back": "the database answered after the wait at start",
+    "migrations_unchecked": "the migrations could not be checked at start (error)",
+    "limits_unread": "the connection limits could not be read at start (error)",
+    "started": "the worker is registered and claiming (worker, queue)",
+    "listening": "LISTEN for wake-ups is in place (PostgreSQL)",
+    "listen_failed": "the wake-up connection failed; polling until it is back (error)",
+    "stopping": "a stop signal came: claiming nothing more (signal)",
+    "handlers_running": "handlers still running at the end of the grace, released anyway (jobs)",
+    "max_jobs": "the worker ran its --max-jobs",
+    "burst_done": "nothing claimable under --burst; leaving",
+    "thread_died": "a thread the worker needs died: releasing and exiting with status 1 (role)",
+    "thread_crashed": "a thread the worker needs ended on an exception (exc_info)",
+    "thread_error": "an unexpected error in one round of a thread; it carries on (error)",
+    "stopped": "the worker stopped",
+    # One claim
+    "claimed": "a job was claimed (job_id, fence, attempt)",
+    "takeover": "a job whose lease ran out was claimed (previous_worker, previous_fence, lease)",
+    "process_started": "a handler process was started (pid)",
+    "process_killed": "a handler process was killed: its claim is lost or released (pid)",
+    "checkpoint": "a checkpoint was written",
+    "checkpoint_rejected": "a checkpoint matched no row: the claim is lost",
+    "acked": "a job was acknowledged",
+    "ack_rejected": "an ack matched no row: the claim was lost first",
+    "ack_refused": "the database refused a result; the attempt is failed instead (error)",
+    "batch_ack_refused": "the database refused a batch of acks; sent one by one (error)",
+    "failed": "an attempt failed and was recorded (error)",
+    "fail_rejected": "a failure matched no row: the claim was lost first",
+    "failure_refused": "the database refused a failure record; a minimal one follows (error)",
+    "failure_dropped": "the database refused even the minimal record; the lease runs out",
+    "dropped": "a claim's write failed on something else than the database; the lease runs out",
+    "lost": "a claim was lost: renewal matched no row, the watchdog gave it up or it was taken",
+    "discarded": "a handler's result was discarded: its claim was lost",
+    "handler_stopped": "a handler stopped when told; its job is to be released",
+    "released": "a job went back to pending, the attempt not counted",
+    "release_rejected": "a release matched no row: the claim was lost first",
+    "release_failed": "a release never reached the database; the lease runs out",
+    "paused": "claiming paused: a handler could not connect; its job was released (error)",
+    # Heartbeat and database
+    "renewed": "one round of renewals (held, claims, statements, lost)",
+    "renewal_failed": "a round of renewals failed; retrying (error)",
+    "heartbeat_overdue": "no renewal went through for too long: claiming nothing",
+    "heartbeat_back": "renewals go through again: claiming again",
+    "db_trouble": "the database is unreachable during a write; retrying (error)",
+    "db_refused": "the database refused a write that cannot succeed later (error)",
+    "cleanup_failed": "the handler's connections could not be closed after its job (error)",
+    "tidy_failed": "a connection could not be tidied after a job (error)",
+    # Django's task signals
+    "signal_read_failed": "the job could not be read for task_started/task_finished",
+    "receiver_raised": "a receiver of task_started/task_finished raised",
+    "task_enqueued": "Django's line: a task was enqueued",
+    "task_running": "Django's line: a task started",
+    "task_successful": "Django's line: a task succeeded",
+    "task_failed": "Django's line: a task failed",
+}
+
 # Structured fields a record may carry, in the order the JSON format writes them.
 FIELDS = (
     "event",
@@ -32,6 +92,14 @@ FIELDS = (
     "previous_fence",
     "lease",
     "error",
+    "pid",
+    "role",
+    "signal",
+    "jobs",
+    "held",
+    "claims",
+    "statements",
+    "lost",
 )
 
 

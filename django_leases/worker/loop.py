@@ -25,11 +25,12 @@ from ..storable import (
     MESSAGE_LIMIT,
     ascii_text,
     class_path,
+    first_line,
     storable_text,
 )
 from .child import KILL_GRACE_SECONDS
 from .claims import FINISHING, RELEASING, Claim, ClaimBook, Kind, Outcome
-from .dberrors import DB_ERRORS, error_kind, first_line, refused_by_database
+from .dberrors import DB_ERRORS, error_kind, refused_by_database
 from .executors import ProcessExecutor, ThreadExecutor
 from .heartbeat import Heartbeat, Watchdog
 from .listener import Listener
@@ -93,6 +94,7 @@ class Worker:
         grace: float = 20.0,
         worker_id: str | None = None,
         notify: bool = True,
+        listen_database: str | None = None,
         connect_handlers: bool = True,
     ) -> None:
         self.alias = alias
@@ -109,6 +111,8 @@ class Worker:
         self.grace = grace
         self.worker_id = worker_id or default_worker_id()
         self.notify = notify
+        # LISTEN_DATABASE: a direct connection when ``database`` goes through a pooler.
+        self.listen_database = listen_database or database
         # Open each handler's connection before it runs: one refused is a release, not a
         # failure (off with --skip-connection-check: handlers that use no database).
         self.connect_handlers = connect_handlers
@@ -177,6 +181,7 @@ class Worker:
     # -- the loop ----------------------------------------------------------------------
 
     def _loop(self) -> None:
+        woken = False
         while not self.stop_request.stopping and self._dead_thread() is None:
             self._settle()
             self._release_unconnected()
@@ -192,7 +197,12 @@ class Worker:
             got = 0
             if free > 0 and self._heartbeat_on_time() and time.monotonic() >= self._paused_until:
                 try:
-                    got = self._claim(free)
+                    # Woken (NOTIFY, a handler done), the jobs claimed start before the
+                    # settling pass due once per poll interval runs, not after it.
+                    settle = time.monotonic() - self._settled_at >= self.poll
+                    got = self._claim(free, settle=settle and not woken)
+                    if settle and woken and got < free:
+                        got += self._claim(free - got, settle=True)
                     self._backoff.reset()
                 except DB_ERRORS as e:
                     self._db_trouble("claim", e)
@@ -206,10 +216,10 @@ class Worker:
                     return
                 if got == free and self._claims_left():
                     # There may be more due jobs; look again once a slot frees up.
-                    self.waker.wait(self.poll if len(self.book) >= self.concurrency else 0)
+                    woken = self.waker.wait(self.poll if len(self.book) >= self.concurrency else 0)
                     continue
             # Jitter keeps a fleet of idle workers from polling in lockstep.
-            self.waker.wait(self.poll * random.uniform(0.9, 1.1))
+            woken = self.waker.wait(self.poll * random.uniform(0.9, 1.1))
 
     def _dead_thread(self) -> VitalThread | None:
         return next((t for t in self._vital if t.died or not t.is_alive()), None)
@@ -241,12 +251,11 @@ class Worker:
             return self.concurrency
         return max(self.max_jobs - self._claimed, 0)
 
-    def _claim(self, free: int) -> int:
+    def _claim(self, free: int, *, settle: bool) -> int:
         started = time.monotonic()
         # Settling (dead-lettering what must not run again) once per poll interval is
-        # enough; a claim woken by NOTIFY skips it and stays one statement.
-        settle = started - self._settled_at >= self.poll
-        # Plain rows (ClaimedJob), no model instance per job.
+        # enough (the caller decides); a claim without it stays one statement. Plain rows
+        # (ClaimedJob), no model instance per job.
         jobs = self.Job.objects.using(self.database).claim_rows(
             self.worker_id, self.queues, limit=free, lease=self.lease, settle=settle
         )
@@ -355,7 +364,7 @@ class Worker:
                 "Claiming paused for %.1fs worker=%s: a handler could not connect",
                 pause,
                 self.worker_id,
-                extra={"event": "paused", "worker": self.worker_id},
+                extra=claim_fields(claim.job, self.worker_id, "paused", error=outcome.message),
             )
 
     def _results_at_start(self, jobs: list[Any]) -> dict[Any, Any]:
@@ -379,6 +388,7 @@ class Worker:
                 "Could not read the claimed jobs for task_started worker=%s error=%s",
                 self.worker_id,
                 e,
+                extra={"event": "signal_read_failed", "worker": self.worker_id},
             )
             return {}
 
@@ -488,6 +498,7 @@ class Worker:
             class_path(type(error)),
             first_line(error),
             exc_info=error,
+            extra=claim_fields(claim.job, self.worker_id, "dropped", error=class_path(type(error))),
         )
 
     def _discard(self, claim: Claim, outcome: Outcome) -> None:
@@ -589,6 +600,11 @@ class Worker:
                     len(oks),
                     self.worker_id,
                     first_line(e),
+                    extra={
+                        "event": "batch_ack_refused",
+                        "worker": self.worker_id,
+                        "error": first_line(e),
+                    },
                 )
                 return [failed for ok in oks for failed in self._ack_or_refuse([ok])]
             claim = oks[0][0]
@@ -598,6 +614,7 @@ class Worker:
                 claim.job.fence,
                 self.worker_id,
                 first_line(e),
+                extra=claim_fields(claim.job, self.worker_id, "ack_refused", error=first_line(e)),
             )
             claim.write_strikes = 0
             return [(claim, _refusal(e, "the database refused the result"))]
@@ -619,6 +636,9 @@ class Worker:
                 claim.job.fence,
                 self.worker_id,
                 first_line(e),
+                extra=claim_fields(
+                    claim.job, self.worker_id, "failure_refused", error=first_line(e)
+                ),
             )
             minimal = replace(
                 outcome,
@@ -645,6 +665,9 @@ class Worker:
                 claim.job.fence,
                 self.worker_id,
                 first_line(e),
+                extra=claim_fields(
+                    claim.job, self.worker_id, "failure_dropped", error=first_line(e)
+                ),
             )
 
     def _refused(self, error: Exception, claim: Claim | None = None) -> bool:
@@ -691,7 +714,11 @@ class Worker:
                 self.worker_id,
                 len(self.book),
                 self.grace,
-                extra={"event": "stopping", "worker": self.worker_id},
+                extra={
+                    "event": "stopping",
+                    "worker": self.worker_id,
+                    "signal": self.stop_request.signal_name,
+                },
             )
         deadline = time.monotonic() + (0 if dead else self.grace)
         while self.book and not self.stop_request.hurry and time.monotonic() < deadline:
@@ -731,7 +758,7 @@ class Worker:
             self.worker_id,
             consequence,
             len(self.book),
-            extra={"event": "thread_died", "worker": self.worker_id},
+            extra={"event": "thread_died", "worker": self.worker_id, "role": thread.role},
         )
 
     def _tell_to_stop(self) -> list[Claim]:
@@ -752,6 +779,7 @@ class Worker:
                 "they end with this process",
                 ",".join(map(str, running)),
                 self.worker_id,
+                extra={"event": "handlers_running", "worker": self.worker_id, "jobs": running},
             )
         return claims
 
@@ -805,6 +833,11 @@ class Worker:
                         what,
                         self.worker_id,
                         first_line(e),
+                        extra={
+                            "event": "db_refused",
+                            "worker": self.worker_id,
+                            "error": first_line(e),
+                        },
                     )
                     return None
                 self._db_trouble(what, e, wait=not self.stop_request.hurry)
@@ -856,10 +889,10 @@ class Worker:
         )
         self._vital = [self.heartbeat, watchdog]
         threads: list[Any] = list(self._vital)
-        if self.notify and connections[self.database].vendor == "postgresql":
+        if self.notify and connections[self.listen_database].vendor == "postgresql":
             threads.append(
                 Listener(
-                    database=self.database,
+                    database=self.listen_database,
                     queues=self.queues,
                     waker=self.waker,
                     worker_id=self.worker_id,
@@ -872,14 +905,14 @@ class Worker:
     def _db_trouble(self, what: str, error: Exception, *, wait: bool = True) -> None:
         """Log, drop the broken connection, back off; the next call reconnects."""
         delay = self._backoff.next()
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        said = first_line(error)
         logger.warning(
             "Database trouble during %s worker=%s error=%s; retrying in %.1fs",
             what,
             self.worker_id,
-            first_line,
+            said,
             delay,
-            extra={"event": "db_trouble", "worker": self.worker_id, "error": first_line},
+            extra={"event": "db_trouble", "worker": self.worker_id, "error": said},
         )
         with contextlib.suppress(*DB_ERRORS):
             connections[self.database].close()

@@ -231,6 +231,7 @@ def _result_at_start(task: Any, handle: JobHandle) -> TaskResult[..., Any] | Non
             "Could not read job=%s for task_started/task_finished; not sent",
             handle.job_id,
             exc_info=True,
+            extra={"event": "signal_read_failed", "job_id": handle.job_id},
         )
         return None
 
@@ -268,6 +269,7 @@ def _send(signal: Any, task: Any, task_result: TaskResult[..., Any] | None) -> N
                 name,
                 task_result.id,
                 exc_info=response,
+                extra={"event": "receiver_raised", "job_id": task_result.id},
             )
         except Exception:  # noqa: BLE001
             # Logging raises when no traceback of the chain can be formatted (a handler's
@@ -279,6 +281,7 @@ def _send(signal: Any, task: Any, task_result: TaskResult[..., Any] | None) -> N
                 name,
                 task_result.id,
                 class_path(type(response)),
+                extra={"event": "receiver_raised", "job_id": task_result.id},
             )
 
 

@@ -12,7 +12,8 @@ import time
 
 from django.db import connections
 
-from .dberrors import DB_ERRORS, first_line
+from ..storable import first_line
+from .dberrors import DB_ERRORS
 from .loop import Backoff
 from .shutdown import StopRequest
 from .waker import Waker
@@ -71,7 +72,7 @@ def wait_for_database(database: str, worker_id: str) -> bool:
             "Stopping on %s worker=%s: the database never answered; nothing was claimed",
             stop.signal_name,
             worker_id,
-            extra={"event": "stopped", "worker": worker_id},
+            extra={"event": "stopped", "worker": worker_id, "signal": stop.signal_name},
         )
         return False
     finally:

@@ -48,6 +48,7 @@ class VitalThread(threading.Thread):
                 self.role,
                 self.worker_id,
                 exc_info=True,
+                extra={"event": "thread_crashed", "worker": self.worker_id},
             )
             raise
         finally:
@@ -69,4 +70,5 @@ class VitalThread(threading.Thread):
                 type(error).__qualname__,
                 error,
                 exc_info=True,
+                extra={"event": "thread_error", "worker": self.worker_id, "error": str(error)},
             )

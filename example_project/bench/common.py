@@ -24,6 +24,14 @@ def dsn(dbname: str) -> str:
     return " ".join(parts)
 
 
+def url(dbname: str) -> str:
+    """The same as dsn(), as the postgresql:// URL that asyncpg and PgQueuer's CLI take."""
+    from urllib.parse import quote
+
+    auth = quote(PG["user"]) + (f":{quote(PG['password'])}" if PG["password"] else "")
+    return f"postgresql://{auth}@{PG['host']}:{PG['port']}/{quote(dbname)}"
+
+
 def django_settings(dbname: str, apps: list[str], tasks: dict | None) -> dict:
     """Settings for one system's Django side: only what it needs, on its own database.
 

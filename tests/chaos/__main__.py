@@ -1,4 +1,5 @@
 """python -m tests.chaos --profile short|medium|soak [--out DIR] [--sabotage] [--markdown FILE]
+                       [--pooler]
 
 Exit status 0 when every invariant held (and, with --sabotage, every injected breakage was
 caught); 1 otherwise. Writes DIR/report.json, DIR/report.md and the workers' logs.
@@ -29,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--markdown", type=Path, default=None, help="also write the figures table to this file"
     )
+    parser.add_argument(
+        "--pooler",
+        action="store_true",
+        help="run everything through PgBouncer in transaction pooling (tests/pooler.py)",
+    )
     parser.add_argument("--jobs", type=int, default=None, help="override the profile's job count")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s chaos %(message)s")
@@ -37,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = PROFILES[args.profile]
     if args.jobs:
         profile.jobs = args.jobs
-    harness = Harness(profile, out)
+    harness = Harness(profile, out, pooler=args.pooler)
     report: dict = {"command": "python -m tests.chaos " + " ".join(argv or sys.argv[1:])}
     started = time.monotonic()
     try:
@@ -46,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         from .checks import check, sabotage
 
         report.update(check(run))
+        report["figures"]["pooler"] = run["pooler"]
         if args.sabotage:
             report["sabotage"] = sabotage(run)
     finally:

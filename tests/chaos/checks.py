@@ -14,8 +14,8 @@ checker notices each: a checker that cannot fail proves nothing.
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,21 +44,22 @@ CREATE TRIGGER chaos_audit AFTER UPDATE ON django_leases_job
     FOR EACH ROW EXECUTE FUNCTION chaos_audit();
 """
 
-LINE = re.compile(r"^(\d+\.\d+) (\w+) (\S+) (.*)$")
-PATTERNS = {
+# The workers' events the checker reads (JSON lines), under the names it files them by; the
+# chaos handler's own are chaos_stopped_<stage> and chaos_raised_<stage> (its stage when a
+# lost claim stopped it, or when it ended on another exception, e.g. its database
+# connection broke: its outcome may then wait in the worker's retry back-off before the
+# "discarded" event).
+NAMES = {
     # A takeover of an expired claim is a claim too.
-    "claimed": re.compile(r"^(?:Claimed|Took over) job=(\d+) task=\S+ fence=(\d+)"),
-    "failed": re.compile(r"^Failed job=(\d+) fence=(\d+)"),
-    "acked": re.compile(r"^Acked job=(\d+) fence=(\d+)"),
-    "ack_rejected": re.compile(r"^Ack rejected job=(\d+) fence=(\d+)"),
-    "fail_rejected": re.compile(r"^Fail rejected job=(\d+) fence=(\d+)"),
-    "discarded": re.compile(r"^Discarded result of job=(\d+) fence=(\d+)"),
-    "lost": re.compile(r"^Lost claim job=(\d+) fence=(\d+)"),
-    "killing": re.compile(r"^Killing handler process pid=\d+ job=(\d+) fence=(\d+)"),
-    "stopped": re.compile(r"^Chaos handler stopped job=(\d+) fence=(\d+) worker=\S+ stage=(\w+)"),
-    # The handler ended on another exception (e.g. its database connection broke); its
-    # outcome may then wait in the worker's retry back-off before "Discarded result".
-    "raised": re.compile(r"^Chaos handler raised job=(\d+) fence=(\d+) worker=\S+ stage=(\w+)"),
+    "claimed": "claimed",
+    "takeover": "claimed",
+    "failed": "failed",
+    "acked": "acked",
+    "ack_rejected": "ack_rejected",
+    "fail_rejected": "fail_rejected",
+    "discarded": "discarded",
+    "lost": "lost",
+    "process_killed": "killing",
 }
 # How far past the bound a stop may land on a loaded 2-core machine (scheduling, the
 # statement that tells the worker, the log write).
@@ -82,20 +83,26 @@ def _rows(sql: str, params: Any = ()) -> list[tuple]:
 
 
 def parse_logs(workers: list[dict[str, Any]]) -> list[tuple[str, str, float, tuple]]:
-    """(worker_id, event, local time, match groups) for every interesting log line."""
+    """(worker_id, name, local time, (job_id, fence, stage)) for every event the checker
+    reads (NAMES, the handler's chaos_*), from the workers' JSON lines."""
+    from ..worker_helpers import read_records
+
     events = []
     for w in workers:
         path = Path(w["log"])
         if not path.exists():
             continue
-        for line in path.read_text(errors="replace").splitlines():
-            m = LINE.match(line)
-            if not m:
+        for record in read_records(path.read_text(errors="replace")):
+            event = str(record.get("event", ""))
+            stage = ""
+            if event.startswith(("chaos_stopped_", "chaos_raised_")):
+                _, name, stage = event.split("_", 2)
+            elif event in NAMES:
+                name = NAMES[event]
+            else:
                 continue
-            for name, pattern in PATTERNS.items():
-                hit = pattern.match(m.group(4))
-                if hit:
-                    events.append((w["worker_id"], name, float(m.group(1)), hit.groups()))
+            at = datetime.fromisoformat(record["time"]).timestamp()
+            events.append((w["worker_id"], name, at, (record["job_id"], record["fence"], stage)))
     return events
 
 

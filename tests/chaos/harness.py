@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..worker_helpers import wait_for
+from ..worker_helpers import read_records, wait_for
 from .cluster import Cluster
 from .proxy import Proxy
 
@@ -167,6 +167,8 @@ class Worker:
             f"{profile.poll:g}",
             "--grace",
             "3",
+            "--log-format",
+            "json",
             "-v",
             "2",
         ]
@@ -198,8 +200,12 @@ class Worker:
 
 
 class Harness:
-    def __init__(self, profile: Profile, out: Path) -> None:
+    def __init__(self, profile: Profile, out: Path, *, pooler: bool = False) -> None:
         self.p = profile
+        # pooler: everything (workers, feed, checks) through PgBouncer in transaction
+        # pooling in front of the cluster; the workers LISTEN on a direct connection.
+        self.pooler = pooler
+        self.bouncer: Any = None
         self.out = out
         self.logs = out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -218,8 +224,16 @@ class Harness:
     def setup(self) -> None:
         self.cluster = Cluster(max_connections=self.p.max_connections)
         self.cluster.start()
+        entry = self.cluster.port
+        if self.pooler:
+            from ..pooler import PgBouncer
+
+            self.bouncer = PgBouncer(self.cluster.port, pool_size=12, query_wait_timeout=3)
+            entry = self.bouncer.start()
+            # The workers' LISTEN_DATABASE (tests/chaos/settings.py), not through a proxy.
+            os.environ["LEASES_CHAOS_DIRECT_PORT"] = str(self.cluster.port)
         os.environ["DJANGO_SETTINGS_MODULE"] = "tests.chaos.settings"
-        os.environ["LEASES_CHAOS_PORT"] = str(self.cluster.port)
+        os.environ["LEASES_CHAOS_PORT"] = str(entry)
         os.environ["LEASES_CHAOS_APP"] = "chaos-harness"
         import django
 
@@ -231,7 +245,7 @@ class Harness:
 
         install_audit()
         for spec in ROSTER:
-            self.proxies[spec.name] = Proxy(self.cluster.port)
+            self.proxies[spec.name] = Proxy(entry)
             self._spawn(spec)
         for w in self.workers.values():
             self._wait_started(w)
@@ -240,7 +254,7 @@ class Harness:
         def started() -> bool:
             if not w.alive():
                 raise RuntimeError(f"{w.worker_id} exited at start:\n{w.text()[-3000:]}")
-            return "Worker started" in w.text()
+            return any(r.get("event") == "started" for r in read_records(w.text()))
 
         wait_for(started, 60, f"{w.worker_id} to start")
 
@@ -392,12 +406,12 @@ class Harness:
         def done() -> bool:
             if time.monotonic() < floor:
                 return False
-            text = w.text()
-            left = [
-                (pk, f)
-                for pk, f in held
-                if f"Lost claim job={pk} fence={f} worker={w.worker_id}" not in text
-            ]
+            given_up = {
+                (r["job_id"], r["fence"])
+                for r in read_records(w.text())
+                if r.get("event") == "lost" and r.get("worker") == w.worker_id
+            }
+            left = [(pk, f) for pk, f in held if (pk, f) not in given_up]
             return not left or not self._retry(
                 lambda: Job.objects.filter(
                     pk__in=[pk for pk, _ in left], fence__in=[f for _, f in left], state="claimed"
@@ -569,6 +583,7 @@ class Harness:
             "fed_at": self.fed_at,
             "drain": drain,
             "db_started": self.db_started,
+            "pooler": "pgbouncer" if self.pooler else None,
             "workers": [self._describe(w) for w in self.all_workers],
         }
 
@@ -639,6 +654,8 @@ class Harness:
             from django.db import connections
 
             connections.close_all()
+        if self.bouncer is not None:
+            self.bouncer.stop()
         if hasattr(self, "cluster"):
             self.cluster.stop_and_remove()
 

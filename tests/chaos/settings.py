@@ -32,12 +32,18 @@ DATABASES = {
 # The test suite's other aliases point at the same throwaway database (never used here).
 DATABASES["queue"] = copy.deepcopy(DATABASES["default"])
 TASKS = copy.deepcopy(TASKS)
+# Through PgBouncer (--pooler): LISTEN on a direct connection to the cluster.
+if os.environ.get("LEASES_CHAOS_DIRECT_PORT"):
+    DATABASES["direct"] = copy.deepcopy(DATABASES["default"])
+    DATABASES["direct"]["PORT"] = os.environ["LEASES_CHAOS_DIRECT_PORT"]
+    TASKS["default"]["OPTIONS"] = {**TASKS["default"]["OPTIONS"], "LISTEN_DATABASE": "direct"}
 TASKS["default"]["QUEUES"] = [*TASKS["default"].get("QUEUES", ["default"]), "isolated"]
 TASKS["default"]["OPTIONS"] = {**TASKS["default"].get("OPTIONS", {}), "LEASE_SECONDS": 4}
 LOGGING = {
     **LOGGING,
-    "formatters": {"epoch": {"format": "%(created).3f %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "epoch"}},
+    # JSON lines: the checker reads events and fields (tests/worker_helpers.read_records).
+    "formatters": {"json": {"()": "django_leases.worker.logs.JsonFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
     "loggers": {
         "django_leases": {"handlers": ["console"], "level": "INFO"},
         "tests.chaos": {"handlers": ["console"], "level": "INFO"},

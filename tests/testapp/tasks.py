@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import django
 from django.tasks import task
 
@@ -385,6 +387,7 @@ def chaos_job(key: str, kind: str = "quick", seconds: float = 0.1) -> dict:
             job.fence,
             job.worker_id,
             stage,
+            extra=_chaos_fields(job, f"chaos_stopped_{stage}"),
         )
         raise
     except Exception as e:
@@ -398,9 +401,16 @@ def chaos_job(key: str, kind: str = "quick", seconds: float = 0.1) -> dict:
             job.worker_id,
             stage,
             type(e).__name__,
+            extra=_chaos_fields(job, f"chaos_raised_{stage}"),
         )
         raise
     return result
+
+
+def _chaos_fields(job: Any, event: str) -> dict[str, Any]:
+    """The fields the chaos checker reads (tests/chaos/checks.py); the stage is in the
+    event's name (chaos_stopped_fenced)."""
+    return {"event": event, "job_id": job.job_id, "fence": job.fence, "worker": job.worker_id}
 
 
 # -- a handler that keeps its thread busy in pure Python (tests/test_worker_fencing.py) ----

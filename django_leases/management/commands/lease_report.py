@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import advisor
+from ...durations import duration_text
 from ...exceptions import InvalidLeaseOption
 
 
@@ -85,7 +86,10 @@ class Command(BaseCommand):
             span = f" in the last {days:g} days" if days else ""
             self.stdout.write(f"No succeeded jobs{span}: nothing to measure yet.")
             return
-        s = advisor.fmt_seconds
+
+        def s(seconds: float) -> str:
+            return duration_text(seconds, precise=True)
+
         head = ["task", "jobs", "p50", "p99", "p99.9", "max", "lease", "heartbeat", "advice"]
         body = [
             [

@@ -241,6 +241,7 @@ class Command(BaseCommand):
             "grace": grace,
             "worker_id": worker_id,
             "notify": backend.notify,
+            "listen_database": backend.listen_database,
             "connect_handlers": not options.get("skip_connection_check", False),
         }
 
@@ -269,7 +270,10 @@ def _require_ready_database(database: str) -> None:
     except DatabaseError as e:
         # Unreachable for now: the loop waits for it like for any outage.
         logging.getLogger("django_leases.worker").warning(
-            "Could not check the migrations of database %r: %s", database, e
+            "Could not check the migrations of database %r: %s",
+            database,
+            e,
+            extra={"event": "migrations_unchecked", "error": str(e)},
         )
         return
     if missing:
@@ -292,13 +296,21 @@ def _require_connections(kwargs: dict[str, Any]) -> None:
     from ...capacity import connection_limits
 
     database, concurrency = kwargs["database"], kwargs["concurrency"]
-    listener = int(kwargs["notify"] and connections[database].vendor == "postgresql")
+    # The listener's connection counts here only when it goes to this database.
+    listener = int(
+        kwargs["notify"]
+        and kwargs["listen_database"] == database
+        and connections[database].vendor == "postgresql"
+    )
     needed = 2 + listener + concurrency
     try:
         limits = connection_limits(database)
     except DatabaseError as e:
         logging.getLogger("django_leases.worker").warning(
-            "Could not read the connection limits of database %r: %s", database, e
+            "Could not read the connection limits of database %r: %s",
+            database,
+            e,
+            extra={"event": "limits_unread", "error": str(e)},
         )
         return
     if not limits or limits[0].free >= needed:

@@ -34,7 +34,8 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.test import Client
 
-from django_leases.admin import heartbeat_seconds, humanize_seconds
+from django_leases.admin import heartbeat_seconds
+from django_leases.durations import duration_text
 from django_leases.models import Job, JobEffect, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
 from shop.models import Order
@@ -617,7 +618,7 @@ class Command(BaseCommand):
                 f"job {expired.pk}, a sales report claimed by {expired.claimed_by}, which was killed "
                 f"with SIGKILL. No worker serves the {REPORTS!r} queue now, so its "
                 f'{expired.lease_seconds:g} s lease ran out and nobody took the job over: "expired '
-                f"{humanize_seconds((expired.db_now - expired.lease_expires_at).total_seconds())} "
+                f"{duration_text((expired.db_now - expired.lease_expires_at).total_seconds())} "
                 'ago". Any worker serving the queue may claim it.',
             ),
             (
@@ -625,7 +626,7 @@ class Command(BaseCommand):
                 f"{ADMIN_JOBS}?lease=stalled",
                 f"job {stalled.pk}, the other report {stalled.claimed_by} held, with a 1 h lease: "
                 "valid for most of the hour, but no heartbeat since the kill, so after two "
-                f'heartbeat periods ({humanize_seconds(2 * period)}) it reads "stalled: no '
+                f'heartbeat periods ({duration_text(2 * period)}) it reads "stalled: no '
                 "heartbeat for ...\". The action 'Expire selected stalled claims now' ends the "
                 "lease so that a worker can take the job over.",
             ),

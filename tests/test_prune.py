@@ -1,0 +1,128 @@
+"""Pruning finished jobs deletes only finished jobs past retention, in batches that lock
+nothing a worker or an operator holds."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections, transaction
+from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
+
+from django_leases.models import Job, JobEffect, JobFailure
+from django_leases.states import FailureKind, JobState
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TASK = "tests.testapp.tasks.add"
+
+
+def job(state=JobState.PENDING, *, days_ago=None, failures=0, effects=0):
+    queue = "claimed-here" if state == JobState.CLAIMED else "default"
+    row = Job.objects.create(task_path=TASK, args=[1, 2], queue_name=queue)
+    if state == JobState.CLAIMED:
+        [row] = Job.objects.claim("w", [queue])
+    elif state != JobState.PENDING:
+        Job.objects.filter(pk=row.pk).update(
+            state=state, finished_at=Now() - timedelta(days=days_ago or 0)
+        )
+    for n in range(failures):
+        JobFailure.objects.create(job=row, attempt=n + 1, fence=n + 1, kind=FailureKind.EXCEPTION)
+    for n in range(effects):
+        JobEffect.objects.create(job=row, key=f"effect-{n}", fence=1)
+    return row
+
+
+def test_prune_deletes_old_finished_jobs_with_their_history_a_batch_at_a_time():
+    """Invariant 3: what is deleted is finished and past retention, with its failures and
+    effects; active jobs and young finished ones stay. Each batch is a statement (or a
+    transaction) of its own, so a batch size of 2 over 5 jobs takes at least 3 of them."""
+    old = [job(JobState.SUCCEEDED, days_ago=20 + n, failures=1, effects=1) for n in range(4)]
+    old.append(job(JobState.CANCELLED, days_ago=30))
+    dead = job(JobState.DEAD, days_ago=40, failures=2)
+    young = job(JobState.SUCCEEDED, days_ago=1)
+    pending = job()
+    claimed = job(JobState.CLAIMED)
+    with CaptureQueriesContext(connection) as sent:
+        assert Job.objects.all().prune(14, batch_size=2) == 5
+    deletes = [q for q in sent.captured_queries if "DELETE" in q["sql"].upper()]
+    assert len({q["sql"] for q in deletes}) >= 1 and len(deletes) >= 3, deletes
+    assert set(Job.objects.values_list("pk", flat=True)) == {
+        dead.pk,
+        young.pk,
+        pending.pk,
+        claimed.pk,
+    }
+    gone = [j.pk for j in old]
+    assert not JobFailure.objects.filter(job_id__in=gone).exists()
+    assert not JobEffect.objects.filter(job_id__in=gone).exists()
+    assert Job.objects.all().prune(14, include_dead=True, batch_size=2) == 1
+    assert not JobFailure.objects.filter(job_id=dead.pk).exists()
+    assert Job.objects.get(pk=claimed.pk).state == JobState.CLAIMED
+
+
+def test_prune_passes_over_rows_other_transactions_hold_and_never_waits_for_them():
+    """Invariant 3 and the claim's latency: prune locks only the finished rows it deletes,
+    with SKIP LOCKED. Another transaction holds a lock on one old finished job and on
+    every pending and claimed job; prune, with a lock timeout so that waiting would be an
+    error rather than a hang, deletes the others and leaves the held one for next time."""
+    if not connection.features.has_select_for_update_skip_locked:
+        pytest.skip("needs SKIP LOCKED (PostgreSQL, MySQL 8, MariaDB 10.6)")
+    held = job(JobState.SUCCEEDED, days_ago=20)
+    others = [job(JobState.SUCCEEDED, days_ago=20 + n) for n in range(3)]
+    active = [job(), job(JobState.CLAIMED)]
+    locked, release, errors = threading.Event(), threading.Event(), []
+
+    def holder():
+        try:
+            with transaction.atomic():
+                pks = [held.pk, *(j.pk for j in active)]
+                assert len(list(Job.objects.select_for_update().filter(pk__in=pks))) == 3
+                locked.set()
+                release.wait(120)
+        except Exception as e:  # surfaced below
+            errors.append(e)
+            locked.set()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert locked.wait(60)
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SET lock_timeout = '20s'")
+            else:
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = 20")
+        assert Job.objects.all().prune(14, batch_size=1) == 3
+    finally:
+        release.set()
+        thread.join(60)
+    assert errors == []
+    assert not Job.objects.filter(pk__in=[j.pk for j in others]).exists()
+    assert set(Job.objects.values_list("pk", flat=True)) == {held.pk, *(j.pk for j in active)}
+    assert Job.objects.all().prune(14) == 1
+
+
+def test_prune_keeps_a_job_requeued_between_its_read_and_its_delete():
+    """Invariant 3: the DELETE re-checks the state. On the portable path a batch reads the
+    ids first; a job an operator requeues before the delete is pending again and stays.
+    (On PostgreSQL the read and the delete are one statement holding the row's lock.)"""
+    if connection.vendor == "postgresql":
+        pytest.skip("one statement there: nothing can happen between read and delete")
+    requeued = job(JobState.DEAD, days_ago=30)
+    other = job(JobState.DEAD, days_ago=31)
+
+    def requeue_first(execute, sql, params, many, context):
+        if sql.lstrip().upper().startswith("DELETE") and "django_leases_job" in sql:
+            # The operator's requeue, in the pruning transaction's place in line.
+            Job.objects.filter(pk=requeued.pk).update(state=JobState.PENDING, finished_at=None)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(requeue_first):
+        assert Job.objects.all().prune(14, include_dead=True, batch_size=10) == 1
+    assert Job.objects.get(pk=requeued.pk).state == JobState.PENDING
+    assert not Job.objects.filter(pk=other.pk).exists()
