@@ -8,10 +8,11 @@ and whatever it returns is discarded.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from .exceptions import LeaseLost
@@ -52,6 +53,72 @@ class Stamp:
         self.value = value
 
 
+class WorkerLink:
+    """The worker's side of one JobHandle: the lost flag and the renewal stamp it shares
+    with the worker's threads (or, in process isolation, with the parent), how a checkpoint
+    is stored, the TaskResult the claim read, and who to tell when the claim is lost or
+    the handler acknowledged its job itself. The worker talks to the link, never to the
+    handle's private state; the handle only reads it."""
+
+    def __init__(
+        self,
+        *,
+        lost: _Flag,
+        stamp: _Stamp,
+        checkpointer: Callable[[Any], bool],
+        task_result: Any = None,
+        on_acked: Callable[[], Any] | None = None,
+    ) -> None:
+        self.lost = lost
+        self.stamp = stamp
+        self.checkpointer = checkpointer
+        # The claim's TaskResult (RUNNING, as the claim left the row), read with the claim
+        # itself: task_started, task_finished and a task's context need no query of their own.
+        self.task_result = task_result
+        self.acked = False
+        self.acked_result: Any = None
+        self._on_acked = on_acked or (lambda: None)
+        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks_lock = threading.Lock()
+
+    def renewed(self, at: float) -> None:
+        """A renewal or checkpoint sent at ``at`` (time.monotonic()) went through."""
+        self.stamp.value = at
+
+    def mark_acked(self, result: Any) -> None:
+        """The handler acknowledged its job itself (fenced(ack=True)); the worker must not."""
+        self.acked, self.acked_result = True, result
+        self._on_acked()
+
+    def mark_lost(self) -> None:
+        self.lost.set()
+        self.fire()
+
+    def fire(self) -> None:
+        """Call the loss callbacks registered so far (once each)."""
+        with self._callbacks_lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from any thread) when the claim is lost, at once if it is."""
+        with self._callbacks_lock:
+            if not self.lost.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    @contextlib.contextmanager
+    def current(self, handle: JobHandle) -> Iterator[None]:
+        """Make ``handle`` what current_job() returns while the block runs."""
+        token = _current.set(handle)
+        try:
+            yield
+        finally:
+            _current.reset(token)
+
+
 class JobHandle:
     """A handler's view of its claim.
 
@@ -69,11 +136,12 @@ class JobHandle:
         cursor: Any,
         lease_seconds: float,
         worker_id: str,
-        lost: _Flag,
-        stamp: _Stamp,
-        checkpointer: Callable[[Any], bool],
+        lost: _Flag | None = None,
+        stamp: _Stamp | None = None,
+        checkpointer: Callable[[Any], bool] | None = None,
         claim_token: Any = None,
         database: str = "default",
+        link: WorkerLink | None = None,
     ) -> None:
         self.job_id = job_id
         self.fence = fence
@@ -81,18 +149,16 @@ class JobHandle:
         self.cursor = cursor
         self.lease_seconds = lease_seconds
         self.worker_id = worker_id
-        self._lost = lost
-        self._stamp = stamp
-        self._checkpointer = checkpointer
         self.claim_token = claim_token
         # The alias of the jobs' database: fenced() and once() write there.
         self.database = database
-        self.acked = False
-        self.acked_result: Any = None
-        # The worker's hook: a claim acknowledged by its handler is no longer renewed.
-        self._on_acked: Callable[[], Any] = lambda: None
-        self._callbacks: list[Callable[[], None]] = []
-        self._callbacks_lock = threading.Lock()
+        if link is None:
+            link = WorkerLink(
+                lost=lost if lost is not None else threading.Event(),
+                stamp=stamp if stamp is not None else Stamp(time.monotonic()),
+                checkpointer=checkpointer or (lambda cursor: True),
+            )
+        self._link = link
 
     def __repr__(self) -> str:
         return f"<JobHandle job={self.job_id} fence={self.fence} lost={self.lost}>"
@@ -100,29 +166,38 @@ class JobHandle:
     @property
     def lost(self) -> bool:
         """True once the claim is known to be lost; the result will be discarded."""
-        return self._lost.is_set()
+        return self._link.lost.is_set()
+
+    @property
+    def acked(self) -> bool:
+        """True once the handler acknowledged the job itself, in fenced(ack=True)."""
+        return self._link.acked
+
+    @property
+    def acked_result(self) -> Any:
+        return self._link.acked_result
 
     def raise_if_lost(self) -> None:
         """Raise LeaseLost if the claim is lost."""
-        if self._lost.is_set():
+        if self._link.lost.is_set():
             raise LeaseLost(f"job {self.job_id}: claim with fence {self.fence} was lost")
 
     def sleep(self, seconds: float) -> None:
         """Sleep, waking early to raise LeaseLost if the claim is lost meanwhile."""
-        if self._lost.wait(max(seconds, 0.0)):
+        if self._link.lost.wait(max(seconds, 0.0)):
             self.raise_if_lost()
 
     @property
     def lease_remaining(self) -> float:
         """Seconds the lease still lasts by this process's monotonic clock (an estimate from
         the moment just before the last claim or renewal statement was sent)."""
-        return self.lease_seconds - (time.monotonic() - self._stamp.value)
+        return self.lease_seconds - (time.monotonic() - self._link.stamp.value)
 
     def checkpoint(self, cursor: Any) -> None:
         """Commit ``cursor`` and renew the lease; raise LeaseLost if the claim is gone."""
         self.raise_if_lost()
-        if not self._checkpointer(cursor):
-            self._mark_lost()
+        if not self._link.checkpointer(cursor):
+            self._link.mark_lost()
             self.raise_if_lost()
         self.cursor = cursor
 
@@ -136,34 +211,10 @@ class JobHandle:
         """What proves this claim to the manager's conditional verbs (pk and claim token)."""
         return _ClaimRef(self.job_id, self.claim_token, self.lease_seconds)
 
-    # -- used by the worker ------------------------------------------------------------
+    # -- used by fencing.py, on the handler's side ------------------------------------
 
     def _mark_acked(self, result: Any) -> None:
-        """The handler acknowledged its job itself (fenced(ack=True)); the worker must not."""
-        self.acked, self.acked_result = True, result
-        self._on_acked()
+        self._link.mark_acked(result)
 
     def _mark_lost(self) -> None:
-        self._lost.set()
-        self._fire()
-
-    def _fire(self) -> None:
-        with self._callbacks_lock:
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
-
-    def _on_lost(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (from any thread) when the claim is lost, at once if it is."""
-        with self._callbacks_lock:
-            if not self._lost.is_set():
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def _activate(self) -> contextvars.Token[JobHandle | None]:
-        return _current.set(self)
-
-    @staticmethod
-    def _deactivate(token: contextvars.Token[JobHandle | None]) -> None:
-        _current.reset(token)
+        self._link.mark_lost()

@@ -289,21 +289,19 @@ class LeaseBackend(BaseTaskBackend):
         }
 
     def results_of_claims(self, jobs: list[Any]) -> dict[Any, TaskResult[..., Any]]:
-        """TaskResults of jobs a claim just returned, from the rows in memory: only jobs
-        claimed before (a retry, a takeover, a requeue) have failures to read, in one
-        statement for all of them. Rows with fields left to load are read in full."""
-        from django.db.models import prefetch_related_objects
-
-        if any(j.get_deferred_fields() for j in jobs):
-            return self.get_results([j.pk for j in jobs])
+        """TaskResults of the rows a claim just returned (ClaimedJob), built from them: only
+        jobs claimed before (a retry, a takeover, a requeue) have failures to read, in one
+        statement for all of them."""
         # A first claim stamps started_at and last_attempted_at in one statement.
-        seen_before = [j for j in jobs if j.started_at != j.last_attempted_at]
+        seen_before = [j.pk for j in jobs if j.started_at != j.last_attempted_at]
+        failures: dict[Any, list[Any]] = {pk: [] for pk in seen_before}
         if seen_before:
-            prefetch_related_objects(seen_before, "failures")
-        return {
-            j.pk: self._to_result(j, self._task_of(j), failures=None if j in seen_before else [])
-            for j in jobs
-        }
+            JobFailure = _job_model(self.alias)._meta.get_field("failures").related_model
+            for failure in JobFailure.objects.using(jobs[0].database).filter(
+                job_id__in=seen_before
+            ):
+                failures[failure.job_id].append(failure)
+        return {j.pk: self._to_result(j, self._task_of(j), failures.get(j.pk, [])) for j in jobs}
 
     def _task_of(self, job: Any) -> Any:
         """The task ``job`` names, found where a worker finds it (each app's tasks module

@@ -13,9 +13,12 @@ same database clock. Operator verbs and the admin's reads are in operators.py.
 
 from __future__ import annotations
 
+import functools
+import json
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.apps import apps
@@ -138,6 +141,7 @@ _DB_CLOCK_FIELDS = ("lease_expires_at", "heartbeat_at", "last_attempted_at", "st
 # -- PostgreSQL: the statements of JobQuerySet._PG_* for a model and database ------------
 
 
+@functools.lru_cache(maxsize=64)
 def _pg_sql(template: str, model: Any, db: str, *, all_queues: bool = False) -> str:
     """``template`` for ``model``'s tables; the claim's queue filter left out for a claim
     of every queue (the due half is then the same ordered index scan, unfiltered)."""
@@ -172,6 +176,104 @@ def _pg_claim(
             sql, {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}
         )
     )
+
+
+@dataclass(slots=True, eq=False)
+class ClaimedJob:
+    """A row just claimed, as plain values: what the worker, the owner's verbs (``pk``,
+    ``claim_token``, ``lease_seconds``, ``retry``, ``attempts``) and a TaskResult read, with
+    no model instance built. ``was_*`` is the row as it was before the claim."""
+
+    pk: Any
+    database: str
+    task_path: str
+    queue_name: str
+    priority: int
+    run_after: datetime | None
+    args: Any
+    kwargs: Any
+    cursor: Any
+    retry: Any
+    state: str
+    fence: int
+    attempts: int
+    max_attempts: int
+    claim_token: Any
+    lease_seconds: float
+    claimed_by: str
+    enqueued_at: datetime | None
+    started_at: datetime | None
+    last_attempted_at: datetime | None
+    was_state: str | None = None
+    was_claimed_by: str | None = None
+    was_fence: int | None = None
+    was_lease: float | None = None
+    finished_at: None = None
+    result: None = None
+
+    @classmethod
+    def of(cls, job: Any, database: str, times: tuple[Any, Any]) -> ClaimedJob:
+        """From a Job the portable claim returned; ``times``: its started_at and
+        last_attempted_at, read back (the claim set them on the database clock)."""
+        return cls(
+            job.pk,
+            database,
+            **{name: getattr(job, name) for name in _ROW_FIELDS[2:-2]},
+            started_at=times[0],
+            last_attempted_at=times[1],
+            was_state=job.was_state,
+            was_claimed_by=job.was_claimed_by,
+            was_fence=job.was_fence,
+            was_lease=job.was_lease,
+        )
+
+
+# The columns of a claimed row that ClaimedJob holds, in its order (after pk, database).
+_ROW_FIELDS = (
+    "id",
+    "",
+    "task_path",
+    "queue_name",
+    "priority",
+    "run_after",
+    "args",
+    "kwargs",
+    "cursor",
+    "retry",
+    "state",
+    "fence",
+    "attempts",
+    "max_attempts",
+    "claim_token",
+    "lease_seconds",
+    "claimed_by",
+    "enqueued_at",
+    "started_at",
+    "last_attempted_at",
+)
+_JSON_FIELDS = ("args", "kwargs", "cursor", "retry")
+_WAS_FIELDS = ("was_state", "was_claimed_by", "was_fence", "was_lease")
+
+
+def _pg_claim_rows(
+    model: Any, db: str, worker_id: str, queues: list[str] | None, limit: int, lease: float | None
+) -> list[ClaimedJob]:
+    """_pg_claim's statement, read as plain rows."""
+    sql = _pg_sql(JobQuerySet._PG_CLAIM, model, db, all_queues=queues is None)
+    with connections[db].cursor() as cursor:
+        cursor.execute(sql, {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease})
+        columns = [c[0] for c in cursor.description]
+        rows = cursor.fetchall()
+    at = {name: columns.index(name) for name in (*_ROW_FIELDS[:1], *_ROW_FIELDS[2:], *_WAS_FIELDS)}
+    claimed = []
+    for row in rows:
+        values = {name: row[i] for name, i in at.items()}
+        for name in _JSON_FIELDS:
+            # Django loads jsonb as text and lets JSONField decode it.
+            if isinstance(values[name], str):
+                values[name] = json.loads(values[name])
+        claimed.append(ClaimedJob(pk=values.pop("id"), database=db, **values))
+    return claimed
 
 
 class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
@@ -396,6 +498,40 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
                 return claimed
             limit -= len(claimed)
         return claimed + self._claim_portable(db, worker_id, queues, limit, lease)
+
+    @retry_deadlock_victims
+    def claim_rows(
+        self,
+        worker_id: str,
+        queues: Iterable[str] | None = ("default",),
+        limit: int = 1,
+        lease: float | None = None,
+        *,
+        settle: bool = True,
+    ) -> list[ClaimedJob]:
+        """claim(), answered as ClaimedJob rows rather than model instances (the worker's
+        verb: on PostgreSQL no model instance is built per job)."""
+        if limit < 1:
+            return []
+        lease = _checked_lease(lease)
+        db = self._db or router.db_for_write(self.model)
+        queues = None if queues is None else list(queues)
+        claimed: list[ClaimedJob] = []
+        if on_postgresql(db):
+            claimed = _pg_claim_rows(self.model, db, worker_id, queues, limit, lease)
+            if len(claimed) == limit or not settle:
+                return claimed
+            limit -= len(claimed)
+        jobs = self._claim_portable(db, worker_id, queues, limit, lease)
+        if not jobs:
+            return claimed
+        times = {
+            pk: (started, attempted)
+            for pk, started, attempted in self.model._default_manager.using(db)
+            .filter(pk__in=[j.pk for j in jobs])
+            .values_list("pk", "started_at", "last_attempted_at")
+        }
+        return claimed + [ClaimedJob.of(j, db, times[j.pk]) for j in jobs]
 
     def _claim_portable(
         self, db: str, worker_id: str, queues: list[str] | None, limit: int, lease: float | None

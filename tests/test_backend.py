@@ -470,3 +470,33 @@ def test_tasks_count_as_found_where_workers_import_them():
     ):
         assert registry.is_discovered(declared_in("tests.testapp.jobs"))
         assert registry.is_discovered(declared_in("tests.testapp.jobs.nightly"))
+
+
+@pytest.mark.parametrize("retried", [False, True])
+def test_a_claim_reads_as_its_taskresult_without_a_query_of_its_own(
+    retried, django_assert_num_queries
+):
+    """Invariant 1 (one clock): the TaskResult a worker hands its handler is built from
+    the claimed row itself, with the database's times, no query per job; a job claimed
+    before costs one read of its failures for the whole batch. It matches get_result()."""
+    result = add.enqueue(2, 3)
+    backend = task_backends["default"]
+    if retried:
+        [first] = Job.objects.claim_rows("w-1")
+        Job.objects.fail(first, message="boom", retry_in=0)
+    [row] = Job.objects.claim_rows("w-2")
+    with django_assert_num_queries(1 if retried else 0):
+        built = backend.results_of_claims([row])[row.pk]
+    read = backend.get_result(result.id)
+    assert (built.status, built.args, built.worker_ids) == (
+        TaskResultStatus.RUNNING,
+        [2, 3],
+        ["w-1", "w-2"] if retried else ["w-2"],
+    )
+    assert (built.started_at, built.last_attempted_at, built.enqueued_at) == (
+        read.started_at,
+        read.last_attempted_at,
+        read.enqueued_at,
+    )
+    assert [e.traceback for e in built.errors] == [e.traceback for e in read.errors]
+    assert len(built.errors) == (1 if retried else 0)

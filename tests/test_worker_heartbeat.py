@@ -116,7 +116,7 @@ def test_the_watchdog_outlives_an_error_in_one_round():
     is still declared lost, its handler told."""
     for _ in range(2):
         Job.objects.enqueue("tests.testapp.tasks.hold", [60])
-    jobs = Job.objects.claim("watchdog-test", limit=2, lease=30)
+    jobs = Job.objects.claim_rows("watchdog-test", limit=2, lease=30)
     book = ClaimBook()
     long_ago = time.monotonic() - 100
     claims = [Claim(job, stamp=long_ago, lease=1, worker_id="watchdog-test") for job in jobs]

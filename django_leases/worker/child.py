@@ -39,12 +39,14 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
     from django.db import connections
 
     from .. import registry
-    from ..api import JobHandle
+    from ..api import JobHandle, WorkerLink
     from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
-    from .checkpoints import store_checkpoint
-    from .claims import Outcome
+    from .claims import Kind, Outcome, store_checkpoint
     from .running import run_task, task_context
 
+    link = WorkerLink(
+        lost=lost, stamp=stamp, checkpointer=lambda cursor: store_checkpoint(handle, link, cursor)
+    )
     handle = JobHandle(
         job_id=payload["job_id"],
         fence=payload["fence"],
@@ -52,11 +54,9 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
         cursor=payload["cursor"],
         lease_seconds=payload["lease"],
         worker_id=payload["worker_id"],
-        lost=lost,
-        stamp=stamp,
-        checkpointer=lambda cursor: store_checkpoint(handle, cursor),
         claim_token=payload["claim_token"],
         database=payload["database"],
+        link=link,
     )
 
     parent = os.getppid()
@@ -68,10 +68,10 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
         while not lost.wait(0.2):
             if os.getppid() != parent:
                 lost.set()
-                handle._fire()
+                link.fire()
                 threading.Event().wait(KILL_GRACE_SECONDS)
                 os._exit(1)
-        handle._fire()
+        link.fire()
 
     threading.Thread(target=watch, name="leases-lost-watcher", daemon=True).start()
     registry.discover()
@@ -81,16 +81,15 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
         outcome = refused
     elif task is None:
         outcome = Outcome(
-            "unrunnable",
+            Kind.UNRUNNABLE,
             exception_class_path="django_leases.exceptions.UnknownTask",
             message=f"{payload['task_path']!r} is not a declared task",
         )
     else:
         # Django's task_started/task_finished are sent here, in the child that runs the
         # handler (running.run_task), so receivers see the handler's exception.
-        outcome = run_task(
-            task, payload["args"], payload["kwargs"], handle, task_context(task, handle)
-        )
+        context = task_context(task, handle, link)
+        outcome = run_task(task, payload["args"], payload["kwargs"], handle, link, context)
     try:
         conn.send(("done", outcome))
     except Exception as e:  # noqa: BLE001 -- an outcome that cannot be sent must still be reported
@@ -100,7 +99,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
             (
                 "done",
                 Outcome(
-                    "error",
+                    Kind.ERROR,
                     exception_class_path=path,
                     traceback=trace,
                     message=storable_text(

@@ -1,6 +1,6 @@
 """The claims a worker process holds, and the one lock that orders what happens to each.
 
-A claim moves RUNNING -> FINISHING (its ack or fail is being sent) -> forgotten, or
+A claim moves RUNNING -> FINISHING (its ack or fail is being sent) -> SETTLED (sent), or
 RUNNING -> LOST (a renewal missed it, or the watchdog saw its lease run out) or
 RUNNING -> RELEASING (shutdown), or RUNNING -> ACKED (the handler acknowledged the job in
 its own fenced transaction). Only a RUNNING claim can be declared lost, so a renewal that
@@ -10,12 +10,19 @@ the parent learns of a handler's own ack only with its outcome).
 
 from __future__ import annotations
 
+import enum
+import functools
+import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..api import JobHandle, Stamp
-from .checkpoints import store_checkpoint
+from django.db import transaction
+
+from ..api import JobHandle, Stamp, WorkerLink
+
+logger = logging.getLogger("django_leases.worker")
 
 RUNNING = "running"
 FINISHING = "finishing"
@@ -24,26 +31,42 @@ RELEASING = "releasing"
 # The handler acknowledged the job itself, in its fenced(ack=True) transaction: nothing is
 # left to renew, and a renewal missing the row is no loss.
 ACKED = "acked"
+# Its ack, fail or release went through (or the claim was dropped): nothing left to send.
+SETTLED = "settled"
+
+
+class Kind(enum.Enum):
+    """What became of a handler, and so which write its job gets (loop.py's outbox)."""
+
+    OK = "ok"  # returned: ack with the result
+    ACKED = "acked"  # acknowledged itself in fenced(ack=True): nothing left to write
+    ERROR = "error"  # raised: fail the attempt (retried unless not retryable)
+    UNRUNNABLE = "unrunnable"  # the row cannot run as its task: dead at once
+    LOST = "lost"  # the claim went meanwhile: write nothing
+    # The handler's process died while the worker was stopping (a stop signal sent to the
+    # whole process group): release, the attempt not counted.
+    STOPPED = "stopped"
+    # The handler could not open its database connection: release, claiming paused.
+    UNCONNECTED = "unconnected"
 
 
 @dataclass
 class Outcome:
     """What a handler came back with; picklable, so a child process can send it."""
 
-    # "ok", "error", "lost", or "stopped": the handler's process died while the worker was
-    # stopping (a stop signal sent to the whole process group), so its job is released.
-    kind: str
+    kind: Kind
     result: Any = None
     # False when the task lists the exception as non-retryable: dead-letter at once.
     retryable: bool = True
-    # True when the handler acknowledged the job itself, inside fenced(ack=True).
-    acked: bool = False
     exception_class_path: str = ""
     message: str = ""
     traceback: str = ""
 
 
 class Claim:
+    """One claim this process holds: the claimed row (ClaimedJob, plain values), its
+    TaskResult as claimed, the handle its handler sees and the link the worker keeps to it."""
+
     def __init__(
         self,
         job: Any,
@@ -53,18 +76,23 @@ class Claim:
         worker_id: str,
         lost_flag: Any = None,
         shared_stamp: Any = None,
+        task_result: Any = None,
     ) -> None:
         self.job = job
         self.lease = lease
         self.state = RUNNING
         self.lost_reason = ""
-        # Set once the handler's outcome says it acknowledged the job itself (fenced(ack=True)):
-        # such a claim is not released at shutdown.
-        self.outcome: Outcome | None = None
         self._lock = threading.Lock()
         self.lost_flag = lost_flag if lost_flag is not None else threading.Event()
         self.stamp: Any = shared_stamp if shared_stamp is not None else Stamp(stamp)
         self.stamp.value = stamp
+        self.link = WorkerLink(
+            lost=self.lost_flag,
+            stamp=self.stamp,
+            checkpointer=self._checkpoint,
+            task_result=task_result,
+            on_acked=lambda: self._move(ACKED),
+        )
         self.handle = JobHandle(
             job_id=job.pk,
             fence=job.fence,
@@ -72,22 +100,22 @@ class Claim:
             cursor=job.cursor,
             lease_seconds=lease,
             worker_id=worker_id,
-            lost=self.lost_flag,
-            stamp=self.stamp,
-            checkpointer=self._checkpoint,
             claim_token=job.claim_token,
-            database=job._state.db,
+            database=job.database,
+            link=self.link,
         )
-        self.handle._on_acked = lambda: self._move(ACKED)
         # Set by the executor: the child process, in process isolation.
         self.process: Any = None
         # Times this claim's ack or fail failed over a connection that still answered
         # (loop.py: enough of them and the write counts as refused, not as an outage).
         self.write_strikes = 0
         self.exited = threading.Event()
+        # Its outcome said the handler acknowledged the job (in process isolation the
+        # parent learns it only so): not to be released at shutdown.
+        self.handler_acked = False
 
     def _checkpoint(self, cursor: Any) -> bool:
-        return store_checkpoint(self.handle, cursor)
+        return store_checkpoint(self.handle, self.link, cursor)
 
     @property
     def pk(self) -> Any:
@@ -105,7 +133,7 @@ class Claim:
             if reason:
                 self.lost_reason = reason
         if tell:
-            self.handle._mark_lost()
+            self.link.mark_lost()
         return True
 
     def mark_lost(self, reason: str) -> bool:
@@ -121,8 +149,19 @@ class Claim:
             if self.state == FINISHING:
                 self.state = RUNNING
 
+    def settle(self) -> None:
+        """Its write went through: a finishing claim is settled, never sent again."""
+        with self._lock:
+            if self.state == FINISHING:
+                self.state = SETTLED
+
     def begin_release(self) -> bool:
         return self._move(RELEASING, tell=True, reason="released at shutdown")
+
+    @property
+    def acked(self) -> bool:
+        """Whether the handler acknowledged the job itself: not to be released."""
+        return self.state == ACKED or self.handler_acked
 
 
 class ClaimBook:
@@ -156,3 +195,48 @@ class ClaimBook:
     def __len__(self) -> int:
         with self._lock:
             return len(self._claims)
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+# Sent from the thread or child process that runs the handler, on the handler's own
+# connection, so that inside fenced() the cursor commits or rolls back with the handler's
+# writes: a kill between them can neither skip items nor, on SQLite, leave the handler
+# waiting for a lock it holds itself. The stamp the watchdog reads moves only once the
+# UPDATE has committed, since a rolled-back checkpoint renewed nothing: the watchdog may
+# underestimate a lease, never overestimate it.
+
+
+def store_checkpoint(handle: JobHandle, link: WorkerLink, cursor: Any) -> bool:
+    """Store ``cursor`` and renew the lease if the claim still holds; False if it is lost."""
+    from ..models import Job
+
+    started = time.monotonic()
+    held = Job.objects.using(handle.database).checkpoint(handle.claim, cursor)
+    if held:
+        transaction.on_commit(functools.partial(link.renewed, started), using=handle.database)
+        logger.debug(
+            "Checkpoint job=%s fence=%s worker=%s",
+            handle.job_id,
+            handle.fence,
+            handle.worker_id,
+            extra={
+                "event": "checkpoint",
+                "job_id": handle.job_id,
+                "fence": handle.fence,
+                "worker": handle.worker_id,
+            },
+        )
+    else:
+        logger.warning(
+            "Checkpoint rejected job=%s fence=%s worker=%s: the claim is lost",
+            handle.job_id,
+            handle.fence,
+            handle.worker_id,
+            extra={
+                "event": "checkpoint_rejected",
+                "job_id": handle.job_id,
+                "fence": handle.fence,
+                "worker": handle.worker_id,
+            },
+        )
+    return held

@@ -75,15 +75,15 @@ def contention(error: BaseException) -> bool:
 
 def connect_before_handler(database: str) -> Outcome | None:
     """Open this thread's connection to the job's database before the handler runs; an
-    "unconnected" outcome if the database refuses it (too many connections, unreachable).
+    UNCONNECTED outcome if the database refuses it (too many connections, unreachable).
     The worker then releases the job, the attempt not counted: the handler never ran, and
     the worker's own over-subscription is no failure of the job."""
-    from .claims import Outcome
+    from .claims import Kind, Outcome
 
     try:
         connections[database].ensure_connection()
     except DB_ERRORS as e:
         with contextlib.suppress(*DB_ERRORS):
             connections[database].close()
-        return Outcome("unconnected", message=first_line(e))
+        return Outcome(Kind.UNCONNECTED, message=first_line(e))
     return None

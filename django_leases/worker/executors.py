@@ -24,10 +24,10 @@ from django.db import connections
 
 from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .child import KILL_GRACE_SECONDS
-from .claims import RELEASING, Claim, Outcome
+from .claims import RELEASING, Claim, Kind, Outcome
 from .dberrors import connect_before_handler
 from .logs import claim_fields
-from .running import run_task
+from .running import run_task, task_context
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -99,20 +99,19 @@ class ThreadExecutor(_Slots):
         self,
         size: int,
         done: Done,
-        context: Callable[[Claim, Any], Any],
         *,
         connect_first: bool = False,
     ) -> None:
-        self._context = context
         self._connect_first = connect_first
         super().__init__(size, done, "leases-handler")
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         job = claim.job
-        refused = connect_before_handler(job._state.db) if self._connect_first else None
+        refused = connect_before_handler(job.database) if self._connect_first else None
         if refused is not None:
             return refused
-        return run_task(task, job.args, job.kwargs, claim.handle, self._context(claim, task))
+        context = task_context(task, claim.handle, claim.link)
+        return run_task(task, job.args, job.kwargs, claim.handle, claim.link, context)
 
 
 class ProcessExecutor(_Slots):
@@ -159,7 +158,7 @@ class ProcessExecutor(_Slots):
             "lease": claim.lease,
             "worker_id": self._worker_id,
             "claim_token": job.claim_token,
-            "database": job._state.db,
+            "database": job.database,
             "connect_first": self._connect_first,
         }
         ours, theirs = self._mp.Pipe()
@@ -225,30 +224,30 @@ class ProcessExecutor(_Slots):
                         ),
                     )
                     _kill(process)
-                    return Outcome("lost")
+                    return Outcome(Kind.LOST)
         process.join(5)
         if outcome is None:
             if claim.lost_flag.is_set():
-                return Outcome("lost")
+                return Outcome(Kind.LOST)
             if self._died_of_stopping(process):
                 return Outcome(
-                    "stopped",
+                    Kind.STOPPED,
                     message=f"handler process exited with code "
                     f"{process.exitcode} while the worker stopped",
                 )
             return Outcome(
-                "error",
+                Kind.ERROR,
                 exception_class_path="django_leases.exceptions.HandlerDied",
                 message=f"handler process exited with code {process.exitcode} before returning",
             )
         if (
-            outcome.kind == "error"
+            outcome.kind is Kind.ERROR
             and outcome.exception_class_path == "builtins.KeyboardInterrupt"
             and self._stopping_within(KILL_GRACE_SECONDS)
         ):
             # Ctrl-C reached the whole process group and a handler that had put Python's
             # SIGINT handler back: the worker's stop, not the job's failure.
-            return Outcome("stopped", message="handler interrupted while the worker stopped")
+            return Outcome(Kind.STOPPED, message="handler interrupted while the worker stopped")
         return outcome
 
     def _died_of_stopping(self, process: Any) -> bool:
@@ -301,7 +300,7 @@ def _worker_error(exc: BaseException, doing: str) -> Outcome:
     except BaseException:  # noqa: BLE001 -- e.g. MemoryError while formatting
         path, message, trace = "builtins.BaseException", "(could not be described)", ""
     return Outcome(
-        "error",
+        Kind.ERROR,
         exception_class_path=path,
         traceback=trace,
         message=storable_text(f"worker error {doing}: {message}", MESSAGE_LIMIT),

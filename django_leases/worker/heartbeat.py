@@ -126,7 +126,7 @@ class Heartbeat(VitalThread):
         lost = 0
         for claim in claims:
             if claim.pk in held:
-                claim.stamp.value = started
+                claim.link.renewed(started)
             elif claim.mark_lost(
                 "renewal matched no row: the lease ran out and the job was "
                 "claimed again, or it was cancelled"

@@ -29,16 +29,15 @@ from ..storable import (
     storable_text,
 )
 from .child import KILL_GRACE_SECONDS
-from .claims import FINISHING, RELEASING, RUNNING, Claim, ClaimBook, Outcome
+from .claims import FINISHING, RELEASING, Claim, ClaimBook, Kind, Outcome
 from .dberrors import DB_ERRORS, error_kind, refused_by_database
 from .executors import ProcessExecutor, ThreadExecutor
 from .heartbeat import Heartbeat, Watchdog
 from .listener import Listener
 from .logs import claim_fields
-from .running import task_context
+from .running import unrunnable
 from .shutdown import StopRequest
 from .ticker import Ticker
-from .vetting import unrunnable
 from .vital import VitalThread
 from .waker import Waker
 
@@ -258,14 +257,16 @@ class Worker:
     def _claim(self, free: int, *, settle: bool) -> int:
         started = time.monotonic()
         # Settling (dead-lettering what must not run again) once per poll interval is
-        # enough (the caller decides); a claim without it stays one statement.
-        jobs = self.Job.objects.using(self.database).claim(
+        # enough (the caller decides); a claim without it stays one statement. Plain rows
+        # (ClaimedJob), no model instance per job.
+        jobs = self.Job.objects.using(self.database).claim_rows(
             self.worker_id, self.queues, limit=free, lease=self.lease, settle=settle
         )
         if settle:
             self._settled_at = started
-        results = self._results_at_start(jobs)
-        for job in jobs:
+        tasks = [registry.lookup(self.alias, job.task_path) for job in jobs]
+        results = self._results_at_start([j for j, t in zip(jobs, tasks, strict=True) if t])
+        for job, task in zip(jobs, tasks, strict=True):
             self._claimed += 1
             lost_flag, shared_stamp = self.executor.new_flags()
             claim = Claim(
@@ -275,11 +276,9 @@ class Worker:
                 worker_id=self.worker_id,
                 lost_flag=lost_flag,
                 shared_stamp=shared_stamp,
+                task_result=results.get(job.pk),
             )
             self._log_claim(job)
-            task = registry.lookup(self.alias, job.task_path)
-            if self.isolation == "thread":
-                claim.handle._task_result = results.get(job.pk)  # type: ignore[attr-defined]
             replaced = self.book.add(claim)
             if replaced is not None and replaced.mark_lost("the job was claimed again"):
                 # Untracked from here on, the old claim would be neither renewed nor watched.
@@ -293,12 +292,10 @@ class Worker:
                 )
             refusal = unrunnable(job, task, self.alias)
             if refusal is not None:
-                self._done.put(
-                    (
-                        claim,
-                        Outcome("unrunnable", exception_class_path=refusal[0], message=refusal[1]),
-                    )
+                outcome = Outcome(
+                    Kind.UNRUNNABLE, exception_class_path=refusal[0], message=refusal[1]
                 )
+                self._done.put((claim, outcome))
                 continue
             self.executor.submit(claim, task)
         return len(jobs)
@@ -374,20 +371,20 @@ class Worker:
             )
 
     def _results_at_start(self, jobs: list[Any]) -> dict[Any, Any]:
-        """The TaskResults that task_started and contexts carry, built for the whole claim
-        batch here (from the claimed rows, plus one read of earlier failures when a job was
-        claimed before) rather than one connection per handler thread. Empty on trouble:
-        the handlers then run without task_started/task_finished."""
+        """The TaskResults that task_started, task_finished and contexts carry, built for
+        the whole claim batch here (from the claimed rows, plus one read of earlier failures
+        when a job was claimed before) rather than one query per handler. Empty on trouble:
+        the handlers then read their own. A child process reads its own too (a TaskResult
+        holds the task, which is not sent to it)."""
         if self.isolation != "thread" or not jobs:
             return {}
         from django.tasks import task_backends
 
-        known = [j for j in jobs if registry.lookup(self.alias, j.task_path) is not None]
         try:
             backend = cast(
                 "LeaseBackend", task_backends[self.alias]
             )  # the worker serves a lease backend
-            return backend.results_of_claims(known) if known else {}
+            return backend.results_of_claims(jobs)
         except BaseException as e:  # noqa: BLE001 -- a missed signal must not cost a claim,
             # and nothing a row holds may stop the loop
             logger.warning(
@@ -400,7 +397,7 @@ class Worker:
 
     def _finished(self, claim: Claim, outcome: Outcome) -> None:
         """Called on a slot thread when a handler returns: queue it for the main loop."""
-        if outcome.kind == "unconnected":
+        if outcome.kind is Kind.UNCONNECTED:
             self._unconnected.put((claim, outcome))
         else:
             self._connect_backoff.reset()
@@ -410,86 +407,90 @@ class Worker:
     # -- settling: the owner's writes --------------------------------------------------
 
     def _settle(self) -> None:
-        """Acknowledge or fail the handlers that returned, in as few statements as possible."""
-        items, self._unsent = self._unsent, []
+        """Write what the handlers came back with: an outbox of (claim, outcome), those just
+        returned and those a database outage left unsent. The acks go out in one statement,
+        then the fails and releases one by one; should the database fail meanwhile, what
+        was not written stays in the outbox for the next call. A claim whose write went
+        through is settled (claims.py), so nothing is sent twice."""
+        outbox, self._unsent = self._unsent, []
         while True:
             try:
-                items.append(self._done.get_nowait())
+                outbox.append(self._done.get_nowait())
             except queue.Empty:
                 break
-        oks: list[tuple[Claim, Any]] = []
-        others: list[tuple[Claim, Outcome]] = []
-        stopped: list[Claim] = []
-        for claim, outcome in items:
-            if outcome.acked:
-                # Not to be released at shutdown: the job is done.
-                claim.outcome = outcome
-                self.book.forget(claim)
-                logger.info(
-                    "Acked job=%s fence=%s worker=%s in the handler's fenced transaction",
-                    claim.pk,
-                    claim.job.fence,
-                    self.worker_id,
-                    extra=claim_fields(claim.job, self.worker_id, "acked"),
-                )
-                continue
-            if claim.state not in (RUNNING, FINISHING) or outcome.kind == "lost":
-                self._discard(claim, outcome)
-                continue
-            if claim.state == RUNNING and not claim.begin_finish():
-                self._discard(claim, outcome)
-                continue
-            if outcome.kind == "stopped":
-                stopped.append(claim)
-            elif outcome.kind == "ok":
-                # Plain JSON within the limits: run_task checked it on the handler's side.
-                oks.append((claim, outcome.result))
-            else:
-                others.append((claim, outcome))
+        writes = [(c, o) for c, o in outbox if self._to_write(c, o)]
+        oks = [(c, o) for c, o in writes if o.kind is Kind.OK]
+        others = [(c, o) for c, o in writes if o.kind is not Kind.OK]
         try:
             if oks:
-                # Takes each from oks once sent; a result the database refuses joins others.
-                try:
-                    self._ack_or_refuse(oks, others)
-                except DB_ERRORS:
-                    raise
-                except Exception as e:  # noqa: BLE001 -- one claim must not stop the worker
-                    while oks:
-                        self._drop(oks.pop(0)[0], "acknowledge", e)
-            while others:
-                try:
-                    self._fail_or_minimal(*others[0])
-                except DB_ERRORS:
-                    raise
-                except Exception as e:  # noqa: BLE001
-                    self._drop(others[0][0], "record the failure of", e)
-                others.pop(0)
-            while stopped:
+                others += self._acks(oks)
+            for claim, outcome in others:
+                self._write(claim, outcome)
+        except DB_ERRORS as e:
+            # A refused ack's failure replaces its ack (the later pair wins).
+            unsent = {id(c): (c, o) for c, o in [*oks, *others] if c.state == FINISHING}
+            for claim, _ in unsent.values():
+                claim.finish_failed()
+            self._unsent = list(unsent.values())
+            self._db_trouble("acknowledge", e)
+
+    def _to_write(self, claim: Claim, outcome: Outcome) -> bool:
+        """Whether ``outcome`` still needs a write by this worker; the claim then finishing."""
+        if outcome.kind is Kind.ACKED:
+            # Not to be released at shutdown: the job is done.
+            claim.handler_acked = True
+            self.book.forget(claim)
+            logger.info(
+                "Acked job=%s fence=%s worker=%s in the handler's fenced transaction",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                extra=claim_fields(claim.job, self.worker_id, "acked"),
+            )
+            return False
+        if outcome.kind is not Kind.LOST and (claim.begin_finish() or claim.state == FINISHING):
+            return True
+        self._discard(claim, outcome)
+        return False
+
+    def _acks(self, oks: list[tuple[Claim, Outcome]]) -> list[tuple[Claim, Outcome]]:
+        """Acknowledge ``oks``; the failures to record instead of the results the database
+        refused. Database trouble raises; anything else drops the unwritten claims."""
+        try:
+            return self._ack_or_refuse(oks)
+        except DB_ERRORS:
+            raise
+        except Exception as e:  # noqa: BLE001 -- one claim must not stop the worker
+            for claim, _ in oks:
+                if claim.state == FINISHING:
+                    self._drop(claim, "acknowledge", e)
+            return []
+
+    def _write(self, claim: Claim, outcome: Outcome) -> None:
+        """Fail the attempt, or release the job (STOPPED); database trouble raises."""
+        try:
+            if outcome.kind is Kind.STOPPED:
                 # Its process died of the stop (a signal to the whole process group or
                 # cgroup): the job goes back to pending, the attempt not counted.
-                try:
-                    self._release(
-                        stopped[0], "; its handler process died while the worker was stopping"
-                    )
-                except DB_ERRORS:
-                    raise
-                except Exception as e:  # noqa: BLE001
-                    self._drop(stopped[0], "release", e)
-                stopped.pop(0)
-        except DB_ERRORS as e:
-            pending = [(c, Outcome("ok", result=r)) for c, r in oks if c.state == FINISHING]
-            pending += [(c, o) for c, o in others if c.state == FINISHING]
-            pending += [(c, Outcome("stopped")) for c in stopped if c.state == FINISHING]
-            for claim, _ in pending:
-                claim.finish_failed()
-            self._unsent = pending
-            self._db_trouble("acknowledge", e)
+                self._release(claim, "; its handler process died while the worker was stopping")
+            else:
+                self._fail_or_minimal(claim, outcome)
+        except DB_ERRORS:
+            raise
+        except Exception as e:  # noqa: BLE001 -- one claim must not stop the worker
+            doing = "release" if outcome.kind is Kind.STOPPED else "record the failure of"
+            self._drop(claim, doing, e)
+
+    def _forget(self, claim: Claim) -> None:
+        """Its write went through (or it is given up): settled, and no longer held."""
+        claim.settle()
+        self.book.forget(claim)
 
     def _drop(self, claim: Claim, doing: str, error: Exception) -> None:
         """Let go of a claim whose write failed on something other than the database (a
         row holding what no verb can read, a bug): its lease runs out and the next claim
         records the attempt as expired, so that one claim never stops the worker."""
-        self.book.forget(claim)
+        self._forget(claim)
         logger.error(
             "Could not %s job=%s fence=%s worker=%s error=%s: %s; dropping the "
             "claim, whose lease runs out",
@@ -523,15 +524,15 @@ class Worker:
             extra=claim_fields(claim.job, self.worker_id, "discarded"),
         )
 
-    def _ack(self, oks: list[tuple[Claim, Any]]) -> None:
+    def _ack(self, oks: list[tuple[Claim, Outcome]]) -> None:
         manager = self.Job.objects.using(self.database)
         if len(oks) == 1:
-            claim, result = oks[0]
-            acked = {claim.pk} if manager.ack(claim.job, result) else set()
+            claim, outcome = oks[0]
+            acked = {claim.pk} if manager.ack(claim.job, outcome.result) else set()
         else:
-            acked = manager.ack_many([(c.job, r) for c, r in oks])
+            acked = manager.ack_many([(c.job, o.result) for c, o in oks])
         for claim, _ in oks:
-            self.book.forget(claim)
+            self._forget(claim)
             if claim.pk in acked:
                 logger.info(
                     "Acked job=%s fence=%s worker=%s",
@@ -551,7 +552,7 @@ class Worker:
                 )
 
     def _fail(self, claim: Claim, outcome: Outcome) -> None:
-        unrunnable = outcome.kind == "unrunnable"
+        unrunnable = outcome.kind is Kind.UNRUNNABLE
         ok = self.Job.objects.using(self.database).fail(
             claim.job,
             exception_class_path=outcome.exception_class_path,
@@ -559,22 +560,22 @@ class Worker:
             traceback=outcome.traceback,
             # The delay before the next attempt is the job's own retry ladder (query.py).
             retry=outcome.retryable and not unrunnable,
-            kind=FailureKind.UNRUNNABLE if outcome.kind == "unrunnable" else FailureKind.EXCEPTION,
+            kind=FailureKind.UNRUNNABLE if unrunnable else FailureKind.EXCEPTION,
         )
-        self.book.forget(claim)
+        self._forget(claim)
         if ok:
             logger.info(
                 "Failed job=%s fence=%s worker=%s error=%s: %s",
                 claim.pk,
                 claim.job.fence,
                 self.worker_id,
-                outcome.exception_class_path or outcome.kind,
+                outcome.exception_class_path or outcome.kind.value,
                 outcome.message,
                 extra=claim_fields(
                     claim.job,
                     self.worker_id,
                     "failed",
-                    error=outcome.exception_class_path or outcome.kind,
+                    error=outcome.exception_class_path or outcome.kind.value,
                 ),
             )
         else:
@@ -586,14 +587,13 @@ class Worker:
                 extra=claim_fields(claim.job, self.worker_id, "fail_rejected"),
             )
 
-    def _ack_or_refuse(
-        self, oks: list[tuple[Claim, Any]], others: list[tuple[Claim, Outcome]]
-    ) -> None:
-        """Acknowledge ``oks``, taking each from the list once its statement went through.
-        A result the database refuses (a DataError, a constraint) fails that attempt
-        instead, appended to ``others``; connection trouble raises, the unsent left in oks."""
+    def _ack_or_refuse(self, oks: list[tuple[Claim, Outcome]]) -> list[tuple[Claim, Outcome]]:
+        """Acknowledge ``oks`` in one statement. A batch the database refuses (a DataError,
+        a constraint) is sent again one by one; a single result it refuses fails that
+        attempt instead: returned, for the caller to record. Connection trouble raises."""
         try:
             self._ack(oks)
+            return []
         except DB_ERRORS as e:
             if not self._refused(e, oks[0][0] if len(oks) == 1 else None):
                 raise
@@ -609,10 +609,7 @@ class Worker:
                         "error": first_line(e),
                     },
                 )
-                while oks:
-                    self._ack_or_refuse(oks[:1], others)
-                    oks.pop(0)
-                return
+                return [failed for ok in oks for failed in self._ack_or_refuse([ok])]
             claim = oks[0][0]
             logger.warning(
                 "Ack refused job=%s fence=%s worker=%s error=%s; failing the attempt instead",
@@ -623,8 +620,7 @@ class Worker:
                 extra=claim_fields(claim.job, self.worker_id, "ack_refused", error=first_line(e)),
             )
             claim.write_strikes = 0
-            others.append((claim, _refusal(e, "the database refused the result")))
-        oks.clear()
+            return [(claim, _refusal(e, "the database refused the result"))]
 
     def _fail_or_minimal(self, claim: Claim, outcome: Outcome) -> None:
         """Record the failed attempt. Should the database refuse the record, a minimal one
@@ -663,7 +659,7 @@ class Worker:
         except DB_ERRORS as e:
             if not self._refused(e, claim):
                 raise
-            self.book.forget(claim)
+            self._forget(claim)
             logger.error(
                 "Could not record the failure of job=%s fence=%s worker=%s: the "
                 "database refused even a minimal record (%s); dropping the claim, "
@@ -792,7 +788,7 @@ class Worker:
 
     def _release_all(self, claims: list[Claim]) -> None:
         for claim in claims:
-            if claim.outcome is not None and claim.outcome.acked:
+            if claim.acked:
                 continue  # its handler acknowledged it meanwhile, in fenced(ack=True)
             if self._call_until_done("release", lambda c=claim: self._release(c)) is None:
                 self.book.forget(claim)
@@ -808,7 +804,7 @@ class Worker:
     def _release(self, claim: Claim, why: str = "") -> bool:
         """Give the job back to pending, the attempt not counted; raise on database trouble."""
         released = self.Job.objects.using(self.database).release(claim.job)
-        self.book.forget(claim)
+        self._forget(claim)
         if released:
             logger.info(
                 "Released job=%s fence=%s worker=%s: back to pending, attempt not counted%s",
@@ -877,15 +873,7 @@ class Worker:
                 stopping=lambda: self.stop_request.stopping,
                 connect_first=self.connect_handlers,
             )
-        return ThreadExecutor(
-            self.concurrency,
-            self._finished,
-            self._task_context,
-            connect_first=self.connect_handlers,
-        )
-
-    def _task_context(self, claim: Claim, task: Any) -> Any:
-        return task_context(task, claim.handle)
+        return ThreadExecutor(self.concurrency, self._finished, connect_first=self.connect_handlers)
 
     def _start_threads(self) -> list[Any]:
         self.heartbeat = Heartbeat(
@@ -938,7 +926,7 @@ class Worker:
 def _refusal(error: Exception, what: str) -> Outcome:
     """The failed outcome of a write the database refused: its error class and message."""
     return Outcome(
-        "error",
+        Kind.ERROR,
         exception_class_path=class_path(type(error)),
         message=storable_text(f"{what}: {error}", MESSAGE_LIMIT),
     )

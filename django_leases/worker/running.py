@@ -1,4 +1,12 @@
-"""Call a task's function for one claim, in whichever thread or process runs it."""
+"""Call a task's function for one claim, in whichever thread or process runs it, once the
+claimed row is known to fit it.
+
+Rows enqueued through the backend always fit (enqueue() refuses a task declared where
+workers do not look). ``unrunnable`` catches rows written straight into the table, or by an
+older deploy whose task took other arguments: such a row could never succeed, so it ends
+dead at once with a message naming the field, instead of spending every attempt on the same
+error or breaking the worker loop.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +21,7 @@ from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
-from ..api import JobHandle
+from ..api import JobHandle, WorkerLink
 from ..exceptions import NonRetryable
 from ..storable import (
     class_path,
@@ -21,59 +29,132 @@ from ..storable import (
     readable_class_path,
     storable_result,
 )
-from .claims import Outcome
+from .claims import Kind, Outcome
 
 logger = logging.getLogger("django_leases.worker")
 
+UNKNOWN_TASK = "django_leases.exceptions.UnknownTask"
+INVALID_ARGUMENT = "django_leases.exceptions.InvalidJobArgument"
+INVALID_OPTION = "django_leases.exceptions.InvalidLeaseOption"
+
+
+def unrunnable(job: Any, task: Any, alias: str) -> tuple[str, str] | None:
+    """(exception class path, message) when ``job`` cannot be run as ``task``; else None."""
+    if task is None:
+        return UNKNOWN_TASK, (
+            f"{job.task_path!r} is not a task declared for backend {alias!r}; its dotted path is "
+            "never imported on a row's say-so. If it is a @task, declare it in an installed "
+            f"app's tasks module or list its module in TASKS[{alias!r}]['OPTIONS']['TASK_MODULES'], "
+            "then restart the workers and requeue the job."
+        )
+    if not isinstance(job.args, list):
+        return INVALID_ARGUMENT, f"args: must be a JSON array, the row holds {_shown(job.args)}"
+    if not isinstance(job.kwargs, dict):
+        return (
+            INVALID_ARGUMENT,
+            f"kwargs: must be a JSON object, the row holds {_shown(job.kwargs)}",
+        )
+    if job.retry:
+        from ..retry import Retry
+
+        try:
+            Retry.from_json(job.retry)
+        except Exception as e:  # noqa: BLE001 -- InvalidLeaseOption, or TypeError from its parts
+            return INVALID_OPTION, (
+                f"retry: cannot be read as a retry ladder, the row holds {_shown(job.retry)}: {e}"
+            )
+    signature = _signature(task.func)
+    if signature is None:  # a builtin or C function: let the call decide
+        return None
+    context = [None] if task.takes_context else []
+    try:
+        signature.bind(*context, *job.args, **job.kwargs)
+    except TypeError as e:
+        return INVALID_ARGUMENT, f"args/kwargs: do not fit {job.task_path}{signature}: {e}"
+    return None
+
+
+_signatures: dict[Any, inspect.Signature | None] = {}
+
+
+def _signature(func: Any) -> inspect.Signature | None:
+    """inspect.signature(func), read once per function (it costs more than the bind)."""
+    try:
+        return _signatures[func]
+    except KeyError:
+        pass
+    except Exception:  # noqa: BLE001 -- an unhashable callable: read it every time
+        return _read_signature(func)
+    _signatures[func] = signature = _read_signature(func)
+    return signature
+
+
+def _read_signature(func: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
 
 def run_task(
-    task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle, context: Any = None
+    task: Any,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    handle: JobHandle,
+    link: WorkerLink,
+    context: Any = None,
 ) -> Outcome:
     """Run ``task`` with ``handle`` as current_job(); never raise.
 
     A handler that stops because its claim was lost (LeaseLost, a cancelled coroutine, or
-    any exception raised after the loss) comes back as a "lost" outcome: nothing of it is
+    any exception raised after the loss) comes back as a LOST outcome: nothing of it is
     recorded against the job, since the job may already belong to another worker.
 
     Django's task_started and task_finished are sent here, in the thread or process that
-    runs the handler, with current_job() set; task_finished for a failure is sent inside
-    the exception handler, as Django's own backends do, so receivers see sys.exc_info().
-    A lost claim sends no task_finished: its attempt is abandoned, not finished.
+    runs the handler, with current_job() set, carrying the TaskResult the claim read
+    (``link.task_result``; read here only when there is none, in a child process);
+    task_finished for a failure is sent inside the exception handler, as Django's own
+    backends do, so receivers see sys.exc_info(). A lost claim sends no task_finished: its
+    attempt is abandoned, not finished.
     """
-    token = handle._activate()
-    try:
-        return _run(task, args, kwargs, handle, context)
-    finally:
-        handle._deactivate(token)
+    with link.current(handle):
+        return _run(task, args, kwargs, handle, link, context)
 
 
-def task_context(task: Any, handle: JobHandle) -> Any:
+def task_context(task: Any, handle: JobHandle, link: WorkerLink) -> Any:
     """The context of a ``takes_context=True`` task (None otherwise): Django's TaskContext
     with ``job``, this claim's JobHandle."""
     if not task.takes_context:
         return None
     from ..task import LeaseTaskContext
 
-    result = getattr(handle, "_task_result", None) or task.get_backend().get_result(handle.job_id)
-    return LeaseTaskContext(task_result=result, job=handle)
+    if link.task_result is None:
+        link.task_result = task.get_backend().get_result(handle.job_id)
+    return LeaseTaskContext(task_result=link.task_result, job=handle)
 
 
 def _run(
-    task: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle, context: Any
+    task: Any,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    handle: JobHandle,
+    link: WorkerLink,
+    context: Any,
 ) -> Outcome:
-    if context is not None:
-        started = context.task_result
-    elif hasattr(handle, "_task_result"):
-        # Read by the worker's main loop for its whole claim batch (thread isolation).
-        started = handle._task_result
-    else:
-        started = _result_at_start(task, handle)
+    started = link.task_result
+    if started is None:
+        started = link.task_result = _result_at_start(task, handle)
     try:
         if context is not None:
             args = [context, *args]
         _send(task_started, task, started)
         if inspect.iscoroutinefunction(task.func):
-            result = asyncio.run(_run_async(task.func, args, kwargs, handle))
+            result = asyncio.run(_run_async(task.func, args, kwargs, link))
         else:
             result = task.func(*args, **kwargs)
     # Whatever the handler raises, BaseException included (SystemExit, KeyboardInterrupt,
@@ -85,13 +166,13 @@ def _run(
     # or the job would sit claimed, unrenewed, until its lease ran out.
     except BaseException as e:  # noqa: BLE001
         if handle.lost:
-            return Outcome("lost")
+            return Outcome(Kind.LOST)
         return _failed(task, started, e)
-    if handle.acked:
+    if link.acked:
         # Committed with the handler's own writes; a loss noticed afterwards changes nothing.
-        outcome = Outcome("ok", result=handle.acked_result, acked=True)
+        outcome = Outcome(Kind.ACKED, result=link.acked_result)
     elif handle.lost:
-        return Outcome("lost")
+        return Outcome(Kind.LOST)
     else:
         try:
             # Checked here, on the handler's side: task_finished must tell the truth, and
@@ -99,7 +180,7 @@ def _run(
             result = storable_result(result)
         except BaseException as e:  # noqa: BLE001 -- TypeError, or what a hostile value's methods raise
             return _failed(task, started, e)
-        outcome = Outcome("ok", result=result)
+        outcome = Outcome(Kind.OK, result=result)
     _send(
         task_finished,
         task,
@@ -113,7 +194,7 @@ def _failed(task: Any, started: TaskResult[..., Any] | None, exc: BaseException)
     Called inside the except block, so that receivers see sys.exc_info()."""
     path, message, trace = describe_exception(exc)
     outcome = Outcome(
-        "error",
+        Kind.ERROR,
         exception_class_path=path,
         message=message,
         traceback=trace,
@@ -204,7 +285,7 @@ def _send(signal: Any, task: Any, task_result: TaskResult[..., Any] | None) -> N
             )
 
 
-async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any], handle: JobHandle) -> Any:
+async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any], link: WorkerLink) -> Any:
     """Await the handler in a task that is cancelled as soon as the claim is lost."""
     loop = asyncio.get_running_loop()
     inner = asyncio.ensure_future(func(*args, **kwargs))
@@ -214,5 +295,5 @@ async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any], handle:
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(inner.cancel)
 
-    handle._on_lost(cancel)
+    link.on_lost(cancel)
     return await inner

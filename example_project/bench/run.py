@@ -113,6 +113,9 @@ class System:
     record: str = ""
     extra_env: dict = field(default_factory=dict)
     tag: str = ""  # a variant other than CONN_MAX_AGE, e.g. "c10"
+    # --baseline-ref: django-leases as of a git ref, from a copy put first on PYTHONPATH.
+    ref: str = ""
+    root: Path | None = None
 
     @property
     def key(self) -> str:
@@ -128,6 +131,8 @@ class System:
     @property
     def label(self) -> str:
         base = LABELS["limit10" if self.kind == "limit" and self.batch > 1 else self.kind]
+        if self.ref:
+            base += f" @ {self.ref}"
         if self.extra_env.get("BENCH_CONCURRENCY"):
             base += f" (CONCURRENCY={self.extra_env['BENCH_CONCURRENCY']})"
         if self.conn_max_age != "0" and self.kind not in ("limit", "procrastinate"):
@@ -136,7 +141,8 @@ class System:
 
     @property
     def db(self) -> str:
-        return DATABASES[self.kind]
+        # A baseline gets a database of its own: its migrations may differ.
+        return DATABASES[self.kind] + ("_base" if self.ref else "")
 
     @property
     def python(self) -> str:
@@ -154,7 +160,7 @@ class System:
             else f"sys_{self.kind}.settings"
         )
         env.update(
-            PYTHONPATH=str(HERE),
+            PYTHONPATH=os.pathsep.join(str(p) for p in (self.root, HERE) if p),
             DJANGO_SETTINGS_MODULE=settings,
             BENCH_SYSTEM="leases" if self.kind == "limit" else self.kind,
             BENCH_DB=self.db,
@@ -177,7 +183,8 @@ class System:
                 str(self.batch),
                 "--listen",
             ],
-            "leases": [*django, "run_lease_worker", "-v", "0"],
+            # As a user starts it: default verbosity, one line per event.
+            "leases": [*django, "run_lease_worker"],
             "tasksdb": [*django, "db_worker", "--no-startup-delay", "--no-reload", "-v", "0"],
             "procrastinate": [*django, "procrastinate", "worker"],
             "ox": [*django, "ox_worker"],
@@ -208,6 +215,8 @@ class System:
     def version(self) -> str:
         if self.kind == "limit":
             return f"psycopg {psycopg.__version__}"
+        if self.ref:
+            return f"django-leases at {self.ref} ({git_rev(self.ref)})"
         if self.kind == "leases":
             from importlib.metadata import version
 
@@ -228,6 +237,26 @@ class System:
 
 
 # -- environment ------------------------------------------------------------------------
+
+
+def git_rev(ref: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", ref], capture_output=True, text=True
+    ).stdout.strip()
+
+
+def baseline_copy(ref: str, into: Path) -> Path:
+    """django_leases/ as of ``ref`` (git archive), under ``into``: put first on PYTHONPATH,
+    it shadows the installed (editable) package in the same virtualenv."""
+    root = into / f"leases-{git_rev(ref) or 'ref'}"
+    root.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", ref, "django_leases"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    return root
 
 
 def ensure_venv(kind: str, venvs: Path) -> None:
@@ -339,6 +368,56 @@ def rss_of(procs: list[subprocess.Popen]) -> list[int]:
     return sizes
 
 
+def cpu_seconds(pids: list[int], *, with_children: bool) -> dict[int, float]:
+    """User + system CPU seconds of each live pid (and its children's, for workers)."""
+    import psutil
+
+    seconds = {}
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            procs = [proc, *proc.children(recursive=True)] if with_children else [proc]
+            seconds[pid] = sum(sum(q.cpu_times()[:2]) for q in procs)
+        except psutil.Error:
+            continue
+    return seconds
+
+
+class CpuMeter:
+    """CPU spent from just before the jobs are committed to the end of the drain: the
+    workers' processes, and the PostgreSQL backends connected to the system's database
+    (the harness's own connection left out), sampled during the drain so that connections
+    opened meanwhile count from their start."""
+
+    def __init__(self, conn: psycopg.Connection, db: str, workers: list[int]) -> None:
+        self.conn, self.db, self.workers = conn, db, workers
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.started = False
+
+    def _backends(self) -> list[int]:
+        rows = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [self.db],
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def sample(self) -> None:
+        now = cpu_seconds(self._backends(), with_children=False)
+        now.update({-p: s for p, s in cpu_seconds(self.workers, with_children=True).items()})
+        for pid, secs in now.items():
+            # A backend first seen mid-drain counts from its start (it was opened for it).
+            self.first.setdefault(pid, secs if not self.started or pid < 0 else 0.0)
+            self.last[pid] = secs
+        self.started = True
+
+    def spent(self) -> tuple[float, float]:
+        """(worker seconds, database seconds) since the first sample."""
+        worker = sum(self.last[p] - self.first[p] for p in self.last if p < 0)
+        db = sum(self.last[p] - self.first[p] for p in self.last if p >= 0)
+        return worker, db
+
+
 def settle(count: int) -> None:
     """Let worker processes start (imports, first connection) on this 2-core machine."""
     time.sleep(1.5 + 0.6 * count)
@@ -365,8 +444,12 @@ def drain(
     spy = None
     try:
         settle(workers)
-        prefill = system.driver("prefill", str(jobs))
         with psycopg.connect(dsn(system.db), autocommit=True) as conn:
+            # From before the jobs exist (idle workers cost little): a first look at the
+            # queue may already find thousands done on a loaded machine.
+            meter = CpuMeter(conn, system.db, [p.pid for p in procs])
+            meter.sample()
+            prefill = system.driver("prefill", str(jobs))
             conn.execute("ANALYZE")
             peak = [0] * workers
             first_seen = None
@@ -398,6 +481,7 @@ def drain(
                             stderr=subprocess.DEVNULL,
                         )
                 if now - last_rss > 0.5:
+                    meter.sample()
                     peak = [max(a, b) for a, b in zip(peak, rss_of(procs), strict=True)]
                     last_rss = now
                 if count >= jobs or (first_seen and now - first_seen > cap):
@@ -410,11 +494,14 @@ def drain(
                         f"{tempfile.gettempdir()}/bench-{system.key}-w*.log"
                     )
                 time.sleep(0.1)
+            meter.sample()
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(30)
                 spy = None
             count, first, last = finished(system, conn)
+            worker_cpu, db_cpu = meter.spent()
+            done = max(count, 1)
     finally:
         if spy is not None:
             spy.kill()
@@ -428,6 +515,8 @@ def drain(
         "capped": count < jobs,
         "rss_peak": peak,
         "prefill": prefill,
+        # CPU milliseconds per job finished while the meter ran (worker, database).
+        "cpu_ms_per_job": [1000 * worker_cpu / done, 1000 * db_cpu / done],
     }
 
 
@@ -677,6 +766,12 @@ def main() -> None:
         "--venvs", type=Path, default=Path(os.environ.get("BENCH_VENVS", "/tmp/bench-venvs"))
     )
     parser.add_argument("--out", type=Path, default=REPO / "docs")
+    parser.add_argument(
+        "--baseline-ref",
+        default="",
+        help="also run django-leases as of this git ref (e.g. main), as system leases@<ref>, "
+        "interleaved with the others so before/after ratios come from one run",
+    )
     a = parser.parse_args()
 
     wanted = a.systems.split(",")
@@ -692,10 +787,17 @@ def main() -> None:
                 log(f"SKIP {key}: could not install it: {e}")
                 continue
         systems.append(System(kind, batch=10 if key == "limit10" else 1, venvs=a.venvs))
+    if a.baseline_ref:
+        copies = Path(tempfile.mkdtemp(prefix=f"{DB_PREFIX}baseline-"))
+        root = baseline_copy(a.baseline_ref, copies)
+        log(f"baseline {a.baseline_ref}: {root}")
+        systems.append(
+            System("leases", venvs=a.venvs, tag=a.baseline_ref, ref=a.baseline_ref, root=root)
+        )
     variants = [
         System(s.kind, conn_max_age="none", venvs=a.venvs)
         for s in systems
-        if s.kind in a.cma_variants.split(",") and s.batch == 1
+        if s.kind in a.cma_variants.split(",") and s.batch == 1 and not s.ref
     ]
     if a.leases_concurrency and "leases" in wanted:
         variants.append(
@@ -900,6 +1002,31 @@ def report(
         out(
             f"† capped: the drain was stopped after {a.cap:g} s of draining; the rate is over that window."
         )
+        out("")
+        out("## CPU per job while draining (ms: worker + database = total; ratio to the limit's)")
+        out("")
+        out(
+            "| system | "
+            + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in worker_counts)
+            + " |"
+        )
+        out("|---|" + "---|" * len(worker_counts))
+
+        def cpu(key: str) -> tuple:
+            runs = [r["cpu_ms_per_job"] for r in drains.get(key, []) if r.get("cpu_ms_per_job")]
+            return med([w for w, _ in runs]), med([d for _, d in runs]), med([sum(x) for x in runs])
+
+        for s in systems + variants:
+            cells = []
+            for w in worker_counts:
+                wk, db, total = cpu(f"{s.key}|{w}")
+                lim = cpu(f"limit|{w}")[2]
+                if total[0] is None:
+                    cells.append("—")
+                    continue
+                ratio = f" = {total[0] / lim[0]:.2f}x" if lim[0] else ""
+                cells.append(f"{wk[0]:.2f} + {db[0]:.2f} = {total[0]:.2f}{ratio}")
+            out(f"| {labels[s.key]} | " + " | ".join(cells) + " |")
         out("")
     if results["enqueue"]:
         out("## Enqueue from one process (jobs/s)")
