@@ -14,7 +14,8 @@ from typing import Any
 
 from .. import registry
 from ..schedules import declared_schedules
-from .dberrors import DB_ERRORS, first_line
+from ..storable import first_line
+from .dberrors import DB_ERRORS
 
 logger = logging.getLogger("django_leases.worker")
 
