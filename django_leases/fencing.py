@@ -13,6 +13,7 @@ A lease gives at-least-once execution. These helpers narrow what a second execut
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -58,8 +59,10 @@ def fenced(
                 f"job {job.job_id}: claim with fence {job.fence} was lost; "
                 "the block's writes were rolled back"
             )
-    if ack:
-        job._mark_acked(result)
+        if ack:
+            # Acked only once the ack commits: inside the caller's own transaction it may
+            # still roll back, and the worker must then record the outcome itself.
+            transaction.on_commit(functools.partial(job._mark_acked, result), using=job.database)
 
 
 def once(key: str, *, handle: JobHandle | None = None) -> bool:

@@ -522,16 +522,10 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
             if len(claimed) == limit or not settle:
                 return claimed
             limit -= len(claimed)
+        # Nothing may fail once the claim has committed (the rows would stay claimed, an
+        # attempt spent, unrun until expiry): the times were read in the claim's transaction.
         jobs = self._claim_portable(db, worker_id, queues, limit, lease)
-        if not jobs:
-            return claimed
-        times = {
-            pk: (started, attempted)
-            for pk, started, attempted in self.model._default_manager.using(db)
-            .filter(pk__in=[j.pk for j in jobs])
-            .values_list("pk", "started_at", "last_attempted_at")
-        }
-        return claimed + [ClaimedJob.of(j, db, times[j.pk]) for j in jobs]
+        return claimed + [ClaimedJob.of(j, db, (j.started_at, j.last_attempted_at)) for j in jobs]
 
     def _claim_portable(
         self, db: str, worker_id: str, queues: list[str] | None, limit: int, lease: float | None
@@ -553,7 +547,10 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
                 candidates = list(candidates_qs.select_for_update(skip_locked=True)[:limit])
                 return self._take(db, candidates, worker_id, lease)
         candidates = list(candidates_qs[:limit])
-        return self._take(db, candidates, worker_id, lease)
+        # The UPDATE re-checks each row as read; the claim, its failure records and the
+        # read-back commit together or not at all.
+        with transaction.atomic(using=db):
+            return self._take(db, candidates, worker_id, lease)
 
     def _take(
         self, db: str, candidates: list[Job], worker_id: str, lease: float | None
@@ -575,7 +572,7 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         as_read = Q()
         for j in wanted:
             as_read |= Q(pk=j.pk, fence=j.fence, state=j.state)
-        claimed_count = (
+        (
             manager.filter(as_read)
             .claimable()
             .update(
@@ -597,10 +594,15 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
                 ),
             )
         )
-        if claimed_count != len(wanted):
-            # Lost a race for some rows (only possible without SKIP LOCKED): keep the ones
-            # that carry our tokens.
-            won = set(manager.filter(claim_token__in=tokens.values()).values_list("pk", flat=True))
+        # The rows that carry our tokens (fewer than wanted only after a lost race, possible
+        # without SKIP LOCKED), with the times the claim set on the database clock.
+        won = {
+            pk: (started, attempted)
+            for pk, started, attempted in manager.filter(
+                claim_token__in=tokens.values()
+            ).values_list("pk", "started_at", "last_attempted_at")
+        }
+        if len(won) != len(wanted):
             wanted = [j for j in wanted if j.pk in won]
         taken_over = [j for j in wanted if j.state == JobState.CLAIMED]
         if taken_over:
@@ -615,6 +617,7 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
             job.claimed_by = worker_id
             for name in _DB_CLOCK_FIELDS:
                 job.__dict__.pop(name, None)
+            job.started_at, job.last_attempted_at = won[job.pk]
         return wanted
 
     def _record_expired(self, db: str, jobs: list[Job]) -> None:

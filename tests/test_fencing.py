@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from django_leases.api import JobHandle, Stamp
 from django_leases.exceptions import LeaseLost
@@ -65,15 +65,40 @@ def test_fenced_rolls_back_a_stale_owners_writes():
     assert handle.lost
 
 
-def test_fenced_ack_commits_the_writes_and_the_ack_together():
+def test_fenced_ack_commits_the_writes_and_the_ack_together(django_capture_on_commit_callbacks):
     """Invariant 2: one transaction: the effect and 'succeeded', or neither."""
     job = claimed()
     handle = handle_for(job)
-    with fenced(ack=True, result={"ok": 1}, handle=handle):
+    with (
+        django_capture_on_commit_callbacks(execute=True),
+        fenced(ack=True, result={"ok": 1}, handle=handle),
+    ):
         effect(job, "with-ack")
     stored = Job.objects.get(pk=job.pk)
     assert (stored.state, stored.result, handle.acked) == (JobState.SUCCEEDED, {"ok": 1}, True)
     assert Effect.objects.filter(phase="with-ack").exists()
+
+
+def test_a_fenced_ack_rolled_back_by_the_callers_transaction_is_not_taken_as_acked(
+    django_capture_on_commit_callbacks,
+):
+    """Invariant 3: the ack never committed, so the worker must still renew the claim and
+    record the handler's outcome itself: the handle says acked only once the ack commits."""
+    job = claimed()
+    handle = handle_for(job)
+    with (
+        django_capture_on_commit_callbacks(execute=True) as callbacks,
+        pytest.raises(RuntimeError),
+        transaction.atomic(),
+    ):
+        with fenced(ack=True, result={"ok": 1}, handle=handle):
+            effect(job, "rolled-back")
+        raise RuntimeError("the caller's transaction fails after the block")
+    assert not callbacks
+    assert not handle.acked
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.state, stored.claim_token) == (JobState.CLAIMED, job.claim_token)
+    assert not Effect.objects.filter(phase="rolled-back").exists()
 
 
 def test_once_records_an_effect_for_the_job_and_refuses_it_the_second_time():

@@ -7,7 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -334,6 +334,33 @@ def test_claim_gives_a_fresh_token_fence_and_lease_from_the_database_clock():
     assert stored.started_at == stored.last_attempted_at == stored.heartbeat_at
     # The returned instance loads the database's lease end, never a local guess.
     assert job.lease_expires_at == stored.lease_expires_at
+
+
+@pytest.mark.django_db(transaction=True)
+def test_nothing_of_claim_rows_can_fail_after_its_claim_has_committed():
+    """Invariant 3: a claim that committed is answered; a statement after the commit could
+    fail (a dropped connection) and leave the row claimed, its attempt spent, unrun."""
+    enqueue()
+    claimed_at_commit: list[bool] = []
+
+    def outage_once_claimed(execute, sql, params, many, context):
+        if claimed_at_commit and not connection.in_atomic_block:
+            raise OperationalError("connection dropped (injected after the claim committed)")
+        result = execute(sql, params, many, context)
+        if sql.lstrip().upper().startswith(("UPDATE", "WITH")) and "claim_token" in sql:
+            claimed_at_commit.append(True)
+        return result
+
+    with connection.execute_wrapper(outage_once_claimed):
+        [row] = Job.objects.claim_rows("w")
+    assert claimed_at_commit
+    stored = Job.objects.get(pk=row.pk)
+    assert (stored.state, stored.claim_token, stored.attempts) == (
+        JobState.CLAIMED,
+        row.claim_token,
+        1,
+    )
+    assert (row.started_at, row.last_attempted_at) == (stored.started_at, stored.last_attempted_at)
 
 
 def test_claim_orders_by_priority_then_due_time_and_respects_limit_and_queue():

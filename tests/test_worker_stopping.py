@@ -14,7 +14,7 @@ import pytest
 from django_leases.models import JobFailure, WorkerProcess
 from django_leases.states import JobState
 from tests.testapp.models import Effect
-from tests.testapp.tasks import mortal, record, stubborn
+from tests.testapp.tasks import add, mortal, record, stubborn
 from tests.worker_helpers import FAST, job_of, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -116,3 +116,29 @@ def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_w
     wait_for(lambda: time.monotonic() - signalled > 9, 15, "the deaf handler's sleep to pass")
     assert phases("order-deaf") == ["start"] and phases("order-coop") == ["start"]
     assert not JobFailure.objects.exists()
+
+
+def test_an_outcome_the_database_never_took_is_not_released_at_a_stop(workers):
+    """Invariants 3 and 4: the handler succeeded but its ack met a database outage; a stop
+    before the database answers must not release the job to run again before its lease
+    ends: the worker keeps trying the ack, then leaves the claim to expire."""
+    result = add.enqueue(2, 3)
+    a = workers.start(
+        "unsent-a",
+        "--grace",
+        "0",
+        *FAST,
+        # Every ack from the worker's main thread meets a dropped connection.
+        env_extra={"LEASES_WORKER_FAULT": 'MainThread:InterfaceError:100000:"result" ='},
+    )
+    a.wait_event("db_trouble", timeout=20, worker="unsent-a")
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(60) == 0
+    log = a.log()
+    job = job_of(result)
+    assert (job.state, job.attempts, job.claimed_by) == (JobState.CLAIMED, 1, "unsent-a"), log[
+        -3000:
+    ]
+    assert not a.events("released"), log[-3000:]
+    [unsent] = a.events("outcome_unsent", job_id=int(result.id))
+    assert unsent["worker"] == "unsent-a"

@@ -60,6 +60,7 @@ EVENTS: dict[str, str] = {
     "released": "a job went back to pending, the attempt not counted",
     "release_rejected": "a release matched no row: the claim was lost first",
     "release_failed": "a release never reached the database; the lease runs out",
+    "outcome_unsent": "at exit, an ack or fail never reached the database; the lease runs out",
     "paused": "claiming paused: a handler could not connect; its job was released (error)",
     # Heartbeat and database
     "renewed": "one round of renewals (held, claims, statements, lost)",

@@ -735,7 +735,7 @@ class Worker:
                 self.waker.wait(min(self.poll, max(deadline - time.monotonic(), 0.0)))
         self._settle()
         unfinished = self._tell_to_stop()
-        self._settle()
+        self._settle_before_exit()
         self._call_until_done(
             "mark stopped",
             lambda: self.WorkerProcess.objects.using(self.database).stopped(self.worker_id),
@@ -767,8 +767,16 @@ class Worker:
     def _tell_to_stop(self) -> list[Claim]:
         """Tell the unfinished handlers their claims are going, as a lost claim does
         (LeaseLost, cancellation of async handlers), and wait a moment for them to return;
-        in process isolation their children are killed at once. Return those claims."""
-        claims = [c for c in self.book.all() if c.begin_release()]
+        in process isolation their children are killed at once. Return those claims.
+        A claim whose handler already came back keeps its outcome, to be written: a job
+        that succeeded must not be released to run again."""
+        while True:
+            try:
+                self._unsent.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        produced = {id(c) for c, _ in self._unsent}
+        claims = [c for c in self.book.all() if id(c) not in produced and c.begin_release()]
         if not claims:
             return []
         notice = 3 * KILL_GRACE_SECONDS if self.isolation == "process" else RELEASE_NOTICE_SECONDS
@@ -785,6 +793,25 @@ class Worker:
                 extra={"event": "handlers_running", "worker": self.worker_id, "jobs": running},
             )
         return claims
+
+    def _settle_before_exit(self, tries: int = 5) -> None:
+        """Write the outcomes the handlers came back with, retried through database trouble
+        as a release is; one never sent leaves its job claimed until the lease ends."""
+        for _ in range(tries):
+            self._settle()
+            if not self._unsent or self.stop_request.hurry:
+                break
+        for claim, _ in self._unsent:
+            self.book.forget(claim)
+            logger.error(
+                "Could not write the outcome of job=%s fence=%s worker=%s: the database is "
+                "unreachable; the job is claimable again when its lease ends",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                extra=claim_fields(claim.job, self.worker_id, "outcome_unsent"),
+            )
+        self._unsent = []
 
     def _release_all(self, claims: list[Claim]) -> None:
         for claim in claims:
