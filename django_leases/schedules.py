@@ -291,9 +291,10 @@ def first_tick(p: Periodic, now: datetime) -> datetime:
     return p.next_after(now)
 
 
-def declared_schedules(alias: str) -> list[ScheduleSpec]:
+def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
     """The schedules backend ``alias`` declares: each declared task's ``schedule`` option,
-    then ``OPTIONS["SCHEDULES"]``. Raise InvalidSchedule naming the schedule and field."""
+    then ``OPTIONS["SCHEDULES"]`` (or ``listed``, for the system check). Raise
+    InvalidSchedule naming the schedule and field."""
     from django.conf import settings
 
     from . import registry
@@ -312,7 +313,8 @@ def declared_schedules(alias: str) -> list[ScheduleSpec]:
             continue
         for p in option if isinstance(option, list | tuple) else [option]:
             add(ScheduleSpec(p.name or task.module_path, task.module_path, p))
-    listed = (settings.TASKS[alias].get("OPTIONS") or {}).get("SCHEDULES") or {}
+    if listed is None:
+        listed = (settings.TASKS[alias].get("OPTIONS") or {}).get("SCHEDULES") or {}
     for name, spec in checked_settings(listed).items():
         if registry.lookup(alias, spec.task_path) is None:
             raise InvalidSchedule(
@@ -320,6 +322,9 @@ def declared_schedules(alias: str) -> list[ScheduleSpec]:
                 f"{spec.task_path!r} is not a task declared for backend {alias!r}",
             )
         add(spec)
+    if specs and not settings.USE_TZ:
+        # Ticks are UTC instants; naive datetime columns would store them shifted.
+        raise InvalidSchedule("USE_TZ", "periodic schedules need USE_TZ = True")
     return list(specs.values())
 
 

@@ -297,3 +297,17 @@ def test_the_ticker_survives_a_schedule_setting_that_cannot_work(caplog):
     [trouble] = [r for r in caplog.records if getattr(r, "event", "") == "schedules_trouble"]
     assert "SCHEDULES['x'].task" in trouble.getMessage()
     assert not Schedule.objects.exists()
+
+
+def test_the_system_check_names_a_missing_task_and_use_tz_off():
+    """Invariant 6: E020 reports, before any worker starts, a schedule naming a task no
+    code declares and schedules with USE_TZ = False (ticks are UTC instants)."""
+    from django_leases.checks import check_backend
+
+    typo = {"SCHEDULES": {"x": {"task": "tests.testapp.tasks.typo", "every": 60}}}
+    [error] = [m for m in check_backend("default", typo) if m.id == "django_leases.E020"]
+    assert "SCHEDULES['x'].task" in error.msg and "typo" in error.msg
+    good = {"SCHEDULES": {"x": {"task": TASK, "every": 60}}}
+    with override_settings(USE_TZ=False):
+        [error] = [m for m in check_backend("default", good) if m.id == "django_leases.E020"]
+    assert "USE_TZ" in error.msg
