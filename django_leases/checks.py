@@ -43,15 +43,20 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
 
 
 def _schedule_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
-    """OPTIONS["SCHEDULES"] must read as schedules (whether each names a declared task is
-    for the worker's sync to say, after discovery)."""
+    """OPTIONS["SCHEDULES"] must read as schedules, each naming a task declared for the
+    backend (after discovery), with no name declared twice, and USE_TZ on."""
+    from . import registry
     from .exceptions import InvalidSchedule
-    from .schedules import checked_settings
+    from .schedules import declared_schedules
 
     if not isinstance(options, dict) or not options.get("SCHEDULES"):
         return []
     try:
-        checked_settings(options["SCHEDULES"])
+        registry.discover()
+    except Exception:  # a broken tasks module: E016 and the worker's start say so
+        return []
+    try:
+        declared_schedules(alias, options["SCHEDULES"])
     except InvalidSchedule as e:
         return [
             checks.Error(

@@ -16,6 +16,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from . import registry
+from .exceptions import DuplicateJob
 from .models import Schedule
 from .schedules import Periodic
 
@@ -208,7 +209,7 @@ class ScheduleAdmin(_ScheduleAdminBase):
         for schedule in self._selection(queryset):
             try:
                 job = Schedule.objects.run_now(schedule, _fields_for(schedule))
-            except (LookupError, ValueError) as e:
+            except (LookupError, ValueError, DuplicateJob) as e:
                 refused.append(f"{schedule.name}: {e}")
                 continue
             made.append(job)

@@ -183,9 +183,19 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
             if fields is None:
                 continue
             try:
+                # decide() is its own transaction (a savepoint inside a caller's): a
+                # schedule that fails rolls back alone and the pass goes on to the others.
                 outcome = self.using(db).decide(row, fields)
             except InvalidSchedule as e:
                 logger.warning("Schedule %s left alone: its stored schedule reads %s", row.name, e)
+                continue
+            except Exception as e:  # one schedule's failure is its own
+                logger.warning(
+                    "Schedule %s not decided: %s",
+                    row.name,
+                    str(e).splitlines()[0] if str(e) else type(e).__name__,
+                    extra={"event": "schedule_failed"},
+                )
                 continue
             if outcome is not None and (outcome.jobs or outcome.skipped or outcome.misfired):
                 outcomes.append(outcome)
@@ -300,8 +310,12 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
 
     def run_now(self, schedule: Schedule, fields: JobFields) -> Any:
         """Enqueue one job of ``schedule`` now, with its arguments; not a tick (the
-        schedule's last tick and next tick stay as they are)."""
+        schedule's last tick and next tick stay as they are). A held ``unique_key``
+        raises DuplicateJob whatever the task's on_duplicate: merging would link a job
+        some other call made to this schedule."""
         db = self._db_name()
+        if fields.unique_key is not None:
+            fields = replace(fields, on_duplicate="refuse")
         Job = apps.get_model("django_leases", "Job")
         Run = apps.get_model("django_leases", "ScheduleRun")
         periodic = Periodic.from_json(schedule.spec, name=schedule.name)

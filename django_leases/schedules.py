@@ -221,8 +221,10 @@ def plan(p: Periodic, next_tick: datetime, now: datetime) -> Plan:
     """Which of the ticks from ``next_tick`` up to ``now`` (the database's now) get a job.
 
     Ticks decided within ``grace`` of their time are on time and each runs; older ones are
-    missed, and the misfire policy says which of them run. Long outages are not walked
-    tick by tick: at most MAX_TICKS_SCANNED are counted."""
+    missed, and the misfire policy says which of them run (the newest ones). Long outages
+    are not walked tick by tick: an interval schedule's ticks are counted exactly; a cron
+    schedule walks at most MAX_TICKS_SCANNED ticks from each end of the outage and
+    estimates the ones between from their spacing."""
     due: list[datetime] = []
     skipped_uncounted = 0
     if p.every is not None:
@@ -240,11 +242,16 @@ def plan(p: Periodic, next_tick: datetime, now: datetime) -> Plan:
             due.append(tick)
             tick = p.next_after(tick)
         if tick <= now:
-            # More than the scan: count the rest as missed, keep the latest.
-            latest = p.latest_until(now)
-            if latest > due[-1]:
-                skipped_uncounted = 1
-                due.append(latest)
+            # More than the scan: the newest ticks are walked back from now (they are the
+            # ones "each" runs), and the ticks between the two walks are counted from
+            # the walked ticks' spacing (an estimate, exact for evenly spaced crons).
+            newest = _ticks_back(p, now, after=due[-1])
+            if newest:
+                walked = (due[-1] - due[0]) + (newest[-1] - newest[0])
+                spacing = walked / (len(due) - 1 + len(newest) - 1)
+                gap = newest[0] - due[-1]
+                skipped_uncounted = max(round(gap / spacing) - 1, 0) if spacing else 0
+                due.extend(newest)
     grace = timedelta(seconds=p.grace_seconds)
     on_time = [t for t in due if now - t <= grace]
     missed = due[: len(due) - len(on_time)]
@@ -264,14 +271,30 @@ def plan(p: Periodic, next_tick: datetime, now: datetime) -> Plan:
     )
 
 
+def _ticks_back(p: Periodic, now: datetime, after: datetime) -> list[datetime]:
+    """The newest cron ticks at or before ``now`` and after ``after``, at most
+    MAX_TICKS_SCANNED of them, oldest first."""
+    assert p.cron is not None
+    zone = ZoneInfo(p.timezone)
+    start = now.astimezone(zone) + timedelta(seconds=1)
+    back: list[datetime] = []
+    for local in CronSim(p.cron, start, reverse=True):
+        tick = local.astimezone(UTC)
+        if tick <= after or len(back) >= MAX_TICKS_SCANNED:
+            break
+        back.append(tick)
+    return back[::-1]
+
+
 def first_tick(p: Periodic, now: datetime) -> datetime:
     """Where a new (or resumed, or changed) schedule starts: its first tick after now."""
     return p.next_after(now)
 
 
-def declared_schedules(alias: str) -> list[ScheduleSpec]:
+def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
     """The schedules backend ``alias`` declares: each declared task's ``schedule`` option,
-    then ``OPTIONS["SCHEDULES"]``. Raise InvalidSchedule naming the schedule and field."""
+    then ``OPTIONS["SCHEDULES"]`` (or ``listed``, for the system check). Raise
+    InvalidSchedule naming the schedule and field."""
     from django.conf import settings
 
     from . import registry
@@ -290,7 +313,8 @@ def declared_schedules(alias: str) -> list[ScheduleSpec]:
             continue
         for p in option if isinstance(option, list | tuple) else [option]:
             add(ScheduleSpec(p.name or task.module_path, task.module_path, p))
-    listed = (settings.TASKS[alias].get("OPTIONS") or {}).get("SCHEDULES") or {}
+    if listed is None:
+        listed = (settings.TASKS[alias].get("OPTIONS") or {}).get("SCHEDULES") or {}
     for name, spec in checked_settings(listed).items():
         if registry.lookup(alias, spec.task_path) is None:
             raise InvalidSchedule(
@@ -298,6 +322,9 @@ def declared_schedules(alias: str) -> list[ScheduleSpec]:
                 f"{spec.task_path!r} is not a task declared for backend {alias!r}",
             )
         add(spec)
+    if specs and not settings.USE_TZ:
+        # Ticks are UTC instants; naive datetime columns would store them shifted.
+        raise InvalidSchedule("USE_TZ", "periodic schedules need USE_TZ = True")
     return list(specs.values())
 
 

@@ -105,3 +105,18 @@ def test_a_schedule_of_a_task_no_longer_declared_is_not_run(admin_client, schedu
     page = unescape(act(admin_client, "run_now", schedule).content.decode())
     assert "Not run: nightly" in page
     assert Job.objects.count() == 0
+
+
+def test_run_now_on_a_held_unique_key_says_so(admin_client, schedule, monkeypatch):
+    """Invariant 3: a task whose unique_key is held (on_duplicate="merge") is not run now:
+    the page says why (no server error) and no run links the other call's job."""
+    from django_leases import schedule_admin
+
+    keyed = EnqueueOptions.of({"unique_key": "report", "on_duplicate": "merge"})
+    monkeypatch.setattr(schedule_admin, "_fields_for", lambda s: keyed.check(s.task_path))
+    held = Job.objects.enqueue(TASK, [0, 0], unique_key="report")
+    response = act(admin_client, "run_now", schedule)
+    assert response.status_code == 200
+    assert "Not run: nightly" in unescape(response.content.decode())
+    assert list(Job.objects.values_list("pk", flat=True)) == [held.pk]
+    assert not ScheduleRun.objects.exists()

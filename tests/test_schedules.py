@@ -101,7 +101,22 @@ def test_a_year_down_is_not_walked_tick_by_tick():
     assert result.misfired == result.due - 2
     cron = Periodic(cron="* * * * *", misfire="skip")
     result = plan(cron, utc(2025, 1, 1), now)
-    assert result.latest == now and result.run == [now]
+    # As for intervals, the default grace (60 s) keeps the last two minutes on time.
+    assert result.latest == now and result.run == [now - timedelta(minutes=1), now]
+    assert result.due == 365 * 1440 + 1 and result.misfired == result.due - 2
+
+
+def test_each_after_a_long_cron_outage_runs_the_newest_missed_ticks():
+    """Invariant 3: a minutely cron down 31 days with misfire="each" runs its newest
+    missed ticks (not the outage's first week) and counts the rest as misfired."""
+    p = Periodic(cron="* * * * *", misfire="each", misfire_limit=3, grace=10)
+    now = utc(2026, 2, 1, 0, 0, 30)
+    result = plan(p, utc(2026, 1, 1), now)
+    minutes = 31 * 24 * 60 + 1  # Jan 1 00:00 .. Feb 1 00:00 inclusive
+    newest = [utc(2026, 1, 31, 23, 58), utc(2026, 1, 31, 23, 59), utc(2026, 2, 1)]
+    assert result.run == newest and result.latest == newest[-1]
+    assert result.due == minutes
+    assert result.misfired == minutes - 3
 
 
 # -- declarations: clear errors naming the field ---------------------------------------

@@ -242,3 +242,72 @@ def test_a_held_unique_key_skips_the_tick():
     assert outcome is not None and (outcome.jobs, outcome.skipped) == ([], 1)
     assert Job.objects.get().pk == held.pk
     assert not ScheduleRun.objects.filter(job=held).exists()
+
+
+def test_one_failing_schedule_does_not_stall_the_others():
+    """Invariant 6: a decision that fails on the database (here a priority no integer
+    column holds) rolls back alone; the pass goes on and the other schedule ticks."""
+    from dataclasses import replace
+
+    Schedule.objects.sync("default", [spec("s"), spec("t")])
+    Schedule.objects.enqueue_due("default", fields_for)
+    back("s", 1)
+    back("t", 1)
+
+    def bad_for_s(row):
+        fields = fields_for(row)
+        return replace(fields, priority=2**70) if row.name == "s" else fields
+
+    assert [row.name for row in due()] == ["s", "t"]
+    [outcome] = Schedule.objects.enqueue_due("default", bad_for_s)
+    assert outcome.name == "t" and len(outcome.jobs) == 1
+    assert Schedule.objects.get(name="s").ticks == 0
+    assert not ScheduleRun.objects.filter(schedule__name="s").exists()
+
+
+def test_run_now_refuses_a_held_unique_key_and_never_links_another_job():
+    """Invariant 3: run now on a task whose unique_key is held raises DuplicateJob, even
+    with on_duplicate="merge", and writes nothing: no run links a job some other call
+    made."""
+    from django_leases.exceptions import DuplicateJob
+
+    row = started("s")
+    held = Job.objects.enqueue(TASK, [0, 0], unique_key="report")
+    for policy in ("merge", "refuse"):
+        keyed = EnqueueOptions.of({"unique_key": "report", "on_duplicate": policy}).check(TASK)
+        with pytest.raises(DuplicateJob):
+            Schedule.objects.run_now(row, keyed)
+    assert list(Job.objects.values_list("pk", flat=True)) == [held.pk]
+    assert not ScheduleRun.objects.exists()
+
+
+def test_the_ticker_survives_a_schedule_setting_that_cannot_work(caplog):
+    """Invariant 6: SCHEDULES naming a task no code declares makes the ticker log
+    schedules_trouble, naming the schedule; nothing escapes into the worker's loop."""
+    from django.conf import settings
+
+    from django_leases.worker.ticker import Ticker
+
+    tasks = {**settings.TASKS}
+    typo = {"x": {"task": "tests.testapp.tasks.typo", "every": 60}}
+    tasks["default"] = {**tasks["default"], "OPTIONS": {"SCHEDULES": typo}}
+    ticker = Ticker("default", "default", "w1", every=0)
+    with override_settings(TASKS=tasks), caplog.at_level("WARNING"):
+        ticker.maybe_tick()
+    [trouble] = [r for r in caplog.records if getattr(r, "event", "") == "schedules_trouble"]
+    assert "SCHEDULES['x'].task" in trouble.getMessage()
+    assert not Schedule.objects.exists()
+
+
+def test_the_system_check_names_a_missing_task_and_use_tz_off():
+    """Invariant 6: E020 reports, before any worker starts, a schedule naming a task no
+    code declares and schedules with USE_TZ = False (ticks are UTC instants)."""
+    from django_leases.checks import check_backend
+
+    typo = {"SCHEDULES": {"x": {"task": "tests.testapp.tasks.typo", "every": 60}}}
+    [error] = [m for m in check_backend("default", typo) if m.id == "django_leases.E020"]
+    assert "SCHEDULES['x'].task" in error.msg and "typo" in error.msg
+    good = {"SCHEDULES": {"x": {"task": TASK, "every": 60}}}
+    with override_settings(USE_TZ=False):
+        [error] = [m for m in check_backend("default", good) if m.id == "django_leases.E020"]
+    assert "USE_TZ" in error.msg

@@ -19,6 +19,10 @@ from .dberrors import DB_ERRORS
 
 logger = logging.getLogger("django_leases.worker")
 
+# After trouble that is not the database's (a declaration that cannot work), the next look
+# waits this many ``every`` intervals: the warning is not repeated every poll.
+TROUBLE_BACKOFF = 10
+
 
 class Ticker:
     """Sync the backend's schedules once, then enqueue due ticks every ``every`` seconds."""
@@ -63,7 +67,12 @@ class Ticker:
             outcomes = self.Schedule.objects.using(self.database).enqueue_due(
                 self.alias, self._fields_for
             )
-        except DB_ERRORS as e:
+        except Exception as e:  # config and task code are untrusted input
+            # Database trouble, or a declaration that cannot work (InvalidSchedule, a
+            # missing task, USE_TZ...): logged, looked at again after a longer pause; the
+            # worker keeps running its jobs.
+            if not isinstance(e, DB_ERRORS):
+                self._last = now + self.every * (TROUBLE_BACKOFF - 1)
             logger.warning(
                 "Schedules not ticked worker=%s: %s",
                 self.worker_id,
@@ -89,12 +98,12 @@ class Ticker:
         from django.tasks import task_backends
         from django.tasks.exceptions import InvalidTask
 
-        task = registry.lookup(self.alias, schedule.task_path)
         try:
+            task = registry.lookup(self.alias, schedule.task_path)
             if task is None:
                 raise InvalidTask(f"no task {schedule.task_path!r} is declared here")
             return task_backends[self.alias].job_fields(task)  # type: ignore[attr-defined]
-        except InvalidTask as e:
+        except Exception as e:  # InvalidTask, InvalidLeaseOption, ...
             if schedule.name not in self._unrunnable:
                 self._unrunnable.add(schedule.name)
                 logger.warning(
