@@ -9,7 +9,6 @@ inserts nothing. No leader, no extra process: any worker may decide, one of them
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 
     from .models import Schedule
 
-logger = logging.getLogger("django_leases.schedules")
 
 # How long a decision's transaction may sit idle (its worker stopped, SIGSTOP) before the
 # server ends it and frees the row for the other workers: PostgreSQL and MariaDB.
@@ -166,7 +164,11 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
     # -- the tick ----------------------------------------------------------------------
 
     def enqueue_due(
-        self, alias: str, fields_for: Callable[[Schedule], JobFields | None]
+        self,
+        alias: str,
+        fields_for: Callable[[Schedule], JobFields | None],
+        left_alone: Callable[[Schedule, InvalidSchedule], None] | None = None,
+        failed: Callable[[Schedule, Exception], None] | None = None,
     ) -> list[TickOutcome]:
         """Decide every due schedule of backend ``alias``: for each, one conditional
         UPDATE of its row decides whether this process makes its ticks' jobs. Return the
@@ -175,7 +177,8 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
         ``fields_for(schedule)`` answers what its task's jobs get, or None when this
         process cannot enqueue that task (code of another version): the schedule is left
         to the workers that can. A row whose stored schedule this version cannot read is
-        left too, and logged."""
+        left too, and told to ``left_alone(schedule, error)``; a decision that raises is
+        rolled back alone and told to ``failed(schedule, error)`` (the worker logs both)."""
         db = self._db_name()
         outcomes = []
         for row in list(self.using(db).due(alias)):
@@ -187,15 +190,12 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
                 # schedule that fails rolls back alone and the pass goes on to the others.
                 outcome = self.using(db).decide(row, fields)
             except InvalidSchedule as e:
-                logger.warning("Schedule %s left alone: its stored schedule reads %s", row.name, e)
+                if left_alone is not None:
+                    left_alone(row, e)
                 continue
             except Exception as e:  # one schedule's failure is its own
-                logger.warning(
-                    "Schedule %s not decided: %s",
-                    row.name,
-                    str(e).splitlines()[0] if str(e) else type(e).__name__,
-                    extra={"event": "schedule_failed"},
-                )
+                if failed is not None:
+                    failed(row, e)
                 continue
             if outcome is not None and (outcome.jobs or outcome.skipped or outcome.misfired):
                 outcomes.append(outcome)

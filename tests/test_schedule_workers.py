@@ -4,14 +4,14 @@ decision), whatever its clock says (libfaketime), and when every worker was down
 
 The schedule is a 1 s interval (the settings form, LEASES_WORKER_SCHEDULES) with
 misfire="each": a tick is never dropped, so the ticks recorded must be one unbroken run
-of seconds, each with its own job.
+of seconds, each with its own job. The tests read the workers' events and their fields
+(schedule_ticked, schedules_synced, schedules_trouble), never the wording of a line.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import time
 from datetime import timedelta
@@ -43,7 +43,7 @@ def start(workers, prefix, count, *, env=None, overrides=None, ready=True):
     ]
     if ready:
         for worker in started:
-            worker.wait_log("Worker started", timeout=60)
+            worker.wait_event("started", timeout=60)
     return started
 
 
@@ -55,21 +55,20 @@ def wait_runs(count, timeout=60.0):
     return wait_for(lambda: len(runs()) >= count and runs(), timeout, f"{count} ticks")
 
 
-TICKED = re.compile(r"Schedule ticked schedule=race jobs=([\d,]+) skipped=\d+ misfired=(\d+)")
-
-
-def ticked_lines(*logs):
-    """Job ids each "Schedule ticked" line reports, one list per line."""
-    return [jobs for jobs, _ in decisions(*logs)]
-
-
-def decisions(*logs):
-    """(job ids, ticks misfired) of each "Schedule ticked" line."""
+def decisions(*started):
+    """(job ids, ticks misfired) of each schedule_ticked record of the schedule, from the
+    workers ``started``; each record's worker is the one whose log holds it."""
     found = []
-    for log in logs:
-        for match in TICKED.finditer(log):
-            found.append(([int(pk) for pk in match.group(1).split(",")], int(match.group(2))))
+    for worker in started:
+        for record in worker.events("schedule_ticked", schedule="race"):
+            assert record["worker"] == worker.worker_id, record
+            found.append(([int(pk) for pk in record["jobs"]], int(record["misfired"])))
     return found
+
+
+def ticked_jobs(*started):
+    """Job ids each schedule_ticked record reports, one list per record."""
+    return [jobs for jobs, _ in decisions(*started)]
 
 
 def assert_each_tick_once(all_workers):
@@ -87,7 +86,7 @@ def assert_each_tick_once(all_workers):
     row = Schedule.objects.annotate(db_now=Now()).get(name="race")
     assert ticks[-1] <= row.db_now
     assert row.ticks == len(ticks) and row.misfires == 0
-    reported = [pk for line in ticked_lines(*(w.log() for w in all_workers)) for pk in line]
+    reported = [pk for made in ticked_jobs(*all_workers) for pk in made]
     assert sorted(reported) == sorted(jobs)
 
 
@@ -111,11 +110,11 @@ def test_eight_workers_two_with_clocks_an_hour_off_enqueue_each_tick_once(worker
     started += start(workers, "ahead", 1, env=skewed_env("+1h"), ready=False)
     started += start(workers, "behind", 1, env=skewed_env("-1h"), ready=False)
     for worker in started:
-        worker.wait_log("Worker started", timeout=180)  # eight at once on a small machine
+        worker.wait_event("started", timeout=180)  # eight at once on a small machine
     wait_runs(6)
     stop_all(started)
     assert_each_tick_once(started)
-    deciders = {w.worker_id for w in started if ticked_lines(w.log())}
+    deciders = {w.worker_id for w in started if ticked_jobs(w)}
     assert deciders, "no worker reported a tick"
 
 
@@ -124,7 +123,8 @@ def test_a_worker_killed_inside_the_decision_loses_the_tick_to_the_others(worker
     rolls the decision back; the others enqueue that same tick, once."""
     [doomed] = start(workers, "doomed", 1, env={"LEASES_TICK_FAULT": "kill"})
     assert doomed.wait_exit(60) == -signal.SIGKILL
-    assert "sending myself SIGKILL" in doomed.log()
+    assert doomed.events("tick_fault", signal="SIGKILL")
+    assert not doomed.events("schedule_ticked")  # killed before its decision committed
     row = Schedule.objects.get(name="race")
     planned = row.next_tick_at
     assert (row.last_tick_at, row.ticks, ScheduleRun.objects.count()) == (None, 0, 0)
@@ -144,13 +144,15 @@ def test_a_worker_stopped_inside_the_decision_cannot_enqueue_the_tick_twice(work
     transaction (IDLE_DECISION_SECONDS), the others enqueue the tick, and the stopped
     worker, continued, inserts nothing: its transaction is gone."""
     [frozen] = start(workers, "frozen", 1, env={"LEASES_TICK_FAULT": "stop"})
-    frozen.wait_log("sending myself SIGSTOP", timeout=60)
+    frozen.wait_event("tick_fault", timeout=60, signal="SIGSTOP")
     planned = Schedule.objects.get(name="race").next_tick_at
     others = start(workers, "other", 2)
     recorded = wait_runs(3)
     assert recorded[0].tick_at == planned
     frozen.signal(signal.SIGCONT)
-    frozen.wait_log("Schedules not ticked", timeout=30)
+    # Continued, its decision's transaction is gone: the commit fails, nothing is made.
+    trouble = frozen.wait_event("schedules_trouble", timeout=30, worker=frozen.worker_id)
+    assert trouble["error"] and trouble["level"] == "WARNING"
     count = len(runs())
     wait_runs(count + 2)
     stop_all([frozen, *others])
@@ -174,9 +176,7 @@ def test_ticks_missed_while_every_worker_was_down(workers, policy, jobs_at_resta
     stop_all(again)
     after = [r for r in runs() if r.tick_at > before[-1].tick_at]
     jobs, misfired = next(
-        (jobs, misfired)
-        for jobs, misfired in decisions(*(w.log() for w in again))
-        if after[0].job_id in jobs
+        (jobs, misfired) for jobs, misfired in decisions(*again) if after[0].job_id in jobs
     )
     assert len(jobs) == jobs_at_restart and misfired >= 2
     assert [r.job_id for r in after[:jobs_at_restart]] == jobs
@@ -204,11 +204,15 @@ def test_the_fleet_reports_added_and_removed_schedules(workers):
     """Invariant 3: a worker syncs at start and says what changed; a schedule no longer
     declared is removed and stops ticking."""
     [one] = start(workers, "sync", 1)
-    assert "added=race" in one.wait_log("Schedules synced")
+    synced = one.wait_event("schedules_synced", worker="sync-0")
+    assert (synced["added"], synced["changed"], synced["removed"]) == (["race"], [], [])
+    assert synced["unchanged"] == 0
     stop_all([one])
     bare = workers.start("bare", *FAST, env_extra={"LEASES_WORKER_SCHEDULES": "{}"})
-    bare.wait_log("Schedules synced")
-    assert "removed=race" in bare.log()
+    synced = bare.wait_event("schedules_synced", worker="bare")
+    assert (synced["added"], synced["changed"], synced["removed"]) == ([], [], ["race"])
+    assert synced["unchanged"] == 0
+    assert len(bare.events("schedules_synced")) == 1  # once, at start
     stop_all([bare])
     assert Schedule.objects.get(name="race").removed_at is not None
     assert connection.vendor  # the row's history stays: the query above found it

@@ -219,16 +219,23 @@ def test_the_system_check_names_a_bad_schedule_setting():
 def test_a_schedule_this_code_cannot_enqueue_is_left_to_other_workers():
     """Invariant 6: a worker of another version (fields_for answers None) decides nothing
     for that schedule and writes nothing; a stored schedule that no longer reads is
-    skipped, not fatal, and the other schedules still tick."""
-    started("s")
-    started("t")
+    skipped, not fatal, told to the caller (the worker logs it), and the other schedules
+    still tick."""
+    Schedule.objects.sync("default", [spec("s"), spec("t")])
+    Schedule.objects.enqueue_due("default", fields_for)  # both planned
     back("s", 1)
     back("t", 1)
     assert Schedule.objects.enqueue_due("default", lambda row: None) == []
-    assert Schedule.objects.get(name="s").ticks == 0
+    assert [r.ticks for r in Schedule.objects.order_by("name")] == [0, 0]
+    assert len(due()) == 2
     Schedule.objects.filter(name="s").update(spec={"every": 60, "timezone": "Nowhere/Gone"})
-    [outcome] = Schedule.objects.enqueue_due("default", fields_for)
+    told = []
+    [outcome] = Schedule.objects.enqueue_due(
+        "default", fields_for, lambda row, error: told.append((row.name, str(error)))
+    )
     assert outcome.name == "t" and len(outcome.jobs) == 1
+    [(name, error)] = told
+    assert name == "s" and "Nowhere/Gone" in error
 
 
 def test_a_held_unique_key_skips_the_tick():
@@ -259,8 +266,12 @@ def test_one_failing_schedule_does_not_stall_the_others():
         return replace(fields, priority=2**70) if row.name == "s" else fields
 
     assert [row.name for row in due()] == ["s", "t"]
-    [outcome] = Schedule.objects.enqueue_due("default", bad_for_s)
+    told = []
+    [outcome] = Schedule.objects.enqueue_due(
+        "default", bad_for_s, failed=lambda row, e: told.append(row.name)
+    )
     assert outcome.name == "t" and len(outcome.jobs) == 1
+    assert told == ["s"]
     assert Schedule.objects.get(name="s").ticks == 0
     assert not ScheduleRun.objects.filter(schedule__name="s").exists()
 

@@ -2,13 +2,16 @@
 
 LEASES_TICK_FAULT=kill|stop: right after the decision's conditional UPDATE touched the
 schedule's row (the process now owns the tick, its job not yet inserted, nothing
-committed), the process sends itself SIGKILL or SIGSTOP, once. The tests then see what
-the other workers do with that tick. Installed through Django's execute_wrappers, as
+committed), the process sends itself SIGKILL or SIGSTOP, once, after writing a JSON
+line of its own (logger "tests.tick_faults", event "tick_fault", the signal's name) that
+tests wait on as on a worker's event. The tests then see what the other workers do with
+that tick. Installed through Django's execute_wrappers, as
 tests/worker_faults.py is; nothing of django_leases is replaced.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -28,7 +31,8 @@ def install(kind: str) -> None:
         result = execute(sql, params, many, context)
         if left[0] and _DECISION.search(sql) and context["cursor"].rowcount == 1:
             left[0] = 0
-            sys.stdout.write(f"tick fault: sending myself {sig.name} inside the decision\n")
+            marker = {"logger": "tests.tick_faults", "event": "tick_fault", "signal": sig.name}
+            sys.stdout.write(json.dumps(marker) + "\n")
             sys.stdout.flush()
             sys.stderr.flush()
             os.kill(os.getpid(), sig)

@@ -71,6 +71,13 @@ EVENTS: dict[str, str] = {
     "db_refused": "the database refused a write that cannot succeed later (error)",
     "cleanup_failed": "the handler's connections could not be closed after its job (error)",
     "tidy_failed": "a connection could not be tidied after a job (error)",
+    # Periodic schedules
+    "schedules_synced": "synced with the code at start (added, changed, removed, unchanged)",
+    "schedules_trouble": "the database failed while ticking; the next look retries (error)",
+    "schedule_ticked": "this worker decided a schedule's ticks (schedule, jobs, skipped, misfired)",
+    "schedule_unrunnable": "this code cannot enqueue its task: left to others (schedule, error)",
+    "schedule_unreadable": "this version cannot read its stored spec: left alone (schedule, error)",
+    "schedule_failed": "its decision raised, rolled back alone; the others went on (schedule, error)",
     # Django's task signals
     "signal_read_failed": "the job could not be read for task_started/task_finished",
     "receiver_raised": "a receiver of task_started/task_finished raised",
@@ -101,6 +108,13 @@ FIELDS = (
     "claims",
     "statements",
     "lost",
+    "schedule",
+    "skipped",
+    "misfired",
+    "added",
+    "changed",
+    "removed",
+    "unchanged",
 )
 
 

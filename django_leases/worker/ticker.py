@@ -36,6 +36,7 @@ class Ticker:
         self._last = float("-inf")
         self._synced = False
         self._unrunnable: set[str] = set()
+        self._unreadable: set[str] = set()
 
     def sync(self) -> None:
         """Make the schedule rows say what this code declares, and log what changed. A
@@ -51,7 +52,14 @@ class Ticker:
                 ",".join(report.changed) or "-",
                 ",".join(report.removed) or "-",
                 len(report.unchanged),
-                extra={"event": "schedules_synced", "worker": self.worker_id},
+                extra={
+                    "event": "schedules_synced",
+                    "worker": self.worker_id,
+                    "added": report.added,
+                    "changed": report.changed,
+                    "removed": report.removed,
+                    "unchanged": len(report.unchanged),
+                },
             )
 
     def maybe_tick(self) -> None:
@@ -65,7 +73,7 @@ class Ticker:
             if not self._synced:
                 self.sync()
             outcomes = self.Schedule.objects.using(self.database).enqueue_due(
-                self.alias, self._fields_for
+                self.alias, self._fields_for, self._left_alone, self._failed
             )
         except Exception as e:  # config and task code are untrusted input
             # Database trouble, or a declaration that cannot work (InvalidSchedule, a
@@ -77,7 +85,11 @@ class Ticker:
                 "Schedules not ticked worker=%s: %s",
                 self.worker_id,
                 first_line(e),
-                extra={"event": "schedules_trouble", "worker": self.worker_id},
+                extra={
+                    "event": "schedules_trouble",
+                    "worker": self.worker_id,
+                    "error": first_line(e),
+                },
             )
             return
         for outcome in outcomes:
@@ -88,7 +100,14 @@ class Ticker:
                 outcome.skipped,
                 outcome.misfired,
                 self.worker_id,
-                extra={"event": "schedule_ticked", "worker": self.worker_id},
+                extra={
+                    "event": "schedule_ticked",
+                    "worker": self.worker_id,
+                    "schedule": outcome.name,
+                    "jobs": [j.pk for j in outcome.jobs],
+                    "skipped": outcome.skipped,
+                    "misfired": outcome.misfired,
+                },
             )
 
     def _fields_for(self, schedule: Any) -> Any:
@@ -111,6 +130,45 @@ class Ticker:
                     schedule.name,
                     self.worker_id,
                     e,
-                    extra={"event": "schedule_unrunnable", "worker": self.worker_id},
+                    extra={
+                        "event": "schedule_unrunnable",
+                        "worker": self.worker_id,
+                        "schedule": schedule.name,
+                        "error": str(e),
+                    },
                 )
             return None
+
+    def _failed(self, schedule: Any, error: Exception) -> None:
+        """One schedule's decision raised (a value its database refuses, a lock wait): it
+        was rolled back alone, the other schedules were still decided; said every time."""
+        logger.warning(
+            "Schedule not decided schedule=%s worker=%s: %s",
+            schedule.name,
+            self.worker_id,
+            first_line(error),
+            extra={
+                "event": "schedule_failed",
+                "worker": self.worker_id,
+                "schedule": schedule.name,
+                "error": first_line(error),
+            },
+        )
+
+    def _left_alone(self, schedule: Any, error: Exception) -> None:
+        """Said once per schedule: its stored spec does not read in this version (a row a
+        newer version wrote, a time zone this machine lacks); the others still tick."""
+        if schedule.name not in self._unreadable:
+            self._unreadable.add(schedule.name)
+            logger.warning(
+                "Schedule left alone schedule=%s worker=%s: its stored schedule reads %s",
+                schedule.name,
+                self.worker_id,
+                error,
+                extra={
+                    "event": "schedule_unreadable",
+                    "worker": self.worker_id,
+                    "schedule": schedule.name,
+                    "error": str(error),
+                },
+            )
