@@ -150,8 +150,19 @@ def test_a_worker_stopped_inside_the_decision_cannot_enqueue_the_tick_twice(work
     recorded = wait_runs(3)
     assert recorded[0].tick_at == planned
     frozen.signal(signal.SIGCONT)
-    # Continued, its decision's transaction is gone: the commit fails, nothing is made.
-    trouble = frozen.wait_event("schedules_trouble", timeout=30, worker=frozen.worker_id)
+    # Continued, its decision's transaction is gone: the commit fails, nothing is made. The
+    # decision fails alone (schedule_failed); trouble of the whole pass says schedules_trouble.
+    trouble = wait_for(
+        lambda: next(
+            iter(
+                frozen.events("schedule_failed", worker=frozen.worker_id, schedule="race")
+                + frozen.events("schedules_trouble", worker=frozen.worker_id)
+            ),
+            None,
+        ),
+        30,
+        lambda: f"the frozen worker's failed decision:\n{frozen.log()[-3000:]}",
+    )
     assert trouble["error"] and trouble["level"] == "WARNING"
     count = len(runs())
     wait_runs(count + 2)
