@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import uuid
 from datetime import timedelta
 
@@ -299,6 +300,11 @@ def test_a_held_unique_key_leaves_the_callers_transaction_usable_without_a_savep
 
 
 @on_postgres
+@pytest.mark.skipif(
+    bool(os.environ.get("LEASES_POOLER_DIRECT_URL")),
+    reason="LISTEN needs a session of its own: through a transaction pooler it hears nothing "
+    "(tests/test_pooler.py listens on the direct connection)",
+)
 @pytest.mark.django_db(transaction=True)
 def test_both_postgresql_inserts_still_wake_listeners():
     """The statement trigger (migration 0007) sends one NOTIFY per queue and INSERT, whether
