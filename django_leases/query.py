@@ -16,10 +16,10 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from django.apps import apps
 from django.db import connections, models, router, transaction
@@ -167,10 +167,16 @@ def _pg_ids(model: Any, db: str, template: str, params: dict[str, Any]) -> set[A
 
 
 def _pg_claim(
-    model: Any, db: str, worker_id: str, queues: list[str] | None, limit: int, lease: float | None
+    model: Any,
+    db: str,
+    template: str,
+    worker_id: str,
+    queues: list[str] | None,
+    limit: int,
+    lease: float | None,
 ) -> list[Any]:
     """Claim in one statement; the jobs carry their state before the claim on ``was_*``."""
-    sql = _pg_sql(JobQuerySet._PG_CLAIM, model, db, all_queues=queues is None)
+    sql = _pg_sql(template, model, db, all_queues=queues is None)
     return list(
         model._default_manager.using(db).raw(
             sql, {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}
@@ -255,11 +261,31 @@ _JSON_FIELDS = ("args", "kwargs", "cursor", "retry")
 _WAS_FIELDS = ("was_state", "was_claimed_by", "was_fence", "was_lease")
 
 
+# What a claim answers: Job instances (claim()) or ClaimedJob rows (claim_rows()).
+_Claimed = TypeVar("_Claimed")
+
+
+def _as_jobs(jobs: list[Any], db: str) -> list[Any]:
+    return jobs
+
+
+def _as_rows(jobs: list[Any], db: str) -> list[ClaimedJob]:
+    # Nothing may fail once the claim has committed (the rows would stay claimed, an
+    # attempt spent, unrun until expiry): the times were read in the claim's transaction.
+    return [ClaimedJob.of(j, db, (j.started_at, j.last_attempted_at)) for j in jobs]
+
+
 def _pg_claim_rows(
-    model: Any, db: str, worker_id: str, queues: list[str] | None, limit: int, lease: float | None
+    model: Any,
+    db: str,
+    template: str,
+    worker_id: str,
+    queues: list[str] | None,
+    limit: int,
+    lease: float | None,
 ) -> list[ClaimedJob]:
     """_pg_claim's statement, read as plain rows."""
-    sql = _pg_sql(JobQuerySet._PG_CLAIM, model, db, all_queues=queues is None)
+    sql = _pg_sql(template, model, db, all_queues=queues is None)
     with connections[db].cursor() as cursor:
         cursor.execute(sql, {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease})
         columns = [c[0] for c in cursor.description]
@@ -458,6 +484,39 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     SELECT * FROM claimed ORDER BY priority DESC, available_at, id
     """
 
+    # The claim of a worker woken by NOTIFY (settle=False) on PostgreSQL: due pending jobs
+    # only. The full statement above takes about 1 ms to plan on every call (Django prepares
+    # nothing); this one a fraction of it, and a woken worker waits on it. Expired claims and
+    # jobs that must end wait for the next settling claim, which a worker runs at least once
+    # per poll interval.
+    _PG_CLAIM_DUE = """
+    WITH due AS MATERIALIZED (
+        SELECT id FROM {job}
+        WHERE state = '{pending}' AND available_at <= statement_timestamp(){queue_filter}
+          AND (deadline IS NULL OR deadline >= statement_timestamp())
+        ORDER BY priority DESC, available_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE {job} AS j SET
+            state = '{claimed}',
+            claim_token = gen_random_uuid(),
+            fence = j.fence + 1,
+            attempts = j.attempts + 1,
+            claimed_by = %(worker)s,
+            lease_expires_at = statement_timestamp()
+                + make_interval(secs => COALESCE(%(lease)s::float8, j.lease_seconds)),
+            heartbeat_at = statement_timestamp(),
+            last_attempted_at = statement_timestamp(),
+            started_at = COALESCE(j.started_at, statement_timestamp())
+        FROM due WHERE j.id = due.id
+        RETURNING j.*
+    )
+    SELECT *, '{pending}'::varchar AS was_state, NULL::varchar AS was_claimed_by,
+           NULL::bigint AS was_fence, NULL::float8 AS was_lease
+    FROM claimed ORDER BY priority DESC, available_at, id
+    """
+
     @retry_deadlock_victims
     def claim(
         self,
@@ -480,24 +539,15 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
 
         On PostgreSQL one statement claims; the candidates that end instead of running are
         settled by a second, portable pass when the first claimed fewer than ``limit``.
-        ``settle=False`` skips that pass (a worker woken by NOTIFY settles on its next poll).
+        ``settle=False`` skips that pass and, on PostgreSQL, takes due pending jobs only, with
+        a statement much cheaper to plan: expired claims are taken over by the next settling
+        claim (a worker woken by NOTIFY settles on its next poll).
 
         Each job carries the row as it was before the claim: ``was_state`` ("claimed" for a
         takeover of an expired claim), ``was_claimed_by``, ``was_fence`` and ``was_lease``
         (the seconds its last claim or renewal granted, from the row's own database times).
         """
-        if limit < 1:
-            return []
-        lease = _checked_lease(lease)
-        db = self._db or router.db_for_write(self.model)
-        queues = None if queues is None else list(queues)
-        claimed: list[Job] = []
-        if on_postgresql(db):
-            claimed = _pg_claim(self.model, db, worker_id, queues, limit, lease)
-            if len(claimed) == limit or not settle:
-                return claimed
-            limit -= len(claimed)
-        return claimed + self._claim_portable(db, worker_id, queues, limit, lease)
+        return self._claim_with(_pg_claim, _as_jobs, worker_id, queues, limit, lease, settle)
 
     @retry_deadlock_victims
     def claim_rows(
@@ -511,21 +561,33 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     ) -> list[ClaimedJob]:
         """claim(), answered as ClaimedJob rows rather than model instances (the worker's
         verb: on PostgreSQL no model instance is built per job)."""
+        return self._claim_with(_pg_claim_rows, _as_rows, worker_id, queues, limit, lease, settle)
+
+    def _claim_with(
+        self,
+        pg_claim: Callable[..., list[_Claimed]],
+        portable_as: Callable[[list[Job], str], list[_Claimed]],
+        worker_id: str,
+        queues: Iterable[str] | None,
+        limit: int,
+        lease: float | None,
+        settle: bool,
+    ) -> list[_Claimed]:
+        """claim() and claim_rows(): on PostgreSQL one statement (the due jobs alone when
+        not settling), then the portable settling pass for what is left of ``limit``."""
         if limit < 1:
             return []
         lease = _checked_lease(lease)
         db = self._db or router.db_for_write(self.model)
         queues = None if queues is None else list(queues)
-        claimed: list[ClaimedJob] = []
+        claimed: list[_Claimed] = []
         if on_postgresql(db):
-            claimed = _pg_claim_rows(self.model, db, worker_id, queues, limit, lease)
+            template = self._PG_CLAIM if settle else self._PG_CLAIM_DUE
+            claimed = pg_claim(self.model, db, template, worker_id, queues, limit, lease)
             if len(claimed) == limit or not settle:
                 return claimed
             limit -= len(claimed)
-        # Nothing may fail once the claim has committed (the rows would stay claimed, an
-        # attempt spent, unrun until expiry): the times were read in the claim's transaction.
-        jobs = self._claim_portable(db, worker_id, queues, limit, lease)
-        return claimed + [ClaimedJob.of(j, db, (j.started_at, j.last_attempted_at)) for j in jobs]
+        return claimed + portable_as(self._claim_portable(db, worker_id, queues, limit, lease), db)
 
     def _claim_portable(
         self, db: str, worker_id: str, queues: list[str] | None, limit: int, lease: float | None

@@ -226,6 +226,28 @@ def test_prune_dead_letters_pending_jobs_no_claim_will_reach_past_their_deadline
     assert Job.objects.get(pk=claimed.pk).state == JobState.CLAIMED
 
 
+def test_a_claim_without_settling_leaves_expired_claims_to_the_next_settling_claim():
+    """Invariants 2 and 4: on PostgreSQL a NOTIFY-woken claim (settle=False) takes due
+    pending jobs only, so an expired claim waits for the next settling claim, which takes
+    it over (fence + 1, the lost lease recorded); elsewhere every claim takes it over."""
+    from django.db import connection
+
+    job = enqueue()
+    [first] = Job.objects.claim("a")
+    assert Job.objects.filter(pk=job.pk).expire_now() == 1
+    due = enqueue()
+    woken = Job.objects.claim_rows("b", limit=2, settle=False)
+    if connection.vendor == "postgresql":
+        assert [(c.pk, c.was_state) for c in woken] == [(due.pk, "pending")]
+        [taken] = Job.objects.claim_rows("b", limit=2)
+    else:
+        [taken] = [c for c in woken if c.pk == job.pk]
+    assert (taken.pk, taken.was_state, taken.was_fence) == (job.pk, "claimed", first.fence)
+    job.refresh_from_db()
+    assert (job.state, job.claimed_by, job.fence) == (JobState.CLAIMED, "b", first.fence + 1)
+    assert job.failures.get().kind == FailureKind.LEASE_EXPIRED
+
+
 def test_a_claim_without_settling_leaves_endings_to_the_next_settling_claim():
     """Invariant 3: on PostgreSQL a NOTIFY-woken claim (settle=False) is one statement and
     skips the past-deadline job, which the next settling claim dead-letters; elsewhere every

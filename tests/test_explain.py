@@ -90,13 +90,15 @@ def test_the_claim_on_200000_rows_uses_indexes_and_no_full_scan_on_mysql():
     assert len(Job.objects.claim("w", None, limit=10)) == 10
 
 
-def pg_claim_statement(worker, queues, limit):
+def pg_claim_statement(worker, queues, limit, *, settle=True):
     """The claim statement as Job.objects.claim() sends it on PostgreSQL: query.py's own
-    _PG_CLAIM rendered by its own helper, with the parameters bound client-side (Django's
-    default on psycopg 3, so this is the text the server receives)."""
+    _PG_CLAIM (_PG_CLAIM_DUE when not settling) rendered by its own helper, with the
+    parameters bound client-side (Django's default on psycopg 3, so this is the text the
+    server receives)."""
     from django_leases.query import JobQuerySet, _pg_sql
 
-    sql = _pg_sql(JobQuerySet._PG_CLAIM, Job, connection.alias, all_queues=queues is None)
+    template = JobQuerySet._PG_CLAIM if settle else JobQuerySet._PG_CLAIM_DUE
+    sql = _pg_sql(template, Job, connection.alias, all_queues=queues is None)
     params = {"worker": worker, "queues": queues, "limit": limit, "lease": None}
     return connection.ops.compose_sql(sql, params)
 
@@ -174,6 +176,39 @@ def test_the_claim_on_200000_rows_uses_indexes_and_no_sequential_scan():
             assert f"Seq Scan on {Job._meta.db_table}" in unindexed, unindexed
         transaction.set_rollback(True)
     assert "leases_job_due_idx" in explain(statement)
+
+
+def assert_due_claim_plan_uses_indexes(plan):
+    assert f"Seq Scan on {Job._meta.db_table}" not in plan, plan
+    assert "Index Scan using leases_job_due_idx" in plan, plan
+
+
+def test_the_woken_claim_on_200000_rows_is_an_ordered_scan_of_the_due_index():
+    """A worker woken by NOTIFY claims with settle=False: on PostgreSQL the short
+    _PG_CLAIM_DUE (due pending jobs only), the statement claim() then sends, served by the
+    due index with no sequential scan. Invariant 3 at scale: it still finds the due jobs."""
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the plan is checked on PostgreSQL, the production target")
+    load_rows()
+    for queues in (["default", "emails"], None):
+        statement = pg_claim_statement("w", queues, 10, settle=False)
+        assert "leases_job_claimed_idx" not in explain(statement)
+        assert_due_claim_plan_uses_indexes(explain(statement))
+        with CaptureQueriesContext(connection) as sent:
+            claimed = Job.objects.claim_rows("w", queues, limit=10, settle=False)
+        assert len(claimed) == 10
+        assert {c.was_state for c in claimed} == {"pending"}
+        assert [q["sql"] for q in sent.captured_queries] == [statement], sent.captured_queries
+    # The check can fail: without the due index the pending jobs are sorted, not scanned
+    # in order (DROP INDEX is transactional: rolled back).
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("DROP INDEX leases_job_due_idx")
+            with pytest.raises(AssertionError):
+                assert_due_claim_plan_uses_indexes(explain(statement))
+        transaction.set_rollback(True)
 
 
 def load_jobs(pending, finished, claimed=0):

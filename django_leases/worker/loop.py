@@ -200,12 +200,18 @@ class Worker:
             got = 0
             if free > 0 and self._heartbeat_on_time() and time.monotonic() >= self._paused_until:
                 try:
-                    # Woken (NOTIFY, a handler done), the jobs claimed start before the
-                    # settling pass due once per poll interval runs, not after it.
-                    settle = time.monotonic() - self._settled_at >= self.poll
-                    got = self._claim(free, settle=settle and not woken)
-                    if settle and woken and got < free:
-                        got += self._claim(free - got, settle=True)
+                    # Woken (NOTIFY, a handler done), the due jobs claimed start before
+                    # the settling pass due once per poll interval runs: it waits for a
+                    # wake-up that claims nothing, so that it never holds up a handler that
+                    # just started. Only a settling claim takes over expired claims, so one
+                    # whose pass has waited a whole interval more (a busy worker, woken
+                    # each time a handler finishes) goes first.
+                    since = time.monotonic() - self._settled_at
+                    settle = since >= self.poll
+                    first = settle and (not woken or since >= 2 * self.poll)
+                    got = self._claim(free, settle=first)
+                    if settle and not first and not got:
+                        got = self._claim(free, settle=True)
                     self._backoff.reset()
                 except DB_ERRORS as e:
                     self._db_trouble("claim", e)
