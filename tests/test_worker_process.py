@@ -99,6 +99,29 @@ def test_kill_9_mid_job_is_completed_by_another_worker_within_the_lease(workers)
     assert b.wait_exit() == 0
 
 
+def test_a_busy_worker_still_takes_over_an_expired_claim_while_its_backlog_lasts(workers):
+    """Invariant 3: a worker kept busy by a backlog (woken each time a handler finishes, so
+    nearly every claim is a woken one) still takes over an expired claim long before the
+    backlog is gone. On PostgreSQL a woken claim takes due pending jobs only, so this holds
+    because a settling claim runs at least every two poll intervals; before that rule the
+    takeover waited for the backlog to drain."""
+    dead = add.enqueue(1, 1)
+    backlog = 160  # 160 x 50 ms: about 8 s of work for one slot
+    for _ in range(backlog):
+        hold.enqueue(0.05)
+    # A claim of a worker that then vanished: its lease runs out while the backlog runs.
+    [claimed] = Job.objects.claim("gone-worker", lease=LEASE)
+    assert claimed.pk == int(dead.id)
+    busy = workers.start("busy", "--concurrency", "1", *FAST)
+    busy.wait_event("takeover", timeout=20, job_id=claimed.pk)
+    pending = Job.objects.filter(task_path=hold.module_path, state=JobState.PENDING).count()
+    assert pending >= backlog // 4, f"the takeover came after {backlog - pending} backlog jobs"
+    wait_for(lambda: job_of(dead).state == JobState.SUCCEEDED, 20, "the taken-over job")
+    assert job_of(dead).fence == 2
+    busy.signal(signal.SIGTERM)
+    assert busy.wait_exit() == 0
+
+
 def test_sigstop_past_the_lease_then_sigcont_stops_the_first_handler(workers):
     """A worker frozen past its lease loses the job to another worker (4); once thawed, its
     handler is told within one heartbeat period and stops, and its result is never
