@@ -491,7 +491,10 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     # per poll interval.
     _PG_CLAIM_DUE = """
     WITH due AS MATERIALIZED (
-        SELECT id FROM {job}
+        SELECT id, claimed_by AS was_claimed_by, fence AS was_fence,
+               round(extract(epoch FROM lease_expires_at - heartbeat_at), 1)::float8
+                   AS was_lease
+        FROM {job}
         WHERE state = '{pending}' AND available_at <= statement_timestamp(){queue_filter}
           AND (deadline IS NULL OR deadline >= statement_timestamp())
         ORDER BY priority DESC, available_at, id
@@ -510,10 +513,9 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
             last_attempted_at = statement_timestamp(),
             started_at = COALESCE(j.started_at, statement_timestamp())
         FROM due WHERE j.id = due.id
-        RETURNING j.*
+        RETURNING j.*, due.was_claimed_by, due.was_fence, due.was_lease
     )
-    SELECT *, '{pending}'::varchar AS was_state, NULL::varchar AS was_claimed_by,
-           NULL::bigint AS was_fence, NULL::float8 AS was_lease
+    SELECT *, '{pending}'::varchar AS was_state
     FROM claimed ORDER BY priority DESC, available_at, id
     """
 

@@ -238,7 +238,9 @@ def test_a_claim_without_settling_leaves_expired_claims_to_the_next_settling_cla
     due = enqueue()
     woken = Job.objects.claim_rows("b", limit=2, settle=False)
     if connection.vendor == "postgresql":
-        assert [(c.pk, c.was_state) for c in woken] == [(due.pk, "pending")]
+        assert [(c.pk, c.was_state, c.was_claimed_by, c.was_fence) for c in woken] == [
+            (due.pk, "pending", "", 0)
+        ]
         [taken] = Job.objects.claim_rows("b", limit=2)
     else:
         [taken] = [c for c in woken if c.pk == job.pk]
