@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db.models import F, QuerySet
 from django.http import HttpRequest
@@ -48,17 +49,15 @@ if TYPE_CHECKING:
         db_now: datetime
         lease_status: str | None
 
-    class _WorkerClaims(TypedDict):
-        """What WorkerQuerySet.with_claims() annotates."""
+    class _WorkerStatus(TypedDict):
+        """What WorkerQuerySet.with_status() annotates."""
 
         db_now: datetime
-        claims_held: int
-        claims_expired: int
         looks_gone: bool
 
     # The rows the admin's lists show (get_queryset annotates them).
     ListedJob = WithAnnotations[Job, _LeaseStatus]
-    ListedWorker = WithAnnotations[WorkerProcess, _WorkerClaims]
+    ListedWorker = WithAnnotations[WorkerProcess, _WorkerStatus]
 
     # Generic in django-stubs, plain classes at run time.
     _JobPaginatorBase = Paginator[Job]
@@ -678,6 +677,19 @@ def _days(value: str | None) -> float | None:
     return days if math.isfinite(days) and 0 < days <= 3650 else 7.0
 
 
+class WorkerChangeList(ChangeList):
+    """The workers of a page, each with the claims it holds (``claims``: held, expired),
+    counted for the whole page in one grouped statement."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        workers = list(self.result_list)  # evaluated here, the template reads the same rows
+        held = Job.objects.claims_per_worker(w.worker_id for w in workers)
+        for worker in workers:
+            # An attribute of the listed row, as an annotation would be.
+            worker.claims = held.get(worker.worker_id, (0, 0))
+
+
 @admin.register(WorkerProcess)
 class WorkerProcessAdmin(_WorkerAdminBase):
     """Worker processes as they last reported themselves, with the claims they hold."""
@@ -717,9 +729,12 @@ class WorkerProcessAdmin(_WorkerAdminBase):
 
     def get_queryset(self, request: HttpRequest) -> WorkerQuerySet:
         # WorkerProcess's default manager is a WorkerQuerySet's.
-        return cast("WorkerQuerySet", super().get_queryset(request)).with_claims(
+        return cast("WorkerQuerySet", super().get_queryset(request)).with_status(
             heartbeat_seconds()
         )
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[WorkerChangeList]:
+        return WorkerChangeList
 
     @admin.display(description=_("queues"))
     def queue_list(self, worker: WorkerProcess) -> str:
@@ -730,9 +745,8 @@ class WorkerProcessAdmin(_WorkerAdminBase):
         return f"{duration_text(_age(worker.db_now, worker.last_seen_at) or 0)} ago"
 
     @admin.display(description=_("claims held"))
-    def claims(self, worker: ListedWorker) -> str:
-        held = worker.claims_held
-        expired = worker.claims_expired
+    def claims(self, worker: WorkerProcess) -> str:
+        held, expired = getattr(worker, "claims", (0, 0))  # set by WorkerChangeList
         if not held:
             return "0"
         url = reverse("admin:django_leases_job_changelist")

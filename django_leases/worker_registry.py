@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from django.apps import apps
 from django.db import models
 from django.db.models import Case, Q, Value, When
 from django.db.models.functions import Now
-
-from .states import JobState
 
 if TYPE_CHECKING:
     from .models import WorkerProcess  # noqa: F401 -- the queryset's type argument below
@@ -49,27 +46,11 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
         """Stopped, or not seen for more than two heartbeat periods (database clock)."""
         return self.filter(self._gone_q(heartbeat_seconds))
 
-    def with_claims(self, heartbeat_seconds: float) -> WorkerQuerySet:
-        """Annotate ``db_now``, ``claims_held``, ``claims_expired`` and ``looks_gone``."""
-        from django.db.models.functions import Coalesce
-
-        Job = apps.get_model("django_leases", "Job")
-
-        def count(**lookups: Any) -> Any:
-            held = (
-                Job.objects.using(self.db)
-                .filter(state=JobState.CLAIMED, claimed_by=models.OuterRef("worker_id"), **lookups)
-                .order_by()
-                .values("claimed_by")
-                .annotate(n=models.Count("*"))
-                .values("n")
-            )
-            return Coalesce(models.Subquery(held), 0)
-
+    def with_status(self, heartbeat_seconds: float) -> WorkerQuerySet:
+        """Annotate ``db_now`` and ``looks_gone``. The claims each worker holds are
+        JobQuerySet.claims_per_worker(): one grouped count for a page of workers."""
         return self.annotate(
             db_now=Now(),
-            claims_held=count(),
-            claims_expired=count(lease_expires_at__lt=Now()),
             looks_gone=Case(
                 When(self._gone_q(heartbeat_seconds), then=Value(True)),
                 default=Value(False),
