@@ -101,11 +101,15 @@ class LeaseAdminPaginator(_JobPaginatorBase):
 
     COUNT(*) over a million jobs costs more than the rest of the page together. A bounded
     count is cheap (it stops at the limit), and past it the planner's estimate is good
-    enough to number pages; ``is_estimate`` lets the template say "about".
+    enough to number pages; ``is_estimate`` lets the template say "about". An estimate
+    below what was just counted is known wrong (the planner misjudges columns that go
+    together, such as a claimed state and its lease, or a substring search): then the
+    count is ``exact_limit`` + 1 and ``is_lower_bound`` lets the template say "more than".
     """
 
     exact_limit = 10_000
     is_estimate = False
+    is_lower_bound = False
 
     @cached_property
     def count(self) -> int:
@@ -119,8 +123,11 @@ class LeaseAdminPaginator(_JobPaginatorBase):
         estimate = cast("JobQuerySet", qs).estimated_count()
         if estimate is None:
             return qs.count()
+        if estimate < bounded:
+            self.is_lower_bound = True
+            return bounded
         self.is_estimate = True
-        return max(bounded, estimate)
+        return estimate
 
 
 class CensusFilter(admin.SimpleListFilter):

@@ -144,7 +144,7 @@ def main() -> int:
         with connection.cursor() as cursor:
             cursor.execute(
                 "TRUNCATE django_leases_jobeffect, django_leases_jobfailure, django_leases_job, "
-                "django_leases_workerprocess RESTART IDENTITY"
+                "django_leases_workerprocess RESTART IDENTITY CASCADE"
             )
             cursor.execute(*load_sql(Job, args.rows))
             cursor.execute(
@@ -164,6 +164,18 @@ def main() -> int:
         f"{args.rows:,} jobs, table with indexes {size}, PostgreSQL "
         f"{connection.pg_version // 10000}, Django {django.get_version()}, {args.runs} runs each"
     )
+
+    # How busy the machine is while the pages are timed: a page's figures mean little
+    # without it (docs/scale.md).
+    with connection.cursor() as cursor:
+        pings = []
+        for _ in range(21):
+            t = time.perf_counter()
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+            pings.append((time.perf_counter() - t) * 1000)
+    load = ", ".join(f"{n:.2f}" for n in os.getloadavg())
+    print(f"bare SELECT 1: median {statistics.median(pings):.2f} ms; load average {load}")
 
     user, _ = get_user_model().objects.get_or_create(
         username="perf-admin", defaults={"is_staff": True, "is_superuser": True}
@@ -187,7 +199,11 @@ def main() -> int:
                 if run:  # the first request warms caches
                     times.append(elapsed)
             page = response.content.decode()
-            total = re.search(r"((?:about )?\d+) (?:jobs?|worker process(?:es)?)\s*</nav>", page)
+            total = re.search(
+                r"((?:about |more than )?\d+) (?:jobs?|worker process(?:es)?)\s*"
+                r"(?:<a [^>]*showall[^>]*>[^<]*</a>\s*)?</nav>",
+                page,
+            )
             listed = page.count('name="_selected_action"') or page.count('class="field-worker_id"')
             shown = f"{listed} of {total.group(1)}" if total else ""
             median = statistics.median(times)
