@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -128,6 +128,18 @@ class LeaseAdminPaginator(_JobPaginatorBase):
             return bounded
         self.is_estimate = True
         return estimate
+
+    def get_elided_page_range(
+        self, number: int | float | str = 1, *, on_each_side: int = 3, on_ends: int = 2
+    ) -> Iterator[str | int]:
+        """Past the bound, links only to the pages of the rows counted: a page an estimate
+        promises may not exist, and OFFSET reads every row it skips (3.5 s for page 100,000
+        of 5,100,000 jobs). A page typed in the address still opens."""
+        page = self.validate_number(number)
+        counted = Paginator(range(self.exact_limit + 1), self.per_page)
+        if (self.is_estimate or self.is_lower_bound) and page <= counted.num_pages:
+            return counted.get_elided_page_range(page, on_each_side=on_each_side, on_ends=on_ends)
+        return super().get_elided_page_range(page, on_each_side=on_each_side, on_ends=on_ends)
 
 
 class CensusFilter(admin.SimpleListFilter):
