@@ -102,6 +102,7 @@ def load_sql(job_model, rows: int) -> tuple[str, dict]:
 PAGES = [
     ("jobs, no filter", "/admin/django_leases/job/"),
     ("jobs, page 50", "/admin/django_leases/job/?p=50"),
+    ("jobs, page 201 (the last linked)", "/admin/django_leases/job/?p=201"),
     ("state = pending", "/admin/django_leases/job/?state__exact=pending"),
     ("state = dead, queue = emails", "/admin/django_leases/job/?state__exact=dead&queue=emails"),
     ("lease: claimed", "/admin/django_leases/job/?lease=claimed"),
