@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.db import models
 from django.db.models import Case, Q, Value, When
 from django.db.models.functions import Now
+
+from .states import JobState
 
 if TYPE_CHECKING:
     from .models import WorkerProcess  # noqa: F401 -- the queryset's type argument below
@@ -56,4 +59,26 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
                 default=Value(False),
                 output_field=models.BooleanField(),
             ),
+        )
+
+    def with_claims(self, heartbeat_seconds: float) -> WorkerQuerySet:
+        """with_status(), plus ``claims_held`` and ``claims_expired``: a subquery per worker,
+        each reading every claimed job (the admin counts a page of workers at once instead)."""
+        from django.db.models.functions import Coalesce
+
+        Job = apps.get_model("django_leases", "Job")
+
+        def count(**lookups: Any) -> Any:
+            held = (
+                Job.objects.using(self.db)
+                .filter(state=JobState.CLAIMED, claimed_by=models.OuterRef("worker_id"), **lookups)
+                .order_by()
+                .values("claimed_by")
+                .annotate(n=models.Count("*"))
+                .values("n")
+            )
+            return Coalesce(models.Subquery(held), 0)
+
+        return self.with_status(heartbeat_seconds).annotate(
+            claims_held=count(), claims_expired=count(lease_expires_at__lt=Now())
         )
