@@ -49,8 +49,21 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
         """Stopped, or not seen for more than two heartbeat periods (database clock)."""
         return self.filter(self._gone_q(heartbeat_seconds))
 
+    def with_status(self, heartbeat_seconds: float) -> WorkerQuerySet:
+        """Annotate ``db_now`` and ``looks_gone``. The claims each worker holds are
+        JobQuerySet.claims_per_worker(): one grouped count for a page of workers."""
+        return self.annotate(
+            db_now=Now(),
+            looks_gone=Case(
+                When(self._gone_q(heartbeat_seconds), then=Value(True)),
+                default=Value(False),
+                output_field=models.BooleanField(),
+            ),
+        )
+
     def with_claims(self, heartbeat_seconds: float) -> WorkerQuerySet:
-        """Annotate ``db_now``, ``claims_held``, ``claims_expired`` and ``looks_gone``."""
+        """with_status(), plus ``claims_held`` and ``claims_expired``: a subquery per worker,
+        each reading every claimed job (the admin counts a page of workers at once instead)."""
         from django.db.models.functions import Coalesce
 
         Job = apps.get_model("django_leases", "Job")
@@ -66,13 +79,6 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
             )
             return Coalesce(models.Subquery(held), 0)
 
-        return self.annotate(
-            db_now=Now(),
-            claims_held=count(),
-            claims_expired=count(lease_expires_at__lt=Now()),
-            looks_gone=Case(
-                When(self._gone_q(heartbeat_seconds), then=Value(True)),
-                default=Value(False),
-                output_field=models.BooleanField(),
-            ),
+        return self.with_status(heartbeat_seconds).annotate(
+            claims_held=count(), claims_expired=count(lease_expires_at__lt=Now())
         )
