@@ -487,8 +487,8 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     # The claim of a worker woken by NOTIFY (settle=False) on PostgreSQL: due pending jobs
     # only. The full statement above takes about 1 ms to plan on every call (Django prepares
     # nothing); this one a fraction of it, and a woken worker waits on it. Expired claims and
-    # jobs that must end wait for the next settling claim, which a worker runs at least once
-    # per poll interval.
+    # jobs that must end wait for the next settling claim: a worker runs one on each poll,
+    # at least every two poll intervals while busy, and before a --burst worker leaves.
     _PG_CLAIM_DUE = """
     WITH due AS MATERIALIZED (
         SELECT id, claimed_by AS was_claimed_by, fence AS was_fence,

@@ -20,6 +20,26 @@ def test_run_burst_runs_due_jobs_through_the_real_claim_and_ack():
     assert (job.result, job.claimed_by) == (5, "test-worker")
 
 
+def test_run_burst_leaves_no_expired_claim_behind_a_higher_priority_job():
+    """Invariant 3: a burst worker leaves only once a settling claim found nothing. Here its
+    first claim takes the priority-10 job, and the claim woken by that handler's finish is,
+    on PostgreSQL, one of due pending jobs only: without the settling claim before leaving,
+    the expired claim stayed claimed by a worker that was gone."""
+    gone = add.enqueue(1, 1)
+    [claimed] = Job.objects.claim("gone-worker", lease=30)
+    assert claimed.pk == int(gone.id) and testing.expire_lease(gone)
+    first = add.using(priority=10).enqueue(2, 2)
+    testing.run_burst()
+    assert testing.assert_ran_once(first).result == 4
+    job = Job.objects.get(pk=claimed.pk)
+    assert (job.state, job.claimed_by, job.fence, job.result) == (
+        JobState.SUCCEEDED,
+        "test-worker",
+        2,
+        2,
+    )
+
+
 def test_assert_ran_once_fails_for_a_job_claimed_twice():
     """Invariant 4: a job whose lease ran out and that ran again is not 'ran once'."""
     result = add.enqueue(1, 1)

@@ -205,12 +205,13 @@ class Worker:
                     # wake-up that claims nothing, so that it never holds up a handler that
                     # just started. Only a settling claim takes over expired claims, so one
                     # whose pass has waited a whole interval more (a busy worker, woken
-                    # each time a handler finishes) goes first.
+                    # each time a handler finishes) goes first. A --burst worker leaves
+                    # only after a settling claim found nothing.
                     since = time.monotonic() - self._settled_at
                     settle = since >= self.poll
                     first = settle and (not woken or since >= 2 * self.poll)
                     got = self._claim(free, settle=first)
-                    if settle and not first and not got:
+                    if not got and not first and (settle or self.burst):
                         got = self._claim(free, settle=True)
                     self._backoff.reset()
                 except DB_ERRORS as e:
