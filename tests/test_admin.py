@@ -259,6 +259,19 @@ def test_a_task_search_names_the_tasks_present_instead_of_scanning_for_a_substri
     # A word no task path contains is a worker id; with a task word, both must hold.
     assert set(rows(admin_client.get(LIST, {"q": "w9"}))) == {other.pk}
     assert set(rows(admin_client.get(LIST, {"q": "receipt w1"}))) == {lease_mix["emails"].pk}
+    # A quoted phrase is one word, as in Django's own search.
+    assert set(rows(admin_client.get(LIST, {"q": '"receipt_copy"'}))) == {other.pk}
+
+
+def test_a_word_that_is_a_known_worker_id_finds_that_workers_jobs_even_if_a_task_has_it(
+    admin_client, lease_mix
+):
+    """Worker ids are chosen freely (--worker-id): one that is also part of a task path
+    finds the worker's jobs, not the task's."""
+    WorkerProcess.objects.create(worker_id="receipt", hostname="h", pid=1)
+    mine = claimed_job("receipt")
+    assert set(rows(admin_client.get(LIST, {"q": "receipt"}))) == {mine.pk}
+    assert set(rows(admin_client.get(LIST, {"q": "send_receipt"}))) == {lease_mix["emails"].pk}
 
 
 def test_counts_per_state_and_queue_above_the_list(admin_client, lease_mix):
