@@ -302,6 +302,27 @@ def _pg_claim_rows(
     return claimed
 
 
+# The parts both claim statements share: the due pending jobs in claim order (an ordered
+# scan of leases_job_due_idx), and what a claim sets on the database clock.
+_DUE_ORDERED = """        WHERE state = '{pending}' AND available_at <= statement_timestamp(){queue_filter}
+          AND (deadline IS NULL OR deadline >= statement_timestamp())
+        ORDER BY priority DESC, available_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+"""
+_CLAIMED_SET = """            state = '{claimed}',
+            claim_token = gen_random_uuid(),
+            fence = j.fence + 1,
+            attempts = j.attempts + 1,
+            claimed_by = %(worker)s,
+            lease_expires_at = statement_timestamp()
+                + make_interval(secs => COALESCE(%(lease)s::float8, j.lease_seconds)),
+            heartbeat_at = statement_timestamp(),
+            last_attempted_at = statement_timestamp(),
+            started_at = COALESCE(j.started_at, statement_timestamp())
+"""
+
+
 class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     """Lease views and the owner's verbs of jobs (operator verbs: OperatorVerbs)."""
 
@@ -420,17 +441,15 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     # -- the claim and its owner's writes ----------------------------------------------
 
     # The claim on PostgreSQL: the same predicates as claim() and _take() below.
-    _PG_CLAIM = """
+    _PG_CLAIM = (
+        """
     WITH due AS (
         -- An ordered scan of leases_job_due_idx: the first rows in claim order, not a sort
         -- of every pending job.
         SELECT id, priority, available_at FROM {job}
-        WHERE state = '{pending}' AND available_at <= statement_timestamp(){queue_filter}
-          AND (deadline IS NULL OR deadline >= statement_timestamp())
-        ORDER BY priority DESC, available_at, id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ), expired AS (
+"""
+        + _DUE_ORDERED
+        + """    ), expired AS (
         -- Claims whose lease ran out (leases_job_claimed_idx); usually none. Those that end
         -- instead of running again (past deadline, no attempts left, a task that must not run
         -- twice) are left to the portable path, which settles them.
@@ -453,17 +472,9 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     ), claimed AS (
         UPDATE {job} AS j SET
             leases_lost = j.leases_lost + CASE WHEN j.state = '{claimed}' THEN 1 ELSE 0 END,
-            state = '{claimed}',
-            claim_token = gen_random_uuid(),
-            fence = j.fence + 1,
-            attempts = j.attempts + 1,
-            claimed_by = %(worker)s,
-            lease_expires_at = statement_timestamp()
-                + make_interval(secs => COALESCE(%(lease)s::float8, j.lease_seconds)),
-            heartbeat_at = statement_timestamp(),
-            last_attempted_at = statement_timestamp(),
-            started_at = COALESCE(j.started_at, statement_timestamp())
-        FROM picked AS c
+"""
+        + _CLAIMED_SET
+        + """        FROM picked AS c
         WHERE j.id = c.id
         RETURNING j.*, c.was_state, c.was_claimed_by, c.was_fence, c.was_attempts, c.was_lease
     ), lost AS (
@@ -483,41 +494,33 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     )
     SELECT * FROM claimed ORDER BY priority DESC, available_at, id
     """
+    )
 
     # The claim of a worker woken by NOTIFY (settle=False) on PostgreSQL: due pending jobs
     # only. The full statement above takes about 1 ms to plan on every call (Django prepares
     # nothing); this one a fraction of it, and a woken worker waits on it. Expired claims and
     # jobs that must end wait for the next settling claim: a worker runs one on each poll,
     # at least every two poll intervals while busy, and before a --burst worker leaves.
-    _PG_CLAIM_DUE = """
+    _PG_CLAIM_DUE = (
+        """
     WITH due AS MATERIALIZED (
         SELECT id, claimed_by AS was_claimed_by, fence AS was_fence,
                round(extract(epoch FROM lease_expires_at - heartbeat_at), 1)::float8
                    AS was_lease
         FROM {job}
-        WHERE state = '{pending}' AND available_at <= statement_timestamp(){queue_filter}
-          AND (deadline IS NULL OR deadline >= statement_timestamp())
-        ORDER BY priority DESC, available_at, id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ), claimed AS (
+"""
+        + _DUE_ORDERED
+        + """    ), claimed AS (
         UPDATE {job} AS j SET
-            state = '{claimed}',
-            claim_token = gen_random_uuid(),
-            fence = j.fence + 1,
-            attempts = j.attempts + 1,
-            claimed_by = %(worker)s,
-            lease_expires_at = statement_timestamp()
-                + make_interval(secs => COALESCE(%(lease)s::float8, j.lease_seconds)),
-            heartbeat_at = statement_timestamp(),
-            last_attempted_at = statement_timestamp(),
-            started_at = COALESCE(j.started_at, statement_timestamp())
-        FROM due WHERE j.id = due.id
+"""
+        + _CLAIMED_SET
+        + """        FROM due WHERE j.id = due.id
         RETURNING j.*, due.was_claimed_by, due.was_fence, due.was_lease
     )
     SELECT *, '{pending}'::varchar AS was_state
     FROM claimed ORDER BY priority DESC, available_at, id
     """
+    )
 
     @retry_deadlock_victims
     def claim(
