@@ -166,22 +166,9 @@ def _pg_ids(model: Any, db: str, template: str, params: dict[str, Any]) -> set[A
         return {row[0] for row in cursor.fetchall()}
 
 
-def _pg_claim(
-    model: Any,
-    db: str,
-    template: str,
-    worker_id: str,
-    queues: list[str] | None,
-    limit: int,
-    lease: float | None,
-) -> list[Any]:
+def _pg_claim(model: Any, db: str, sql: str, params: dict[str, Any]) -> list[Any]:
     """Claim in one statement; the jobs carry their state before the claim on ``was_*``."""
-    sql = _pg_sql(template, model, db, all_queues=queues is None)
-    return list(
-        model._default_manager.using(db).raw(
-            sql, {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}
-        )
-    )
+    return list(model._default_manager.using(db).raw(sql, params))
 
 
 @dataclass(slots=True, eq=False)
@@ -275,19 +262,10 @@ def _as_rows(jobs: list[Any], db: str) -> list[ClaimedJob]:
     return [ClaimedJob.of(j, db, (j.started_at, j.last_attempted_at)) for j in jobs]
 
 
-def _pg_claim_rows(
-    model: Any,
-    db: str,
-    template: str,
-    worker_id: str,
-    queues: list[str] | None,
-    limit: int,
-    lease: float | None,
-) -> list[ClaimedJob]:
+def _pg_claim_rows(model: Any, db: str, sql: str, params: dict[str, Any]) -> list[ClaimedJob]:
     """_pg_claim's statement, read as plain rows."""
-    sql = _pg_sql(template, model, db, all_queues=queues is None)
     with connections[db].cursor() as cursor:
-        cursor.execute(sql, {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease})
+        cursor.execute(sql, params)
         columns = [c[0] for c in cursor.description]
         rows = cursor.fetchall()
     at = {name: columns.index(name) for name in (*_ROW_FIELDS[:1], *_ROW_FIELDS[2:], *_WAS_FIELDS)}
@@ -570,7 +548,7 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
 
     def _claim_with(
         self,
-        pg_claim: Callable[..., list[_Claimed]],
+        pg_claim: Callable[[Any, str, str, dict[str, Any]], list[_Claimed]],
         portable_as: Callable[[list[Job], str], list[_Claimed]],
         worker_id: str,
         queues: Iterable[str] | None,
@@ -588,7 +566,9 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         claimed: list[_Claimed] = []
         if on_postgresql(db):
             template = self._PG_CLAIM if settle else self._PG_CLAIM_DUE
-            claimed = pg_claim(self.model, db, template, worker_id, queues, limit, lease)
+            sql = _pg_sql(template, self.model, db, all_queues=queues is None)
+            params = {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}
+            claimed = pg_claim(self.model, db, sql, params)
             if len(claimed) == limit or not settle:
                 return claimed
             limit -= len(claimed)
