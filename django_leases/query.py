@@ -268,9 +268,17 @@ def _pg_claim_rows(model: Any, db: str, sql: str, params: dict[str, Any]) -> lis
         cursor.execute(sql, params)
         columns = [c[0] for c in cursor.description]
         rows = cursor.fetchall()
+    return _claimed_rows(db, columns, rows)
+
+
+def _claimed_rows(db: str, columns: list[str], rows: list[Any]) -> list[ClaimedJob]:
+    """The claimed rows of a claim statement's answer; a row without an id (the ack and
+    claim statement's answer when it claimed nothing) is none."""
     at = {name: columns.index(name) for name in (*_ROW_FIELDS[:1], *_ROW_FIELDS[2:], *_WAS_FIELDS)}
     claimed = []
     for row in rows:
+        if row[at["id"]] is None:
+            continue
         values = {name: row[i] for name, i in at.items()}
         for name in _JSON_FIELDS:
             # Django loads jsonb as text and lets JSONField decode it.
@@ -299,6 +307,33 @@ _CLAIMED_SET = """            state = '{claimed}',
             last_attempted_at = statement_timestamp(),
             started_at = COALESCE(j.started_at, statement_timestamp())
 """
+
+
+# The owner's ack of several jobs, each with its result: one UPDATE filtered on id, claim
+# token and state (ack_many() alone, or riding with the woken claim in ack_and_claim_rows()).
+_ACK_UPDATE = """UPDATE {job} AS j SET
+        state = '{succeeded}', result = v.result, finished_at = statement_timestamp(),
+        claim_token = NULL, lease_expires_at = NULL
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[]) AS v(id, token, result)
+    WHERE j.id = v.id AND j.claim_token = v.token AND j.state = '{claimed}'
+    RETURNING j.id"""
+# The woken claim (due pending jobs only), as CTEs: ``claimed`` holds the rows it took.
+_DUE_CLAIM_CTES = (
+    """due AS MATERIALIZED (
+        SELECT id, claimed_by AS was_claimed_by, fence AS was_fence,
+               round(extract(epoch FROM lease_expires_at - heartbeat_at), 1)::float8
+                   AS was_lease
+        FROM {job}
+"""
+    + _DUE_ORDERED
+    + """    ), claimed AS (
+        UPDATE {job} AS j SET
+"""
+    + _CLAIMED_SET
+    + """        FROM due WHERE j.id = due.id
+        RETURNING j.*, due.was_claimed_by, due.was_fence, due.was_lease
+    )"""
+)
 
 
 class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
@@ -481,22 +516,30 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     # at least every two poll intervals while busy, and before a --burst worker leaves.
     _PG_CLAIM_DUE = (
         """
-    WITH due AS MATERIALIZED (
-        SELECT id, claimed_by AS was_claimed_by, fence AS was_fence,
-               round(extract(epoch FROM lease_expires_at - heartbeat_at), 1)::float8
-                   AS was_lease
-        FROM {job}
-"""
-        + _DUE_ORDERED
-        + """    ), claimed AS (
-        UPDATE {job} AS j SET
-"""
-        + _CLAIMED_SET
-        + """        FROM due WHERE j.id = due.id
-        RETURNING j.*, due.was_claimed_by, due.was_fence, due.was_lease
-    )
+    WITH """
+        + _DUE_CLAIM_CTES
+        + """
     SELECT *, '{pending}'::varchar AS was_state
     FROM claimed ORDER BY priority DESC, available_at, id
+    """
+    )
+
+    # The acks of the jobs a worker's handlers just finished and its next woken claim, in one
+    # statement: one round trip and one commit where there were two. The ack touches the
+    # owner's claimed rows, the claim pending ones, so the two never meet. The answer has at
+    # least one row, which carries the ids acknowledged; a row with a NULL id claimed nothing.
+    _PG_ACK_CLAIM_DUE = (
+        """
+    WITH acked AS (
+    """
+        + _ACK_UPDATE
+        + """
+    ), """
+        + _DUE_CLAIM_CTES
+        + """
+    SELECT claimed.*, '{pending}'::varchar AS was_state, a.acked_ids
+    FROM (SELECT array_agg(id) AS acked_ids FROM acked) AS a LEFT JOIN claimed ON true
+    ORDER BY claimed.priority DESC, claimed.available_at, claimed.id
     """
     )
 
@@ -785,14 +828,7 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         )
 
     # A batch of acks on PostgreSQL: the same predicate as ack() and ack_many().
-    _PG_ACK = """
-    UPDATE {job} AS j SET
-        state = '{succeeded}', result = v.result, finished_at = statement_timestamp(),
-        claim_token = NULL, lease_expires_at = NULL
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[]) AS v(id, token, result)
-    WHERE j.id = v.id AND j.claim_token = v.token AND j.state = '{claimed}'
-    RETURNING j.id
-    """
+    _PG_ACK = _ACK_UPDATE
 
     @retry_deadlock_victims
     def ack_many(self, outcomes: Sequence[tuple[ClaimRef, Any]]) -> set[Any]:
@@ -809,16 +845,7 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
             return set()
         db = self._db or router.db_for_write(self.model)
         if on_postgresql(db):
-            return _pg_ids(
-                self.model,
-                db,
-                self._PG_ACK,
-                {
-                    "ids": [c.pk for c, _ in outcomes],
-                    "tokens": [c.claim_token for c, _ in outcomes],
-                    "results": [json_param(results[c.pk]) for c, _ in outcomes],
-                },
-            )
+            return _pg_ids(self.model, db, self._PG_ACK, _ack_params(outcomes, results))
         owned = self.model._default_manager.using(db).filter(
             pk__in=list(results),
             claim_token__in=[c.claim_token for c, _ in outcomes],
@@ -845,6 +872,41 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
                 lease_expires_at=None,
             )
         return ids
+
+    @retry_deadlock_victims
+    def ack_and_claim_rows(
+        self,
+        outcomes: Sequence[tuple[ClaimRef, Any]],
+        worker_id: str,
+        queues: Iterable[str] | None = ("default",),
+        limit: int = 1,
+        lease: float | None = None,
+    ) -> tuple[set[Any], list[ClaimedJob]]:
+        """ack_many(outcomes), then claim_rows(..., settle=False), committed together: the
+        ids acknowledged and the rows claimed. On PostgreSQL one statement, elsewhere one
+        transaction; either way one commit where the two verbs make two, and a call that
+        raises wrote neither (a refused result refuses the claim with it: the caller then
+        sends the two apart). Raise InvalidJobArgument, nothing written, as ack_many does.
+
+        The worker's busy path: each time handlers finish, their acks ride with the claim
+        that fills their slots."""
+        results = {c.pk: ensure_json(r, "result") for c, r in outcomes}
+        lease = _checked_lease(lease)
+        db = self._db or router.db_for_write(self.model)
+        queues = None if queues is None else list(queues)
+        if limit < 1 or not results or not on_postgresql(db):
+            with transaction.atomic(using=db):
+                acked = self.ack_many(outcomes)
+                return acked, self.claim_rows(worker_id, queues, limit, lease, settle=False)
+        sql = _pg_sql(self._PG_ACK_CLAIM_DUE, self.model, db, all_queues=queues is None)
+        params = {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}
+        params.update(_ack_params(outcomes, results))
+        with connections[db].cursor() as cursor:
+            cursor.execute(sql, params)
+            columns = [c[0] for c in cursor.description]
+            rows = cursor.fetchall()
+        acked_ids = rows[0][columns.index("acked_ids")] if rows else None
+        return set(acked_ids or ()), _claimed_rows(db, columns, rows)
 
     @retry_deadlock_victims
     def fail(
@@ -957,6 +1019,17 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
             )
             == 1
         )
+
+
+def _ack_params(
+    outcomes: Sequence[tuple[ClaimRef, Any]], results: dict[Any, Any]
+) -> dict[str, Any]:
+    """The arrays _ACK_UPDATE reads: ids, claim tokens and results, in one order."""
+    return {
+        "ids": [c.pk for c, _ in outcomes],
+        "tokens": [c.claim_token for c, _ in outcomes],
+        "results": [json_param(results[c.pk]) for c, _ in outcomes],
+    }
 
 
 def _retry_delay(ladder: Any, attempts: int) -> float:

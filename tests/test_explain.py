@@ -201,6 +201,18 @@ def test_the_woken_claim_on_200000_rows_is_an_ordered_scan_of_the_due_index():
         assert len(claimed) == 10
         assert {c.was_state for c in claimed} == {"pending"}
         assert [q["sql"] for q in sent.captured_queries] == [statement], sent.captured_queries
+    # The acks of a busy worker ride with its woken claim: one statement, whose ack finds
+    # its rows by primary key and whose claim is the same ordered scan of the due index.
+    held = Job.objects.claim_rows("w", ["default", "emails"], limit=10, settle=False)
+    ack_claim = pg_ack_claim_statement(held, ["default", "emails"], 10)
+    assert f"Index Scan using {Job._meta.db_table}_pkey" in explain(ack_claim)
+    assert_due_claim_plan_uses_indexes(explain(ack_claim))
+    with CaptureQueriesContext(connection) as sent:
+        acked, claimed = Job.objects.ack_and_claim_rows(
+            [(c, None) for c in held], "w", ["default", "emails"], limit=10
+        )
+    assert acked == {c.pk for c in held} and len(claimed) == 10
+    assert [q["sql"] for q in sent.captured_queries] == [ack_claim], sent.captured_queries
     # The check can fail: without the due index the pending jobs are sorted, not scanned
     # in order (DROP INDEX is transactional: rolled back).
     with transaction.atomic():
@@ -208,7 +220,19 @@ def test_the_woken_claim_on_200000_rows_is_an_ordered_scan_of_the_due_index():
             cursor.execute("DROP INDEX leases_job_due_idx")
             with pytest.raises(AssertionError):
                 assert_due_claim_plan_uses_indexes(explain(statement))
+            with pytest.raises(AssertionError):
+                assert_due_claim_plan_uses_indexes(explain(ack_claim))
         transaction.set_rollback(True)
+
+
+def pg_ack_claim_statement(claims, queues, limit):
+    """The statement ack_and_claim_rows() sends on PostgreSQL for ``claims`` (results None)."""
+    from django_leases.query import JobQuerySet, _ack_params, _pg_sql
+
+    sql = _pg_sql(JobQuerySet._PG_ACK_CLAIM_DUE, Job, connection.alias, all_queues=queues is None)
+    params = {"worker": "w", "queues": queues, "limit": limit, "lease": None}
+    params.update(_ack_params([(c, None) for c in claims], {c.pk: None for c in claims}))
+    return connection.ops.compose_sql(sql, params)
 
 
 def load_jobs(pending, finished, claimed=0):

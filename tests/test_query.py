@@ -369,6 +369,60 @@ def test_nothing_of_claim_rows_can_fail_after_its_claim_has_committed():
     assert (row.started_at, row.last_attempted_at) == (stored.started_at, stored.last_attempted_at)
 
 
+def test_ack_and_claim_rows_acks_the_owners_and_claims_the_due_in_one_commit():
+    """Invariants 2 and 5: the owner's ack lands, a stale owner's is rejected and the due
+    jobs are claimed, all in one statement on PostgreSQL and one transaction elsewhere."""
+    from django.test.utils import CaptureQueriesContext
+
+    for _ in range(4):
+        enqueue()
+    mine, theirs = Job.objects.claim_rows("w1", limit=2)
+    stale = stale_copy(theirs)
+    stale.claim_token = uuid.uuid4()
+    outside_a_transaction = []
+
+    def watch(execute, sql, params, many, context):
+        if not connection.in_atomic_block:
+            outside_a_transaction.append(sql)
+        return execute(sql, params, many, context)
+
+    with CaptureQueriesContext(connection) as sent, connection.execute_wrapper(watch):
+        acked, claimed = Job.objects.ack_and_claim_rows(
+            [(mine, {"n": 1}), (stale, 2)], "w2", limit=5
+        )
+    assert acked == {mine.pk}
+    assert Job.objects.get(pk=mine.pk).state == JobState.SUCCEEDED
+    assert Job.objects.get(pk=mine.pk).result == {"n": 1}
+    stored = Job.objects.get(pk=theirs.pk)
+    assert (stored.state, stored.claim_token, stored.claimed_by) == (
+        JobState.CLAIMED,
+        theirs.claim_token,
+        "w1",
+    )
+    assert len(claimed) == 2 and {r.claimed_by for r in claimed} == {"w2"}
+    assert {r.was_state for r in claimed} == {"pending"}
+    for row in claimed:
+        assert Job.objects.get(pk=row.pk).claim_token == row.claim_token
+    if connection.vendor == "postgresql":
+        assert len(sent.captured_queries) == 1, sent.captured_queries
+    else:
+        assert outside_a_transaction == [], outside_a_transaction
+    # Nothing due: the acks still land, and nothing is claimed.
+    acked, claimed = Job.objects.ack_and_claim_rows([(r, None) for r in claimed], "w2", limit=3)
+    assert len(acked) == 2 and claimed == []
+
+
+def test_a_refused_ack_and_claim_writes_neither():
+    """Invariant 3: a result JSON cannot hold refuses the whole call: no ack, no claim."""
+    enqueue()
+    enqueue()
+    [job] = Job.objects.claim_rows("w")
+    with pytest.raises(InvalidJobArgument, match="result"):
+        Job.objects.ack_and_claim_rows([(job, object())], "w", limit=1)
+    assert Job.objects.get(pk=job.pk).state == JobState.CLAIMED
+    assert Job.objects.filter(state=JobState.PENDING).count() == 1
+
+
 def test_claim_orders_by_priority_then_due_time_and_respects_limit_and_queue():
     low = enqueue(priority=-5)
     first = enqueue()

@@ -1,8 +1,9 @@
 """Driver faults injected into run_lease_worker processes by the worker tests.
 
 LEASES_WORKER_FAULT="<thread name>:<exception>:<count>:<SQL fragment>" makes the first
-<count> statements containing <SQL fragment> that the thread named <thread name> sends
-raise <exception> instead of reaching the database, as the driver would raise it:
+<count> statements containing <SQL fragment> (or any of its ``|``-separated alternatives)
+that the thread named <thread name> sends raise <exception> instead of reaching the
+database, as the driver would raise it:
 
 - ``InterfaceError``: what MySQLdb raised on a dead connection, and psycopg raises for a
   connection in an unexpected state; not a DatabaseError.
@@ -32,9 +33,10 @@ def install(spec: str) -> None:
     thread_name, exception, count, fragment = spec.split(":", 3)
     make = _EXCEPTIONS[exception]
     left = [int(count)]
+    fragments = fragment.split("|")
 
     def fault(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if left[0] > 0 and fragment in sql:
+        if left[0] > 0 and any(f in sql for f in fragments):
             left[0] -= 1
             raise make()
         return execute(sql, params, many, context)

@@ -186,7 +186,18 @@ class Worker:
         woken = False
         while not self.stop_request.stopping and self._dead_thread() is None:
             self.ticker.maybe_tick()  # periodic schedules' due ticks (worker/ticker.py)
-            self._settle()
+            # Woken (NOTIFY, a handler done), the due jobs claimed start before the settling
+            # pass due once per poll interval runs: it waits for a wake-up that claims
+            # nothing, so that it never holds up a handler that just started. Only a
+            # settling claim takes over expired claims, so one whose pass has waited a whole
+            # interval more (a busy worker, woken each time a handler finishes) goes first.
+            # A --burst worker leaves only after a settling claim found nothing.
+            since = time.monotonic() - self._settled_at
+            settle = since >= self.poll
+            first = settle and (not woken or since >= 2 * self.poll)
+            claiming = self._claims_left() > 0 and time.monotonic() >= self._paused_until
+            # The acks of finished handlers ride with a woken claim: one commit, not two.
+            acks = self._settle(hold_acks=claiming and not first)
             self._release_unconnected()
             if self._claims_left() == 0 and not self.book:
                 logger.info(
@@ -196,21 +207,17 @@ class Worker:
                     extra={"event": "max_jobs", "worker": self.worker_id},
                 )
                 return
-            free = min(self.concurrency - len(self.book), self._claims_left())
+            free = min(self.concurrency - len(self.book) + len(acks), self._claims_left())
             got = 0
-            if free > 0 and self._heartbeat_on_time() and time.monotonic() >= self._paused_until:
+            can_claim = (
+                free > 0 and self._heartbeat_on_time() and time.monotonic() >= self._paused_until
+            )
+            if acks and not can_claim:
+                self._send_held(acks)  # no claim to ride with after all
+                acks = []
+            if can_claim:
                 try:
-                    # Woken (NOTIFY, a handler done), the due jobs claimed start before
-                    # the settling pass due once per poll interval runs: it waits for a
-                    # wake-up that claims nothing, so that it never holds up a handler that
-                    # just started. Only a settling claim takes over expired claims, so one
-                    # whose pass has waited a whole interval more (a busy worker, woken
-                    # each time a handler finishes) goes first. A --burst worker leaves
-                    # only after a settling claim found nothing.
-                    since = time.monotonic() - self._settled_at
-                    settle = since >= self.poll
-                    first = settle and (not woken or since >= 2 * self.poll)
-                    got = self._claim(free, settle=first)
+                    got = self._claim(free, settle=first, acks=acks)
                     if not got and not first and (settle or self.burst):
                         got = self._claim(free, settle=True)
                     self._backoff.reset()
@@ -261,14 +268,19 @@ class Worker:
             return self.concurrency
         return max(self.max_jobs - self._claimed, 0)
 
-    def _claim(self, free: int, *, settle: bool) -> int:
+    def _claim(
+        self, free: int, *, settle: bool, acks: list[tuple[Claim, Outcome]] | None = None
+    ) -> int:
         started = time.monotonic()
         # Settling (dead-lettering what must not run again) once per poll interval is
         # enough (the caller decides); a claim without it stays one statement. Plain rows
         # (ClaimedJob), no model instance per job.
-        jobs = self.Job.objects.using(self.database).claim_rows(
-            self.worker_id, self.queues, limit=free, lease=self.lease, settle=settle
-        )
+        if acks:
+            jobs = self._ack_and_claim(acks, free)
+        else:
+            jobs = self.Job.objects.using(self.database).claim_rows(
+                self.worker_id, self.queues, limit=free, lease=self.lease, settle=settle
+            )
         if settle:
             self._settled_at = started
         tasks = [registry.lookup(self.alias, job.task_path) for job in jobs]
@@ -306,6 +318,40 @@ class Worker:
                 continue
             self.executor.submit(claim, task)
         return len(jobs)
+
+    def _ack_and_claim(self, oks: list[tuple[Claim, Outcome]], free: int) -> list[Any]:
+        """Acknowledge ``oks`` and claim up to ``free`` due jobs in one statement. Should
+        it fail with the connection still answering (a result the database refuses, which
+        refuses the claim with it), the acks go out on their own as _settle sends them, and
+        the claim after them; with the connection gone, the acks wait in the outbox and the
+        trouble is the claim's."""
+        try:
+            acked, jobs = self.Job.objects.using(self.database).ack_and_claim_rows(
+                [(c.job, o.result) for c, o in oks],
+                self.worker_id,
+                self.queues,
+                limit=free,
+                lease=self.lease,
+            )
+        except Exception as e:  # noqa: BLE001 -- sent apart, each with its own handling
+            for claim, _ in oks:
+                claim.finish_failed()
+            self._unsent.extend(oks)
+            if isinstance(e, DB_ERRORS) and not self._connection_answers():
+                raise
+            self._settle()
+            return self.Job.objects.using(self.database).claim_rows(
+                self.worker_id, self.queues, limit=free, lease=self.lease, settle=False
+            )
+        self._acked(oks, acked)
+        return jobs
+
+    def _send_held(self, oks: list[tuple[Claim, Outcome]]) -> None:
+        """Send acks held for a claim that is not coming, as _settle sends them."""
+        for claim, _ in oks:
+            claim.finish_failed()
+        self._unsent.extend(oks)
+        self._settle()
 
     def _log_claim(self, job: Any) -> None:
         """One line per claim; a takeover of an expired claim names the claim it ended
@@ -413,12 +459,13 @@ class Worker:
 
     # -- settling: the owner's writes --------------------------------------------------
 
-    def _settle(self) -> None:
+    def _settle(self, *, hold_acks: bool = False) -> list[tuple[Claim, Outcome]]:
         """Write what the handlers came back with: an outbox of (claim, outcome), those just
         returned and those a database outage left unsent. The acks go out in one statement,
         then the fails and releases one by one; should the database fail meanwhile, what
         was not written stays in the outbox for the next call. A claim whose write went
-        through is settled (claims.py), so nothing is sent twice."""
+        through is settled (claims.py), so nothing is sent twice. With ``hold_acks`` the
+        acks are returned, finishing but unsent, for the next claim to carry."""
         outbox, self._unsent = self._unsent, []
         while True:
             try:
@@ -429,7 +476,7 @@ class Worker:
         oks = [(c, o) for c, o in writes if o.kind is Kind.OK]
         others = [(c, o) for c, o in writes if o.kind is not Kind.OK]
         try:
-            if oks:
+            if oks and not hold_acks:
                 others += self._acks(oks)
             for claim, outcome in others:
                 self._write(claim, outcome)
@@ -440,6 +487,8 @@ class Worker:
                 claim.finish_failed()
             self._unsent = list(unsent.values())
             self._db_trouble("acknowledge", e)
+            return []
+        return oks if hold_acks else []
 
     def _to_write(self, claim: Claim, outcome: Outcome) -> bool:
         """Whether ``outcome`` still needs a write by this worker; the claim then finishing."""
@@ -538,6 +587,10 @@ class Worker:
             acked = {claim.pk} if manager.ack(claim.job, outcome.result) else set()
         else:
             acked = manager.ack_many([(c.job, o.result) for c, o in oks])
+        self._acked(oks, acked)
+
+    def _acked(self, oks: list[tuple[Claim, Outcome]], acked: set[Any]) -> None:
+        """The acks of ``oks`` went through: settle each, logged as acked or rejected."""
         for claim, _ in oks:
             self._forget(claim)
             if claim.pk in acked:

@@ -58,7 +58,6 @@ def django_settings(dbname: str, apps: list[str], tasks: dict | None) -> dict:
                 "CONN_MAX_AGE": conn_max_age,
             }
         },
-        "LOGGING": {"version": 1, "disable_existing_loggers": False, "root": {"level": "WARNING"}},
     }
     if tasks is not None:
         settings["TASKS"] = tasks
