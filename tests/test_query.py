@@ -369,6 +369,7 @@ def test_nothing_of_claim_rows_can_fail_after_its_claim_has_committed():
     assert (row.started_at, row.last_attempted_at) == (stored.started_at, stored.last_attempted_at)
 
 
+@pytest.mark.django_db(transaction=True)
 def test_ack_and_claim_rows_acks_the_owners_and_claims_the_due_in_one_commit():
     """Invariants 2 and 5: the owner's ack lands, a stale owner's is rejected and the due
     jobs are claimed, all in one statement on PostgreSQL and one transaction elsewhere."""
@@ -379,11 +380,13 @@ def test_ack_and_claim_rows_acks_the_owners_and_claims_the_due_in_one_commit():
     mine, theirs = Job.objects.claim_rows("w1", limit=2)
     stale = stale_copy(theirs)
     stale.claim_token = uuid.uuid4()
-    outside_a_transaction = []
+    # The outermost transaction each statement ran in (None: its own, autocommit).
+    transactions = []
 
     def watch(execute, sql, params, many, context):
-        if not connection.in_atomic_block:
-            outside_a_transaction.append(sql)
+        if sql.lstrip()[:6].upper() in ("SELECT", "UPDATE", "INSERT", "WITH A"):
+            blocks = connection.atomic_blocks
+            transactions.append(id(blocks[0]) if blocks else None)
         return execute(sql, params, many, context)
 
     with CaptureQueriesContext(connection) as sent, connection.execute_wrapper(watch):
@@ -406,14 +409,17 @@ def test_ack_and_claim_rows_acks_the_owners_and_claims_the_due_in_one_commit():
     if connection.vendor == "postgresql":
         assert len(sent.captured_queries) == 1, sent.captured_queries
     else:
-        assert outside_a_transaction == [], outside_a_transaction
+        assert len(sent.captured_queries) > 2, sent.captured_queries
+        assert len(set(transactions)) == 1 and None not in transactions, sent.captured_queries
     # Nothing due: the acks still land, and nothing is claimed.
     acked, claimed = Job.objects.ack_and_claim_rows([(r, None) for r in claimed], "w2", limit=3)
     assert len(acked) == 2 and claimed == []
 
 
 def test_a_refused_ack_and_claim_writes_neither():
-    """Invariant 3: a result JSON cannot hold refuses the whole call: no ack, no claim."""
+    """Invariant 3: a result JSON cannot hold refuses the whole call before anything is
+    sent: no ack, no claim. (A result the database itself refuses fails the one statement
+    or transaction whole: tests/test_hostile_handlers.py drives the worker through it.)"""
     enqueue()
     enqueue()
     [job] = Job.objects.claim_rows("w")

@@ -69,3 +69,57 @@ def test_assert_ran_once_reports_failures():
     testing.run_burst()
     with pytest.raises(AssertionError, match="state is 'dead'"):
         testing.assert_ran_once(result)
+
+
+def test_a_busy_workers_acks_ride_with_its_claims():
+    """Invariant 3 at fewer commits: each batch of finished handlers is acknowledged in the
+    statement (PostgreSQL) or the transaction (elsewhere) that claims the next jobs, never
+    on its own; every job still succeeds once. In this process, so that the main thread's
+    statements can be watched on its own connection."""
+    from django.db import connection
+
+    from django_leases import conf
+    from django_leases.worker import Worker
+
+    results = [add.enqueue(i, 1) for i in range(12)]
+    # (is an ack, is a claim, the outermost transaction or None) per statement sent; a
+    # claim's read of the due jobs counts as the claim (a portable claim that finds none
+    # updates nothing).
+    sent = []
+
+    def watch(execute, sql, params, many, context):
+        text = sql.lstrip()
+        blocks = connection.atomic_blocks
+        if text[:6].upper() in ("UPDATE", "WITH A", "WITH D", "SELECT"):
+            ack = text[:6].upper() != "SELECT" and "finished_at" in text
+            claim = (
+                "claimed_by" in text
+                if not text.upper().startswith("SELECT")
+                else ("priority" in text and "DESC" in text)
+            )
+            sent.append((ack, claim, id(blocks[0]) if blocks else None))
+        return execute(sql, params, many, context)
+
+    options = conf.get_options("default")
+    with connection.execute_wrapper(watch):
+        Worker(
+            alias="default",
+            database=options.database,
+            queues=conf.served_queues("default"),
+            concurrency=3,
+            heartbeat=conf.worker_heartbeat(options, None),
+            # No settling claim falls due before the burst ends (but the one before leaving):
+            # every claim after the first is one a finished handler woke.
+            poll=30,
+            burst=True,
+            grace=0,
+            notify=False,
+            connect_handlers=False,
+        ).run()
+    for i, result in enumerate(results):
+        assert testing.assert_ran_once(result).result == i + 1
+    acks = [s for s in sent if s[0]]
+    claims = {s[2] for s in sent if s[1] and s[2] is not None}
+    assert len(acks) >= 4, sent  # 12 jobs, 3 at a time
+    alone = [s for s in acks if not s[1] and (s[2] is None or s[2] not in claims)]
+    assert alone == [], sent

@@ -29,8 +29,8 @@ from ..storable import (
     storable_text,
 )
 from .child import KILL_GRACE_SECONDS
-from .claims import FINISHING, RELEASING, Claim, ClaimBook, Kind, Outcome
-from .dberrors import DB_ERRORS, error_kind, refused_by_database
+from .claims import FINISHING, RELEASING, SETTLED, Claim, ClaimBook, Kind, Outcome
+from .dberrors import DB_ERRORS, contention, error_kind, refused_by_database
 from .executors import ProcessExecutor, ThreadExecutor
 from .heartbeat import Heartbeat, Watchdog
 from .listener import Listener
@@ -219,10 +219,12 @@ class Worker:
                 try:
                     got = self._claim(free, settle=first, acks=acks)
                     if not got and not first and (settle or self.burst):
-                        got = self._claim(free, settle=True)
+                        # The slots the acks freed, should they not all have gone out.
+                        free = min(self.concurrency - len(self.book), self._claims_left())
+                        got = self._claim(free, settle=True) if free > 0 else 0
                     self._backoff.reset()
                 except DB_ERRORS as e:
-                    self._db_trouble("claim", e)
+                    self._db_trouble("acknowledge and claim" if acks else "claim", e)
                     continue
                 if self.burst and not got and not self.book and not self._unsent:
                     logger.info(
@@ -274,7 +276,8 @@ class Worker:
         started = time.monotonic()
         # Settling (dead-lettering what must not run again) once per poll interval is
         # enough (the caller decides); a claim without it stays one statement. Plain rows
-        # (ClaimedJob), no model instance per job.
+        # (ClaimedJob), no model instance per job. Acks ride only with a claim that does
+        # not settle (the caller holds them only then).
         if acks:
             jobs = self._ack_and_claim(acks, free)
         else:
@@ -320,11 +323,13 @@ class Worker:
         return len(jobs)
 
     def _ack_and_claim(self, oks: list[tuple[Claim, Outcome]], free: int) -> list[Any]:
-        """Acknowledge ``oks`` and claim up to ``free`` due jobs in one statement. Should
-        it fail with the connection still answering (a result the database refuses, which
-        refuses the claim with it), the acks go out on their own as _settle sends them, and
-        the claim after them; with the connection gone, the acks wait in the outbox and the
-        trouble is the claim's."""
+        """Acknowledge ``oks`` and claim up to ``free`` due jobs in one statement.
+
+        Should the database refuse it (a result it cannot store refuses the claim with it),
+        or anything but the database fail, the acks go out on their own as _settle sends
+        them (refused results failing their attempts), and the claim follows for the slots
+        they freed, only once all of them went out. Connection trouble or contention leaves
+        the acks in the outbox and raises: the claim's trouble, retried after a back-off."""
         try:
             acked, jobs = self.Job.objects.using(self.database).ack_and_claim_rows(
                 [(c.job, o.result) for c, o in oks],
@@ -334,12 +339,15 @@ class Worker:
                 lease=self.lease,
             )
         except Exception as e:  # noqa: BLE001 -- sent apart, each with its own handling
-            for claim, _ in oks:
-                claim.finish_failed()
             self._unsent.extend(oks)
-            if isinstance(e, DB_ERRORS) and not self._connection_answers():
+            if isinstance(e, DB_ERRORS) and (contention(e) or not self._connection_answers()):
+                for claim, _ in oks:
+                    claim.finish_failed()
                 raise
             self._settle()
+            free = min(free, self.concurrency - len(self.book))
+            if free < 1 or any(claim.state != SETTLED for claim, _ in oks):
+                return []
             return self.Job.objects.using(self.database).claim_rows(
                 self.worker_id, self.queues, limit=free, lease=self.lease, settle=False
             )
@@ -347,9 +355,8 @@ class Worker:
         return jobs
 
     def _send_held(self, oks: list[tuple[Claim, Outcome]]) -> None:
-        """Send acks held for a claim that is not coming, as _settle sends them."""
-        for claim, _ in oks:
-            claim.finish_failed()
+        """Send acks held for a claim that is not coming, as _settle sends them (still
+        finishing: never taken for running, so never declared lost meanwhile)."""
         self._unsent.extend(oks)
         self._settle()
 
