@@ -35,15 +35,20 @@ def json_lines(text: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_djangos_task_lines_and_the_workers_share_one_stamped_format(workers):
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_djangos_task_lines_and_the_workers_share_one_stamped_format(workers, isolation):
     """Without a LOGGING of the project's, Django's "Task id=... state=..." lines and the
-    worker's come out of one handler, each with its time, level and logger."""
+    worker's come out of one handler, each with its time, level and logger, whether the
+    handler runs on a thread of the worker or in a child process, which writes Django's
+    lines itself."""
     ok, bad = add.enqueue(1, 2), boom.enqueue()
     w = workers.start(
         "fmt-a",
         "--burst",
         "--poll",
         "0.2",
+        "--isolation",
+        isolation,
         verbosity=1,
         ready=False,
         env_extra=OWN_LOGGING,
@@ -59,8 +64,16 @@ def test_djangos_task_lines_and_the_workers_share_one_stamped_format(workers):
         assert m, line
         loggers.add(m.group(2))
     assert loggers == {"django.tasks", "django_leases.worker"}, loggers
-    assert f"django.tasks Task id={ok.id} path=tests.testapp.tasks.add state=SUCCESSFUL" in w.log()
+    # At -v 1 a job that runs as it should has Django's two lines, naming its claim; the
+    # worker's own claimed and acked lines are -v 2.
+    for state in ("RUNNING", "SUCCESSFUL"):
+        assert (
+            f"django.tasks Task id={ok.id} path=tests.testapp.tasks.add state={state} "
+            "fence=1 attempt=1 worker=fmt-a"
+        ) in w.log()
     assert f"django.tasks Task id={bad.id}" in w.log()
+    assert "Claimed job=" not in w.log() and "Acked job=" not in w.log()
+    assert f"Failed job={bad.id} fence=1 worker=fmt-a" in w.log()
 
 
 @pytest.mark.slow

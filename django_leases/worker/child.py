@@ -36,6 +36,11 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
     import django
 
     django.setup()
+    if payload.get("logs") is not None:
+        from .logs import configure
+
+        # As the worker's: Django's task lines, written here, in its format and level.
+        configure(*payload["logs"])
     from django.db import connections
 
     from .. import registry

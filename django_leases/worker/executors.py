@@ -26,7 +26,7 @@ from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .child import KILL_GRACE_SECONDS
 from .claims import RELEASING, Claim, Kind, Outcome
 from .dberrors import connect_before_handler
-from .logs import claim_fields
+from .logs import claim_fields, configured
 from .running import run_task, task_context
 
 logger = logging.getLogger("django_leases.worker")
@@ -160,6 +160,7 @@ class ProcessExecutor(_Slots):
             "claim_token": job.claim_token,
             "database": job.database,
             "connect_first": self._connect_first,
+            "logs": configured(),
         }
         ours, theirs = self._mp.Pipe()
         process = self._mp.Process(

@@ -133,8 +133,10 @@ def claim_fields(job: Any, worker: str, event: str, **more: Any) -> dict[str, An
 
 class TaskSignalFields(logging.Filter):
     """Give Django's ``Task id=%s path=%s state=%s`` records (django/tasks/signals.py) the
-    worker's fields, so both kinds of line carry the same ones. Leaves any other record
-    alone."""
+    worker's fields, so both kinds of line carry the same ones. A line about the job this
+    thread runs (current_job()) also names its claim: ``fence=... attempt=... worker=...``,
+    so that at -v 1 Django's two lines per job say what the worker's own claimed and acked
+    lines (-v 2) would. Leaves any other record alone."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == TASKS_LOGGER and not hasattr(record, "event"):
@@ -144,7 +146,19 @@ class TaskSignalFields(logging.Filter):
                 record.task = args[1]
                 state = str(args[2]) if "state=" in str(record.msg) else "enqueued"
                 record.event = f"task_{state.lower()}"
+                _name_the_claim(record, args)
         return True
+
+
+def _name_the_claim(record: logging.LogRecord, args: tuple[Any, ...]) -> None:
+    from ..api import current_job
+
+    handle = current_job()
+    if handle is None or str(handle.job_id) != str(args[0]):
+        return  # not a line about this thread's job (one it enqueued, say)
+    record.fence, record.attempt, record.worker = handle.fence, handle.attempt, handle.worker_id
+    record.msg = f"{record.msg} fence=%s attempt=%s worker=%s"
+    record.args = (*args, handle.fence, handle.attempt, handle.worker_id)
 
 
 class JsonFormatter(logging.Formatter):
@@ -201,11 +215,24 @@ def configured_by_project(name: str) -> bool:
     return any(name == key or name.startswith(f"{key}.") for key in config.get("loggers", {}))
 
 
+# What configure() was last called with: a process-isolated handler's child process
+# (child.py) configures its own logging the same way, so that Django's task lines, which the
+# child writes, come out as they do in thread isolation.
+_configured: tuple[int, str] | None = None
+
+
+def configured() -> tuple[int, str] | None:
+    """The (verbosity, log_format) this process's worker logging was configured with."""
+    return _configured
+
+
 def configure(verbosity: int, log_format: str = "text") -> list[str]:
     """Give the worker's logger and Django's task logger one handler on stderr, in
     ``log_format`` ("text" or "json"), unless the project's LOGGING routes them; set their
     levels from ``verbosity`` either way (-v 0: warnings, 1: one line per event, 2: renewals
     too). Return the names of the loggers given the handler."""
+    global _configured
+    _configured = (verbosity, log_format)
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())

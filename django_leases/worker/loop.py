@@ -361,11 +361,12 @@ class Worker:
         self._settle()
 
     def _log_claim(self, job: Any) -> None:
-        """One line per claim; a takeover of an expired claim names the claim it ended
-        (the claim verb reports the row as it was: ``was_state``, ``was_claimed_by``,
-        ``was_fence``, ``was_lease``)."""
+        """One line per claim: at -v 2 for a due job (at -v 1 Django's ``state=RUNNING`` line
+        says the same, with the fence, attempt and worker: logs.py); a warning for a takeover
+        of an expired claim, naming the claim it ended (the claim verb reports the row as it
+        was: ``was_state``, ``was_claimed_by``, ``was_fence``, ``was_lease``)."""
         if getattr(job, "was_state", None) != "claimed":
-            logger.info(
+            logger.debug(
                 "Claimed job=%s task=%s fence=%s attempt=%s/%s worker=%s",
                 job.pk,
                 job.task_path,
@@ -597,11 +598,12 @@ class Worker:
         self._acked(oks, acked)
 
     def _acked(self, oks: list[tuple[Claim, Outcome]], acked: set[Any]) -> None:
-        """The acks of ``oks`` went through: settle each, logged as acked or rejected."""
+        """The acks of ``oks`` went through: settle each, logged as acked (-v 2: Django's
+        ``state=SUCCESSFUL`` line came first) or rejected (a warning)."""
         for claim, _ in oks:
             self._forget(claim)
             if claim.pk in acked:
-                logger.info(
+                logger.debug(
                     "Acked job=%s fence=%s worker=%s",
                     claim.pk,
                     claim.job.fence,
