@@ -1167,10 +1167,18 @@ def evaluate(
     worst = min([x for x in (leases, leases_cma) if x], default=None)
     if lim and worst:
         add(
-            "drain, 2 workers >= 1.5x the one-claim-one-ack limit",
+            "drain, 2 workers >= 3x the one-claim-one-ack limit",
             worst / lim,
-            1.5,
+            3.0,
             f"{worst:,.0f} / {lim:,.0f} = {worst / lim:.2f}x (worse of CONN_MAX_AGE 0 and None)",
+        )
+    four = rate("leases|4")
+    if leases and four:
+        add(
+            "drain, 4 workers no lower than 2 (on this machine's cores)",
+            four / leases,
+            1.0,
+            f"{four:,.0f} / {leases:,.0f} = {four / leases:.2f}x",
         )
     c10 = next(
         (
@@ -1195,13 +1203,23 @@ def evaluate(
         if k.endswith("|2") and k.split("|")[0].split("@")[0] in PEERS
     }
     peers = {k: v for k, v in peers.items() if v}
-    if peers and worst:
-        best = max(peers, key=peers.get)
+    django_peers = {k: v for k, v in peers.items() if k.split("@")[0] not in NOT_DJANGO}
+    if django_peers and worst:
+        best = max(django_peers, key=django_peers.get)
         add(
-            ">= 4x the best peer, 2 workers, whatever CONN_MAX_AGE",
-            worst / peers[best],
+            ">= 4x the best Django peer, 2 workers, whatever CONN_MAX_AGE",
+            worst / django_peers[best],
             4.0,
-            f"{worst:,.0f} / {peers[best]:,.0f} ({best}) = {worst / peers[best]:.2f}x",
+            f"{worst:,.0f} / {django_peers[best]:,.0f} ({best}) = {worst / django_peers[best]:.2f}x",
+        )
+    pgq = {k: v for k, v in peers.items() if k.split("@")[0] in NOT_DJANGO}
+    if pgq and worst:
+        best = max(pgq, key=pgq.get)
+        add(
+            "drain, 2 workers ahead of PgQueuer with its faster driver",
+            worst / pgq[best],
+            1.0,
+            f"{worst:,.0f} / {pgq[best]:,.0f} ({best}) = {worst / pgq[best]:.2f}x",
         )
     enq = results["enqueue"]
     if enq.get("leases") and enq.get("limit"):
