@@ -49,6 +49,10 @@ logger = logging.getLogger("django_leases.worker")
 # How long thread-isolated handlers told to stop at release may take to return before
 # their jobs are released anyway (a thread cannot be killed; it ends with the process).
 RELEASE_NOTICE_SECONDS = 1.0
+# How long a worker woken by a finished handler waits for the others still running, so
+# that their acks and the claim for their slots go out together: short beside any real
+# handler, long beside the hand-off of one that does nothing.
+GATHER_SECONDS = 0.001
 # How many times one claim's ack or fail may fail over a connection that still answers
 # (not an outage, then) before the database counts as refusing it.
 WRITE_STRIKES = 3
@@ -192,6 +196,8 @@ class Worker:
             # settling claim takes over expired claims, so one whose pass has waited a whole
             # interval more (a busy worker, woken each time a handler finishes) goes first.
             # A --burst worker leaves only after a settling claim found nothing.
+            if woken:
+                self._gather(GATHER_SECONDS)
             since = time.monotonic() - self._settled_at
             settle = since >= self.poll
             first = settle and (not woken or since >= 2 * self.poll)
@@ -239,6 +245,19 @@ class Worker:
                     continue
             # Jitter keeps a fleet of idle workers from polling in lockstep.
             woken = self.waker.wait(self.poll * random.uniform(0.9, 1.1))
+
+    def _gather(self, window: float) -> None:
+        """Woken by a finished handler while others still run, wait up to ``window`` for
+        them: their acks then ride with one claim instead of one each. A wake-up with no
+        outcome (NOTIFY, a stop) starts no wait, nor does one once every handler is done."""
+        deadline = time.monotonic() + window
+        while True:
+            done = self._done.qsize()
+            running = len(self.book) - done - len(self._unsent)
+            left = deadline - time.monotonic()
+            if not done or running <= 0 or left <= 0:
+                return
+            self.waker.wait(left)
 
     def _dead_thread(self) -> VitalThread | None:
         return next((t for t in self._vital if t.died or not t.is_alive()), None)
