@@ -157,6 +157,7 @@ def test_the_command_leaves_loggers_the_project_routes_alone():
         for n in names
     }
     root_handlers = logging.getLogger().handlers[:]
+    configured = logs.configured()  # what a process-isolated child would be given
     try:
         logging.getLogger().handlers = []  # pytest's own capture would count as routing
         for n in names:
@@ -174,6 +175,7 @@ def test_the_command_leaves_loggers_the_project_routes_alone():
             assert logs.configure(1) == []
             assert len(logging.getLogger(logs.TASKS_LOGGER).handlers) == 1
     finally:
+        logs._configured = configured
         logging.getLogger().handlers = root_handlers
         for n, (handlers, propagate, level) in saved.items():
             logging.getLogger(n).handlers = handlers

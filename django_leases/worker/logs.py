@@ -146,7 +146,8 @@ class TaskSignalFields(logging.Filter):
                 record.task = args[1]
                 state = str(args[2]) if "state=" in str(record.msg) else "enqueued"
                 record.event = f"task_{state.lower()}"
-                _name_the_claim(record, args)
+                if "state=" in str(record.msg):  # not the enqueued line: ids of other tables
+                    _name_the_claim(record, args)
         return True
 
 

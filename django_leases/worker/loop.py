@@ -198,6 +198,8 @@ class Worker:
             # A --burst worker leaves only after a settling claim found nothing.
             if woken:
                 self._gather(GATHER_SECONDS)
+                if self.stop_request.stopping or self._dead_thread() is not None:
+                    continue  # the wait took the stop's wake-up: the loop ends here
             since = time.monotonic() - self._settled_at
             settle = since >= self.poll
             first = settle and (not woken or since >= 2 * self.poll)
@@ -255,7 +257,7 @@ class Worker:
             done = self._done.qsize()
             running = len(self.book) - done - len(self._unsent)
             left = deadline - time.monotonic()
-            if not done or running <= 0 or left <= 0:
+            if not done or running <= 0 or left <= 0 or self.stop_request.stopping:
                 return
             self.waker.wait(left)
 
@@ -523,7 +525,7 @@ class Worker:
             # Not to be released at shutdown: the job is done.
             claim.handler_acked = True
             self.book.forget(claim)
-            logger.info(
+            logger.debug(
                 "Acked job=%s fence=%s worker=%s in the handler's fenced transaction",
                 claim.pk,
                 claim.job.fence,
