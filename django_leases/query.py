@@ -264,11 +264,14 @@ def _as_rows(jobs: list[Any], db: str) -> list[ClaimedJob]:
 
 def _pg_claim_rows(model: Any, db: str, sql: str, params: dict[str, Any]) -> list[ClaimedJob]:
     """_pg_claim's statement, read as plain rows."""
+    return _claimed_rows(db, *_pg_answer(db, sql, params))
+
+
+def _pg_answer(db: str, sql: str, params: dict[str, Any]) -> tuple[list[str], list[Any]]:
+    """Run ``sql``; its column names and rows."""
     with connections[db].cursor() as cursor:
         cursor.execute(sql, params)
-        columns = [c[0] for c in cursor.description]
-        rows = cursor.fetchall()
-    return _claimed_rows(db, columns, rows)
+        return [c[0] for c in cursor.description], cursor.fetchall()
 
 
 def _claimed_rows(db: str, columns: list[str], rows: list[Any]) -> list[ClaimedJob]:
@@ -901,10 +904,7 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         sql = _pg_sql(self._PG_ACK_CLAIM_DUE, self.model, db, all_queues=queues is None)
         params = {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}
         params.update(_ack_params(outcomes, results))
-        with connections[db].cursor() as cursor:
-            cursor.execute(sql, params)
-            columns = [c[0] for c in cursor.description]
-            rows = cursor.fetchall()
+        columns, rows = _pg_answer(db, sql, params)
         acked_ids = rows[0][columns.index("acked_ids")] if rows else None
         return set(acked_ids or ()), _claimed_rows(db, columns, rows)
 

@@ -360,12 +360,12 @@ class Worker:
                 lease=self.lease,
             )
         except Exception as e:  # noqa: BLE001 -- sent apart, each with its own handling
-            self._unsent.extend(oks)
             if isinstance(e, DB_ERRORS) and (contention(e) or not self._connection_answers()):
                 for claim, _ in oks:
                     claim.finish_failed()
+                self._unsent.extend(oks)
                 raise
-            self._settle()
+            self._send_held(oks)
             free = min(free, self.concurrency - len(self.book))
             if free < 1 or any(claim.state != SETTLED for claim, _ in oks):
                 return []

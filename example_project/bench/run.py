@@ -1203,24 +1203,20 @@ def evaluate(
         if k.endswith("|2") and k.split("|")[0].split("@")[0] in PEERS
     }
     peers = {k: v for k, v in peers.items() if v}
-    django_peers = {k: v for k, v in peers.items() if k.split("@")[0] not in NOT_DJANGO}
-    if django_peers and worst:
-        best = max(django_peers, key=django_peers.get)
-        add(
-            ">= 4x the best Django peer, 2 workers, whatever CONN_MAX_AGE",
-            worst / django_peers[best],
-            4.0,
-            f"{worst:,.0f} / {django_peers[best]:,.0f} ({best}) = {worst / django_peers[best]:.2f}x",
-        )
-    pgq = {k: v for k, v in peers.items() if k.split("@")[0] in NOT_DJANGO}
-    if pgq and worst:
-        best = max(pgq, key=pgq.get)
-        add(
-            "drain, 2 workers ahead of PgQueuer with its faster driver",
-            worst / pgq[best],
-            1.0,
-            f"{worst:,.0f} / {pgq[best]:,.0f} ({best}) = {worst / pgq[best]:.2f}x",
-        )
+    # The best of each group against the worse django-leases: Django peers, then PgQueuer.
+    for target, bound, group in (
+        (">= 4x the best Django peer, 2 workers, whatever CONN_MAX_AGE", 4.0, False),
+        ("drain, 2 workers ahead of PgQueuer with its faster driver", 1.0, True),
+    ):
+        rivals = {k: v for k, v in peers.items() if (k.split("@")[0] in NOT_DJANGO) == group}
+        if rivals and worst:
+            best = max(rivals, key=rivals.get)
+            add(
+                target,
+                worst / rivals[best],
+                bound,
+                f"{worst:,.0f} / {rivals[best]:,.0f} ({best}) = {worst / rivals[best]:.2f}x",
+            )
     enq = results["enqueue"]
     if enq.get("leases") and enq.get("limit"):
         l1 = med([r["single_per_s"] for r in enq["leases"]])[0]
