@@ -142,12 +142,17 @@ _DB_CLOCK_FIELDS = ("lease_expires_at", "heartbeat_at", "last_attempted_at", "st
 
 
 @functools.lru_cache(maxsize=64)
-def _pg_sql(template: str, model: Any, db: str, *, all_queues: bool = False) -> str:
+def _pg_sql(
+    template: str, model: Any, db: str, *, all_queues: bool = False, returning: str = "j.*"
+) -> str:
     """``template`` for ``model``'s tables; the claim's queue filter left out for a claim
-    of every queue (the due half is then the same ordered index scan, unfiltered)."""
+    of every queue (the due half is then the same ordered index scan, unfiltered), and the
+    claimed rows' columns ``returning`` (every column for a model instance, _ROW_RETURNING
+    for plain rows)."""
     quote = connections[db].ops.quote_name
     failure = apps.get_model("django_leases", "JobFailure")
     return template.format(
+        returning=returning,
         job=quote(model._meta.db_table),
         failure=quote(failure._meta.db_table),
         queue_filter="" if all_queues else "\n      AND queue_name = ANY(%(queues)s)",
@@ -244,6 +249,11 @@ _ROW_FIELDS = (
     "started_at",
     "last_attempted_at",
 )
+# What a claim statement returns for plain rows: those columns (and available_at, which it
+# orders by), not all of them: less for the server to send and the worker to parse per job.
+_ROW_RETURNING = ", ".join(
+    f"j.{name}" for name in (*_ROW_FIELDS[:1], *_ROW_FIELDS[2:], "available_at")
+)
 _JSON_FIELDS = ("args", "kwargs", "cursor", "retry")
 _WAS_FIELDS = ("was_state", "was_claimed_by", "was_fence", "was_lease")
 
@@ -334,7 +344,7 @@ _DUE_CLAIM_CTES = (
 """
     + _CLAIMED_SET
     + """        FROM due WHERE j.id = due.id
-        RETURNING j.*, due.was_claimed_by, due.was_fence, due.was_lease
+        RETURNING {returning}, due.was_claimed_by, due.was_fence, due.was_lease
     )"""
 )
 
@@ -492,7 +502,7 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         + _CLAIMED_SET
         + """        FROM picked AS c
         WHERE j.id = c.id
-        RETURNING j.*, c.was_state, c.was_claimed_by, c.was_fence, c.was_attempts, c.was_lease
+        RETURNING {returning}, c.was_state, c.was_claimed_by, c.was_fence, c.was_attempts, c.was_lease
     ), lost AS (
         -- A takeover records the expired claim as a spent attempt, in the same statement.
         INSERT INTO {failure} (job_id, attempt, fence, worker_id, kind, exception_class_path,
@@ -576,7 +586,7 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         takeover of an expired claim), ``was_claimed_by``, ``was_fence`` and ``was_lease``
         (the seconds its last claim or renewal granted, from the row's own database times).
         """
-        return self._claim_with(_pg_claim, _as_jobs, worker_id, queues, limit, lease, settle)
+        return self._claim_with(_pg_claim, "j.*", _as_jobs, worker_id, queues, limit, lease, settle)
 
     @retry_deadlock_victims
     def claim_rows(
@@ -590,11 +600,14 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
     ) -> list[ClaimedJob]:
         """claim(), answered as ClaimedJob rows rather than model instances (the worker's
         verb: on PostgreSQL no model instance is built per job)."""
-        return self._claim_with(_pg_claim_rows, _as_rows, worker_id, queues, limit, lease, settle)
+        return self._claim_with(
+            _pg_claim_rows, _ROW_RETURNING, _as_rows, worker_id, queues, limit, lease, settle
+        )
 
     def _claim_with(
         self,
         pg_claim: Callable[[Any, str, str, dict[str, Any]], list[_Claimed]],
+        returning: str,
         portable_as: Callable[[list[Job], str], list[_Claimed]],
         worker_id: str,
         queues: Iterable[str] | None,
@@ -603,7 +616,8 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         settle: bool,
     ) -> list[_Claimed]:
         """claim() and claim_rows(): on PostgreSQL one statement (the due jobs alone when
-        not settling), then the portable settling pass for what is left of ``limit``."""
+        not settling) answering the columns ``returning``, then the portable settling pass
+        for what is left of ``limit``."""
         if limit < 1:
             return []
         lease = _checked_lease(lease)
@@ -612,7 +626,7 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         claimed: list[_Claimed] = []
         if on_postgresql(db):
             template = self._PG_CLAIM if settle else self._PG_CLAIM_DUE
-            sql = _pg_sql(template, self.model, db, all_queues=queues is None)
+            sql = _pg_sql(template, self.model, db, all_queues=queues is None, returning=returning)
             params = {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}
             claimed = pg_claim(self.model, db, sql, params)
             if len(claimed) == limit or not settle:
@@ -901,7 +915,13 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
             with transaction.atomic(using=db):
                 acked = self.ack_many(outcomes)
                 return acked, self.claim_rows(worker_id, queues, limit, lease, settle=False)
-        sql = _pg_sql(self._PG_ACK_CLAIM_DUE, self.model, db, all_queues=queues is None)
+        sql = _pg_sql(
+            self._PG_ACK_CLAIM_DUE,
+            self.model,
+            db,
+            all_queues=queues is None,
+            returning=_ROW_RETURNING,
+        )
         params = {"worker": worker_id, "queues": queues, "limit": limit, "lease": lease}
         params.update(_ack_params(outcomes, results))
         columns, rows = _pg_answer(db, sql, params)

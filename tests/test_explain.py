@@ -90,15 +90,16 @@ def test_the_claim_on_200000_rows_uses_indexes_and_no_full_scan_on_mysql():
     assert len(Job.objects.claim("w", None, limit=10)) == 10
 
 
-def pg_claim_statement(worker, queues, limit, *, settle=True):
-    """The claim statement as Job.objects.claim() sends it on PostgreSQL: query.py's own
-    _PG_CLAIM (_PG_CLAIM_DUE when not settling) rendered by its own helper, with the
-    parameters bound client-side (Django's default on psycopg 3, so this is the text the
-    server receives)."""
-    from django_leases.query import JobQuerySet, _pg_sql
+def pg_claim_statement(worker, queues, limit, *, settle=True, rows=False):
+    """The claim statement as Job.objects.claim() sends it on PostgreSQL (claim_rows() with
+    ``rows``): query.py's own _PG_CLAIM (_PG_CLAIM_DUE when not settling) rendered by its own
+    helper, with the parameters bound client-side (Django's default on psycopg 3, so this is
+    the text the server receives)."""
+    from django_leases.query import _ROW_RETURNING, JobQuerySet, _pg_sql
 
     template = JobQuerySet._PG_CLAIM if settle else JobQuerySet._PG_CLAIM_DUE
-    sql = _pg_sql(template, Job, connection.alias, all_queues=queues is None)
+    returning = _ROW_RETURNING if rows else "j.*"
+    sql = _pg_sql(template, Job, connection.alias, all_queues=queues is None, returning=returning)
     params = {"worker": worker, "queues": queues, "limit": limit, "lease": None}
     return connection.ops.compose_sql(sql, params)
 
@@ -193,7 +194,9 @@ def test_the_woken_claim_on_200000_rows_is_an_ordered_scan_of_the_due_index():
         pytest.skip("the plan is checked on PostgreSQL, the production target")
     load_rows()
     for queues in (["default", "emails"], None):
-        statement = pg_claim_statement("w", queues, 10, settle=False)
+        statement = pg_claim_statement("w", queues, 10, settle=False, rows=True)
+        # Plain rows answer the columns a ClaimedJob holds, not every column of the row.
+        assert "RETURNING j.*" not in statement and "j.result" not in statement
         assert "leases_job_claimed_idx" not in explain(statement)
         assert_due_claim_plan_uses_indexes(explain(statement))
         with CaptureQueriesContext(connection) as sent:
@@ -227,9 +230,15 @@ def test_the_woken_claim_on_200000_rows_is_an_ordered_scan_of_the_due_index():
 
 def pg_ack_claim_statement(claims, queues, limit):
     """The statement ack_and_claim_rows() sends on PostgreSQL for ``claims`` (results None)."""
-    from django_leases.query import JobQuerySet, _ack_params, _pg_sql
+    from django_leases.query import _ROW_RETURNING, JobQuerySet, _ack_params, _pg_sql
 
-    sql = _pg_sql(JobQuerySet._PG_ACK_CLAIM_DUE, Job, connection.alias, all_queues=queues is None)
+    sql = _pg_sql(
+        JobQuerySet._PG_ACK_CLAIM_DUE,
+        Job,
+        connection.alias,
+        all_queues=queues is None,
+        returning=_ROW_RETURNING,
+    )
     params = {"worker": "w", "queues": queues, "limit": limit, "lease": None}
     params.update(_ack_params([(c, None) for c in claims], {c.pk: None for c in claims}))
     return connection.ops.compose_sql(sql, params)
