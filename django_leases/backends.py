@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import replace
 from typing import Any, cast
 
@@ -23,6 +22,7 @@ from .enqueue import (
     insert_job_rows,
 )
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
+from .fits import misfit, signature_of
 from .states import FailureKind, JobState, LeaseLostPolicy
 from .task import LeaseTask, UndeclaredTask
 
@@ -80,27 +80,14 @@ def _job_model(alias: str) -> Any:
     return Job
 
 
-_signatures: dict[Any, inspect.Signature | None] = {}
-
-
 def _check_fits(task: Any, args: list[Any], kwargs: dict[str, Any], path: str = "") -> None:
     """Refuse arguments ``task``'s function cannot take (InvalidJobArgument naming
     ``args/kwargs``), as the worker would refuse the row: a job that can never run."""
-    func = task.func
-    if func not in _signatures:
-        try:
-            _signatures[func] = inspect.signature(func)
-        except (TypeError, ValueError):  # a builtin or C function: let the call decide
-            _signatures[func] = None
-    signature = _signatures[func]
-    if signature is None:
-        return
-    try:
-        signature.bind(*([None] if task.takes_context else []), *args, **kwargs)
-    except TypeError as e:
+    why = misfit(task.func, task.takes_context, args, kwargs)
+    if why is not None:
         raise InvalidJobArgument(
-            f"{path}args/kwargs", f"do not fit {task.name}{signature}: {e}"
-        ) from None
+            f"{path}args/kwargs", f"do not fit {task.name}{signature_of(task.func)}: {why}"
+        )
 
 
 def _as_enqueued(task: Any, job: Any) -> Any:

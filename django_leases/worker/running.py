@@ -23,6 +23,7 @@ from django.tasks.signals import task_finished, task_started
 
 from ..api import JobHandle, WorkerLink
 from ..exceptions import NonRetryable
+from ..fits import misfit, signature_of
 from ..storable import (
     class_path,
     describe_exception,
@@ -63,37 +64,13 @@ def unrunnable(job: Any, task: Any, alias: str) -> tuple[str, str] | None:
             return INVALID_OPTION, (
                 f"retry: cannot be read as a retry ladder, the row holds {_shown(job.retry)}: {e}"
             )
-    signature = _signature(task.func)
-    if signature is None:  # a builtin or C function: let the call decide
-        return None
-    context = [None] if task.takes_context else []
-    try:
-        signature.bind(*context, *job.args, **job.kwargs)
-    except TypeError as e:
-        return INVALID_ARGUMENT, f"args/kwargs: do not fit {job.task_path}{signature}: {e}"
+    why = misfit(task.func, task.takes_context, job.args, job.kwargs)
+    if why is not None:
+        return (
+            INVALID_ARGUMENT,
+            f"args/kwargs: do not fit {job.task_path}{signature_of(task.func)}: {why}",
+        )
     return None
-
-
-_signatures: dict[Any, inspect.Signature | None] = {}
-
-
-def _signature(func: Any) -> inspect.Signature | None:
-    """inspect.signature(func), read once per function (it costs more than the bind)."""
-    try:
-        return _signatures[func]
-    except KeyError:
-        pass
-    except Exception:  # noqa: BLE001 -- an unhashable callable: read it every time
-        return _read_signature(func)
-    _signatures[func] = signature = _read_signature(func)
-    return signature
-
-
-def _read_signature(func: Any) -> inspect.Signature | None:
-    try:
-        return inspect.signature(func)
-    except (TypeError, ValueError):
-        return None
 
 
 def _shown(value: Any) -> str:

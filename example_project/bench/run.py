@@ -418,6 +418,11 @@ class CpuMeter:
         return worker, db
 
 
+# Jobs each latency round first runs through its workers (warm_up): enough that every
+# handler thread of two workers runs some.
+WARM_UP_JOBS = 200
+
+
 def settle(count: int) -> None:
     """Let worker processes start (imports, first connection) on this 2-core machine."""
     time.sleep(1.5 + 0.6 * count)
@@ -520,15 +525,31 @@ def drain(
     }
 
 
+def warm_up(system: System, jobs: int = WARM_UP_JOBS) -> None:
+    """Run ``jobs`` no-op jobs through the workers just started and wait until they are done:
+    each handler thread then holds its connection, as in a worker that has been running
+    (a worker's first job per thread opens one, about 4 ms here)."""
+    with psycopg.connect(dsn(system.db), autocommit=True) as conn:
+        before = finished(system, conn)[0]
+        system.driver("prefill", str(jobs))
+        deadline = time.monotonic() + 60
+        while finished(system, conn)[0] < before + jobs:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{system.key}: the warm-up jobs did not finish in 60 s")
+            time.sleep(0.1)
+    time.sleep(1.0)  # idle again
+
+
 def latency(system: System, samples: int, gap: float, workers: int = 2) -> dict:
-    """Enqueue one job at a time to idle workers; enqueue-to-start = start - moment before
-    enqueue() (time.time() in both processes, same machine)."""
+    """Enqueue one job at a time to idle, warmed-up workers; enqueue-to-start = start -
+    moment before enqueue() (time.time() in both processes, same machine)."""
     reset(system)
     fd, record = tempfile.mkstemp(prefix=f"bench-lat-{system.key}-")
     os.close(fd)
     procs = start_workers(system, workers, BENCH_RECORD=record)
     try:
         settle(workers)
+        warm_up(system)
         system.driver("feed", "--count", str(samples), "--gap", str(gap))
         deadline = time.monotonic() + 5 + 2 * samples * gap
         lines: list[list[str]] = []
@@ -1044,7 +1065,7 @@ def report(
             )
         out("")
     if results["latency"]:
-        out(f"## Enqueue-to-start latency, 2 idle workers ({a.latency_samples} jobs per round)")
+        out(f"## Enqueue-to-start latency, 2 idle workers, warmed up ({a.latency_samples} jobs per round)")
         out("")
         out("| system | p50 | p99 | received |")
         out("|---|---|---|---|")

@@ -1,0 +1,90 @@
+"""fits.py answers once per shape of call what Signature.bind answers for every call.
+
+Invariant (design.md): (6) whatever a caller passes to enqueue is untrusted input: a call
+that does not fit is refused, whichever calls of other shapes came before it.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from django_leases import fits
+
+
+def positional_keyword_and_more(a, /, b, c=3, *, d, e=5):
+    return a
+
+
+def open_ended(a, *rest, b=2, **more):
+    return a
+
+
+def takes_nothing():
+    return None
+
+
+FUNCTIONS = [positional_keyword_and_more, open_ended, takes_nothing]
+NAMES = ["a", "b", "c", "d", "e", "x"]
+
+
+def bind_says(func, takes_context, args, kwargs):
+    try:
+        inspect.signature(func).bind(*([None] if takes_context else []), *args, **kwargs)
+    except TypeError as e:
+        return str(e)
+    return None
+
+
+@given(
+    calls=st.lists(
+        st.tuples(
+            st.sampled_from(FUNCTIONS),
+            st.booleans(),
+            st.lists(st.integers(), max_size=4),
+            st.dictionaries(st.sampled_from(NAMES), st.integers(), max_size=4),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_each_shape_is_answered_as_bind_answers_it(calls):
+    """Calls of every shape, in any order and repeated (the second time from what was
+    kept): the answer, fitting or the TypeError's words, is bind()'s own."""
+    for func, takes_context, args, kwargs in calls * 2:
+        assert fits.misfit(func, takes_context, args, kwargs) == bind_says(
+            func, takes_context, args, kwargs
+        )
+
+
+def test_a_misfit_is_refused_after_fitting_calls_of_other_shapes():
+    fits._shapes.clear()
+    assert fits.misfit(positional_keyword_and_more, False, [1, 2], {"d": 4}) is None
+    assert fits.misfit(positional_keyword_and_more, False, [1, 2], {}) == (
+        "missing a required argument: 'd'"
+    )
+    # The same count and names with other values: the same answer, kept.
+    assert fits.misfit(positional_keyword_and_more, False, ["x", None], {"d": []}) is None
+    # A context argument takes the first place.
+    assert fits.misfit(positional_keyword_and_more, True, [2], {"d": 4}) is None
+    assert fits.misfit(positional_keyword_and_more, True, [1, 2], {"d": 4}) is None
+    assert fits.misfit(positional_keyword_and_more, True, [1, 2, 3, 4], {"d": 4}) == (
+        "too many positional arguments"
+    )
+
+
+def test_what_is_kept_is_bounded(monkeypatch):
+    monkeypatch.setattr(fits, "MAX_KEPT", 8)
+    fits._shapes.clear()
+    for n in range(20):
+        assert fits.misfit(open_ended, False, [0], {f"k{n}": n}) is None
+        assert len(fits._shapes) <= 8
+    assert fits.misfit(takes_nothing, False, [1], {}) == "too many positional arguments"
+
+
+def test_a_callable_with_no_signature_to_read_is_left_to_the_call():
+    """max has no signature inspect can read: no refusal ahead of the call, which decides."""
+    assert fits.signature_of(max) is None
+    assert fits.misfit(max, False, [], {"nonsense": 1}) is None
