@@ -113,6 +113,8 @@ class System:
     record: str = ""
     extra_env: dict = field(default_factory=dict)
     tag: str = ""  # a variant other than CONN_MAX_AGE, e.g. "c10"
+    # A tuned django-leases variant's own worker options, e.g. ("-v", "0").
+    worker_args: tuple[str, ...] = ()
     # --baseline-ref: django-leases as of a git ref, from a copy put first on PYTHONPATH.
     ref: str = ""
     root: Path | None = None
@@ -135,6 +137,8 @@ class System:
             base += f" @ {self.ref}"
         if self.extra_env.get("BENCH_CONCURRENCY"):
             base += f" (CONCURRENCY={self.extra_env['BENCH_CONCURRENCY']})"
+        if self.worker_args:
+            base += f" ({' '.join(self.worker_args)})"
         if self.conn_max_age != "0" and self.kind not in ("limit", "procrastinate"):
             base += f" (CONN_MAX_AGE={self.conn_max_age})"
         return base
@@ -184,7 +188,7 @@ class System:
                 "--listen",
             ],
             # As a user starts it: default verbosity, one line per event.
-            "leases": [*django, "run_lease_worker"],
+            "leases": [*django, "run_lease_worker", *self.worker_args],
             "tasksdb": [*django, "db_worker", "--no-startup-delay", "--no-reload", "-v", "0"],
             "procrastinate": [*django, "procrastinate", "worker"],
             "ox": [*django, "ox_worker"],
@@ -767,6 +771,12 @@ def main() -> None:
         default=1,
         help="also drain django-leases with this CONCURRENCY (2 workers; 0: skip)",
     )
+    parser.add_argument(
+        "--leases-quiet",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also drain django-leases with -v 0 (2 workers): no line per job",
+    )
     parser.add_argument("--workloads", default="drain,enqueue,latency,recovery,heartbeat")
     parser.add_argument("--enqueue-single", type=int, default=2000)
     parser.add_argument("--enqueue-bulk", type=int, default=10_000)
@@ -829,6 +839,8 @@ def main() -> None:
                 extra_env={"BENCH_CONCURRENCY": str(a.leases_concurrency)},
             )
         )
+    if a.leases_quiet and "leases" in wanted:
+        variants.append(System("leases", venvs=a.venvs, tag="v0", worker_args=("-v", "0")))
     broken: dict[str, str] = {}
     for system in systems:
         try:
@@ -1065,7 +1077,9 @@ def report(
             )
         out("")
     if results["latency"]:
-        out(f"## Enqueue-to-start latency, 2 idle workers, warmed up ({a.latency_samples} jobs per round)")
+        out(
+            f"## Enqueue-to-start latency, 2 idle workers, warmed up ({a.latency_samples} jobs per round)"
+        )
         out("")
         out("| system | p50 | p99 | received |")
         out("|---|---|---|---|")
