@@ -24,7 +24,14 @@ def current_database_url() -> str:
         auth += ":" + quote(s["PASSWORD"])
     host = s["HOST"] or "127.0.0.1"
     port = f":{s['PORT']}" if s["PORT"] else ""
-    return f"{scheme}://{auth}@{host}{port}/{s['NAME']}"
+    options = s.get("OPTIONS", {})
+    query = (
+        f"?server_side_binding={str(options['server_side_binding']).lower()}"
+        f"&prepare_threshold={options.get('prepare_threshold', 5)}"
+        if "server_side_binding" in options
+        else ""
+    )
+    return f"{scheme}://{auth}@{host}{port}/{s['NAME']}{query}"
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 DATABASE_URL=postgres://postgres@127.0.0.1:5432/test
 DATABASE_URL=sqlite:///path/to/file.sqlite3   (a file: worker processes share it)
+DATABASE_URL=postgres://...?server_side_binding=true&prepare_threshold=5   (prepared statements)
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 BASE_DIR = Path(__file__).resolve().parent
 
@@ -35,7 +36,7 @@ def database_from_url(url: str) -> dict:
         "postgresql": "django.db.backends.postgresql",
         "mysql": "django.db.backends.mysql",
     }[parsed.scheme]
-    return {
+    database = {
         "ENGINE": engine,
         "NAME": unquote(parsed.path.lstrip("/")),
         "USER": unquote(parsed.username or ""),
@@ -45,6 +46,15 @@ def database_from_url(url: str) -> dict:
         "CONN_MAX_AGE": 0,
         "TEST": {"NAME": os.environ.get("LEASES_TEST_DB_NAME") or None},
     }
+    # psycopg 3's prepared statements, as a project turns them on (no pooler in between):
+    # ?server_side_binding=true&prepare_threshold=5
+    query = parse_qs(parsed.query)
+    if "server_side_binding" in query:
+        database["OPTIONS"] = {
+            "server_side_binding": query["server_side_binding"][0] == "true",
+            "prepare_threshold": int(query.get("prepare_threshold", ["5"])[0]),
+        }
+    return database
 
 
 def queue_database(default: dict) -> dict:

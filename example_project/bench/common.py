@@ -59,6 +59,13 @@ def django_settings(dbname: str, apps: list[str], tasks: dict | None) -> dict:
             }
         },
     }
+    if os.environ.get("BENCH_PREPARED"):
+        # A tuned variant: psycopg's server-side binding, each statement prepared from its
+        # 5th run on a connection (Django binds client-side and prepares nothing by default).
+        settings["DATABASES"]["default"]["OPTIONS"] = {
+            "server_side_binding": True,
+            "prepare_threshold": 5,
+        }
     if tasks is not None:
         settings["TASKS"] = tasks
     return settings

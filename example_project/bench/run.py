@@ -139,6 +139,8 @@ class System:
             base += f" (CONCURRENCY={self.extra_env['BENCH_CONCURRENCY']})"
         if self.worker_args:
             base += f" ({' '.join(self.worker_args)})"
+        if self.extra_env.get("BENCH_PREPARED"):
+            base += " (prepared statements)"
         if self.conn_max_age != "0" and self.kind not in ("limit", "procrastinate"):
             base += f" (CONN_MAX_AGE={self.conn_max_age})"
         return base
@@ -777,6 +779,13 @@ def main() -> None:
         default=True,
         help="also drain django-leases with -v 0 (2 workers): no line per job",
     )
+    parser.add_argument(
+        "--leases-prepared",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run django-leases with psycopg's prepared statements (OPTIONS "
+        "server_side_binding and prepare_threshold): drain, enqueue and latency",
+    )
     parser.add_argument("--workloads", default="drain,enqueue,latency,recovery,heartbeat")
     parser.add_argument("--enqueue-single", type=int, default=2000)
     parser.add_argument("--enqueue-bulk", type=int, default=10_000)
@@ -818,6 +827,10 @@ def main() -> None:
                 log(f"SKIP {key}: could not install it: {e}")
                 continue
         systems.append(System(kind, batch=10 if key == "limit10" else 1, venvs=a.venvs))
+    if a.leases_prepared and "leases" in wanted:
+        systems.append(
+            System("leases", venvs=a.venvs, tag="prepared", extra_env={"BENCH_PREPARED": "1"})
+        )
     if a.baseline_ref:
         copies = Path(tempfile.mkdtemp(prefix=f"{DB_PREFIX}baseline-"))
         root = baseline_copy(a.baseline_ref, copies)
@@ -828,7 +841,7 @@ def main() -> None:
     variants = [
         System(s.kind, conn_max_age="none", venvs=a.venvs)
         for s in systems
-        if s.kind in a.cma_variants.split(",") and s.batch == 1 and not s.ref
+        if s.kind in a.cma_variants.split(",") and s.batch == 1 and not s.ref and not s.tag
     ]
     if a.leases_concurrency and "leases" in wanted:
         variants.append(
@@ -902,8 +915,8 @@ def main() -> None:
                 attempt(results["latency"], s.key, latency, s, a.latency_samples, a.latency_gap)
         if "recovery" in workloads:
             for s in systems:
-                if s.kind == "limit":
-                    continue
+                if s.kind == "limit" or s.tag:
+                    continue  # recovery is the lease's: a tuned variant changes nothing of it
                 n = a.recovery_samples if s.kind == "leases" else 1
                 log(f"  recovery {s.key} x{n}")
                 attempt(
