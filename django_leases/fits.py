@@ -5,6 +5,10 @@ before it runs. ``inspect.Signature.bind`` decides that from the shape of the ca
 (how many positional arguments, which keyword names in which order), never from the
 values, so the answer for a shape is kept: a bulk enqueue of 10,000 calls of one shape
 binds once, and a worker binds once per task and shape, not once per job.
+
+Only shapes whose keywords all name parameters of the function are kept, so what is kept is
+bounded by the functions' own parameter names, never by names a caller made up: a function
+that takes ``**kwargs``, or a call with a keyword it does not know, is bound every time.
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ from typing import Any
 # Per function: its signature, or None when it has none to read (a builtin or C function:
 # the call decides).
 _signatures: dict[Any, inspect.Signature | None] = {}
+# Per function: the names its parameters may be passed by, or None when it takes **kwargs
+# or has no signature to read.
+_keywords: dict[Any, frozenset[str] | None] = {}
 # Per (function, takes_context, positional count, keyword names): None when such a call
 # fits, else the TypeError's message.
 _shapes: dict[tuple[Any, ...], str | None] = {}
-# A bound on what is kept: shapes are few per task, so this is only reached by callers that
-# vary their keyword names from call to call.
+# A bound on what is kept, per table.
 MAX_KEPT = 4096
+
+_BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
 def signature_of(func: Any) -> inspect.Signature | None:
@@ -31,8 +39,7 @@ def signature_of(func: Any) -> inspect.Signature | None:
         pass
     except TypeError:  # an unhashable callable: read it every time
         return _read(func)
-    if len(_signatures) >= MAX_KEPT:
-        _signatures.clear()
+    _kept(_signatures)
     _signatures[func] = signature = _read(func)
     return signature
 
@@ -41,19 +48,41 @@ def misfit(func: Any, takes_context: bool, args: list[Any], kwargs: dict[str, An
     """None when ``func`` takes ``args`` and ``kwargs`` (after a context argument when
     ``takes_context``), or it has no signature to tell; else why not, as bind() says it."""
     try:
-        shape = (func, takes_context, len(args), tuple(kwargs))
+        names = _keywords[func]
+    except KeyError:
+        names = _keyword_names(func)
+    except TypeError:  # an unhashable callable
+        names = None
+    if names is None or not isinstance(kwargs, dict) or not names.issuperset(kwargs):
+        return _bind(func, takes_context, args, kwargs)
+    shape = (func, takes_context, len(args), tuple(kwargs))
+    try:
         return _shapes[shape]
     except KeyError:
         pass
-    except TypeError:  # an unhashable callable
-        return _bind(func, takes_context, args, kwargs)
-    if len(_shapes) >= MAX_KEPT:
-        _shapes.clear()
+    _kept(_shapes)
     _shapes[shape] = answer = _bind(func, takes_context, args, kwargs)
     return answer
 
 
-def _bind(func: Any, takes_context: bool, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+def _keyword_names(func: Any) -> frozenset[str] | None:
+    signature = signature_of(func)
+    names = None
+    if signature is not None and all(
+        p.kind is not inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
+    ):
+        names = frozenset(p.name for p in signature.parameters.values() if p.kind in _BY_KEYWORD)
+    _kept(_keywords)
+    _keywords[func] = names
+    return names
+
+
+def _kept(table: dict[Any, Any]) -> None:
+    if len(table) >= MAX_KEPT:
+        table.clear()
+
+
+def _bind(func: Any, takes_context: bool, args: list[Any], kwargs: Any) -> str | None:
     signature = signature_of(func)
     if signature is None:
         return None

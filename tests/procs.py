@@ -26,9 +26,8 @@ def current_database_url() -> str:
     port = f":{s['PORT']}" if s["PORT"] else ""
     options = s.get("OPTIONS", {})
     query = (
-        f"?server_side_binding={str(options['server_side_binding']).lower()}"
-        f"&prepare_threshold={options.get('prepare_threshold', 5)}"
-        if "server_side_binding" in options
+        f"?server_side_binding=true&prepare_threshold={options['prepare_threshold']}"
+        if options.get("server_side_binding")
         else ""
     )
     return f"{scheme}://{auth}@{host}{port}/{s['NAME']}{query}"

@@ -8,6 +8,9 @@
 #     transaction pooling (tests/pooler.py): the tests of the verbs, the workers, fencing, the
 #     admin, and the chaos short profile. Skipped without pgbouncer, unless
 #     LEASES_REQUIRE_PGBOUNCER=1 (CI): then it fails.
+#   LEASES_DATABASES=prepared bash tests/run.sh    PostgreSQL with psycopg's server-side binding
+#     and prepared statements (OPTIONS server_side_binding, prepare_threshold): the tests of
+#     the verbs, enqueue, the backend and the workers, and a check that statements are prepared.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/bootstrap.sh"
@@ -60,12 +63,25 @@ pooled() {
   return $rc
 }
 
+# The tests that run with prepared statements (LEASES_PREPARED_TESTS="..." runs others instead).
+prepared_tests=(${LEASES_PREPARED_TESTS:-tests/test_prepared.py tests/test_query.py
+  tests/test_explain.py tests/test_backend.py tests/test_tasks_api.py tests/test_testing.py
+  tests/test_enqueue_hostile.py tests/test_hostile_handlers.py tests/test_dead_letters.py
+  tests/test_fencing.py tests/test_worker_process.py tests/test_worker_fencing.py
+  tests/test_worker_heartbeat.py})
+
 status=0
 for db in ${LEASES_DATABASES:-sqlite postgres}; do
   case $db in
     sqlite) url="sqlite:///${TMPDIR:-/tmp}/django-leases-tests-$$.sqlite3" ;;
     postgres) url=$pg_url ;;
     mysql) url=$mysql_url ;;
+    prepared)
+      echo "=== tests on PostgreSQL with prepared statements ($("$LEASES_VENV_PYTHON" -V)) ==="
+      DATABASE_URL="$pg_url?server_side_binding=true&prepare_threshold=5" LEASES_EXPECT_PREPARED=1 \
+        LEASES_TEST_DB_NAME=${LEASES_TEST_DB_NAME:-test_leases}_prepared \
+        "$LEASES_VENV_PYTHON" -m pytest -p no:cacheprovider "${prepared_tests[@]}" "$@" || status=$?
+      continue ;;
     pgbouncer)
       echo "=== tests on PostgreSQL through PgBouncer, transaction pooling ($("$LEASES_VENV_PYTHON" -V)) ==="
       pooled "$@" || status=$?

@@ -47,13 +47,15 @@ def database_from_url(url: str) -> dict:
         "TEST": {"NAME": os.environ.get("LEASES_TEST_DB_NAME") or None},
     }
     # psycopg 3's prepared statements, as a project turns them on (no pooler in between):
-    # ?server_side_binding=true&prepare_threshold=5
+    # ?server_side_binding=true&prepare_threshold=5 (tests/run.sh's prepared pass).
     query = parse_qs(parsed.query)
-    if "server_side_binding" in query:
+    if engine.endswith("postgresql") and query.get("server_side_binding") == ["true"]:
         database["OPTIONS"] = {
-            "server_side_binding": query["server_side_binding"][0] == "true",
+            "server_side_binding": True,
             "prepare_threshold": int(query.get("prepare_threshold", ["5"])[0]),
         }
+    elif query:
+        raise ValueError(f"DATABASE_URL: unknown query {parsed.query!r} (see tests/settings.py)")
     return database
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.db import connection, transaction
@@ -184,6 +185,33 @@ def assert_due_claim_plan_uses_indexes(plan):
     assert "Index Scan using leases_job_due_idx" in plan, plan
 
 
+# The types the woken claim's parameters arrive with when psycopg binds them server-side.
+_PARAMETER_TYPES = {"worker": "text", "queues": "text[]", "limit": "int8", "lease": "float8"}
+
+
+def explain_generic(sql, values):
+    """EXPLAIN of ``sql``'s generic plan: the plan PostgreSQL may keep for a prepared
+    statement (a project's server_side_binding and prepare_threshold), made without the
+    parameters' values. PREPAREd with $n for each named parameter, then EXECUTEd under
+    plan_cache_mode = force_generic_plan."""
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
+    for n, name in enumerate(names, 1):
+        sql = sql.replace(f"%({name})s", f"${n}")
+    types = ", ".join(_PARAMETER_TYPES[name] for name in names)
+    execute = connection.ops.compose_sql(
+        f"EXPLAIN EXECUTE leases_generic ({', '.join(['%s'] * len(names))})",
+        [values[name] for name in names],
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(f"PREPARE leases_generic ({types}) AS {sql}")
+        try:
+            cursor.execute(execute)
+            return "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("DEALLOCATE leases_generic")
+
+
 def test_the_woken_claim_on_200000_rows_is_an_ordered_scan_of_the_due_index():
     """A worker woken by NOTIFY claims with settle=False: on PostgreSQL the short
     _PG_CLAIM_DUE (due pending jobs only), the statement claim() then sends, served by the
@@ -204,6 +232,20 @@ def test_the_woken_claim_on_200000_rows_is_an_ordered_scan_of_the_due_index():
         assert len(claimed) == 10
         assert {c.was_state for c in claimed} == {"pending"}
         assert [q["sql"] for q in sent.captured_queries] == [statement], sent.captured_queries
+        # Prepared, the same statement may run on its generic plan: the same ordered scan.
+        from django_leases.query import _ROW_RETURNING, JobQuerySet, _pg_sql
+
+        generic = explain_generic(
+            _pg_sql(
+                JobQuerySet._PG_CLAIM_DUE,
+                Job,
+                connection.alias,
+                all_queues=queues is None,
+                returning=_ROW_RETURNING,
+            ),
+            {"worker": "w", "queues": queues, "limit": 10, "lease": None},
+        )
+        assert_due_claim_plan_uses_indexes(generic)
     # The acks of a busy worker ride with its woken claim: one statement, whose ack finds
     # its rows by primary key and whose claim is the same ordered scan of the due index.
     held = Job.objects.claim_rows("w", ["default", "emails"], limit=10, settle=False)

@@ -79,9 +79,36 @@ def test_what_is_kept_is_bounded(monkeypatch):
     monkeypatch.setattr(fits, "MAX_KEPT", 8)
     fits._shapes.clear()
     for n in range(20):
-        assert fits.misfit(open_ended, False, [0], {f"k{n}": n}) is None
-        assert len(fits._shapes) <= 8
-    assert fits.misfit(takes_nothing, False, [1], {}) == "too many positional arguments"
+        assert fits.misfit(positional_keyword_and_more, False, [0] * n, {"d": 1}) == bind_says(
+            positional_keyword_and_more, False, [0] * n, {"d": 1}
+        )
+        assert 0 < len(fits._shapes) <= 8
+
+
+def test_names_a_caller_made_up_are_never_kept():
+    """Keyword names come from the caller: only names of the function's own parameters make
+    a shape that is kept, so a caller cannot grow the tables with names of its own."""
+    fits._shapes.clear()
+    made_up = {"x" * 10_000: 1, "d": 4}
+    assert fits.misfit(positional_keyword_and_more, False, [1, 2], made_up) == bind_says(
+        positional_keyword_and_more, False, [1, 2], made_up
+    )
+    # A function that takes **kwargs takes any name: bound every time, nothing kept.
+    assert fits.misfit(open_ended, False, [1], {"anything": 1}) is None
+    # Passed by keyword, a positional-only parameter is a made-up name too.
+    assert fits.misfit(positional_keyword_and_more, False, [2], {"a": 1, "d": 4}) == bind_says(
+        positional_keyword_and_more, False, [2], {"a": 1, "d": 4}
+    )
+    assert fits._shapes == {}
+
+
+def test_keywords_that_are_no_mapping_are_refused_not_kept():
+    """Both callers pass a dict; should anything else arrive (a list of the same names), it
+    is refused as bind refuses it, and never answered from a dict's shape."""
+    fits._shapes.clear()
+    assert fits.misfit(positional_keyword_and_more, False, [1, 2], {"d": 4}) is None
+    answer = fits.misfit(positional_keyword_and_more, False, [1, 2], ["d"])
+    assert answer is not None and "must be a mapping" in answer, answer
 
 
 def test_a_callable_with_no_signature_to_read_is_left_to_the_call():

@@ -131,6 +131,11 @@ class System:
         )
 
     @property
+    def tuned(self) -> bool:
+        """A variant of django-leases with settings other than a user's defaults."""
+        return bool(self.worker_args or self.extra_env)
+
+    @property
     def label(self) -> str:
         base = LABELS["limit10" if self.kind == "limit" and self.batch > 1 else self.kind]
         if self.ref:
@@ -158,6 +163,7 @@ class System:
 
     def env(self, **more: str) -> dict:
         env = dict(os.environ)
+        env.pop("BENCH_PREPARED", None)  # only the tuned variant's own (extra_env)
         settings = (
             "sys_leases.settings"
             if self.kind == "limit"
@@ -841,7 +847,7 @@ def main() -> None:
     variants = [
         System(s.kind, conn_max_age="none", venvs=a.venvs)
         for s in systems
-        if s.kind in a.cma_variants.split(",") and s.batch == 1 and not s.ref and not s.tag
+        if s.kind in a.cma_variants.split(",") and s.batch == 1 and not s.ref and not s.tuned
     ]
     if a.leases_concurrency and "leases" in wanted:
         variants.append(
@@ -896,7 +902,10 @@ def main() -> None:
         log(f"== round {rnd + 1}/{a.rounds} ({time.time() - started:.0f}s)")
         if "drain" in workloads:
             for w in worker_counts:
-                for s in systems + (variants if w == 2 else []):
+                # Tuned variants at 2 workers only, beside the defaults they vary.
+                for s in [s for s in systems if w == 2 or not s.tuned] + (
+                    variants if w == 2 else []
+                ):
                     log(f"  drain {s.key} x{w}")
                     attempt(results["drain"], f"{s.key}|{w}", drain, s, w, a.jobs, a.cap)
         if "enqueue" in workloads:
@@ -915,7 +924,7 @@ def main() -> None:
                 attempt(results["latency"], s.key, latency, s, a.latency_samples, a.latency_gap)
         if "recovery" in workloads:
             for s in systems:
-                if s.kind == "limit" or s.tag:
+                if s.kind == "limit" or s.tuned:
                     continue  # recovery is the lease's: a tuned variant changes nothing of it
                 n = a.recovery_samples if s.kind == "leases" else 1
                 log(f"  recovery {s.key} x{n}")
