@@ -6,9 +6,11 @@ before it runs. ``inspect.Signature.bind`` decides that from the shape of the ca
 values, so the answer for a shape is kept: a bulk enqueue of 10,000 calls of one shape
 binds once, and a worker binds once per task and shape, not once per job.
 
-Only shapes whose keywords all name parameters of the function are kept, so what is kept is
-bounded by the functions' own parameter names, never by names a caller made up: a function
-that takes ``**kwargs``, or a call with a keyword it does not know, is bound every time.
+Only shapes whose keywords all name parameters of the function, and that pass at most
+MAX_POSITIONAL positional arguments, are kept: a function that takes ``**kwargs``, a call
+with a keyword it does not know or a longer one is bound every time, so callers' own names
+and counts never fill the tables. Keyword names are kept as a set: when every name is a
+parameter, bind() answers the same whatever their order.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ _signatures: dict[Any, inspect.Signature | None] = {}
 # Per function: the names its parameters may be passed by, or None when it takes **kwargs
 # or has no signature to read.
 _keywords: dict[Any, frozenset[str] | None] = {}
-# Per (function, takes_context, positional count, keyword names): None when such a call
-# fits, else the TypeError's message.
+# Per (function, takes_context, positional count, set of keyword names): None when such a
+# call fits, else the TypeError's message.
 _shapes: dict[tuple[Any, ...], str | None] = {}
-# A bound on what is kept, per table.
+# A bound on what is kept, per table, and on the positional arguments of a kept shape.
 MAX_KEPT = 4096
+MAX_POSITIONAL = 32
 
 _BY_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
@@ -53,9 +56,14 @@ def misfit(func: Any, takes_context: bool, args: list[Any], kwargs: dict[str, An
         names = _keyword_names(func)
     except TypeError:  # an unhashable callable
         names = None
-    if names is None or not isinstance(kwargs, dict) or not names.issuperset(kwargs):
+    if (
+        names is None
+        or len(args) > MAX_POSITIONAL
+        or not isinstance(kwargs, dict)
+        or not names.issuperset(kwargs)
+    ):
         return _bind(func, takes_context, args, kwargs)
-    shape = (func, takes_context, len(args), tuple(kwargs))
+    shape = (func, takes_context, len(args), frozenset(kwargs))
     try:
         return _shapes[shape]
     except KeyError:

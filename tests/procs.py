@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from django.db import connection
 
@@ -24,13 +24,13 @@ def current_database_url() -> str:
         auth += ":" + quote(s["PASSWORD"])
     host = s["HOST"] or "127.0.0.1"
     port = f":{s['PORT']}" if s["PORT"] else ""
-    options = s.get("OPTIONS", {})
-    query = (
-        f"?server_side_binding=true&prepare_threshold={options['prepare_threshold']}"
-        if options.get("server_side_binding")
-        else ""
+    # PostgreSQL's OPTIONS (tests/settings.py reads them back from the query), so that a
+    # child runs as the test does: with prepared statements in the prepared pass.
+    options = s.get("OPTIONS", {}) if connection.vendor == "postgresql" else {}
+    query = "?" + urlencode(
+        {k: str(v).lower() if isinstance(v, bool) else v for k, v in options.items()}
     )
-    return f"{scheme}://{auth}@{host}{port}/{s['NAME']}{query}"
+    return f"{scheme}://{auth}@{host}{port}/{s['NAME']}{query if options else ''}"
 
 
 def child_env(**extra: str) -> dict[str, str]:

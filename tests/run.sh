@@ -9,8 +9,9 @@
 #     admin, and the chaos short profile. Skipped without pgbouncer, unless
 #     LEASES_REQUIRE_PGBOUNCER=1 (CI): then it fails.
 #   LEASES_DATABASES=prepared bash tests/run.sh    PostgreSQL with psycopg's server-side binding
-#     and prepared statements (OPTIONS server_side_binding, prepare_threshold): the tests of
-#     the verbs, enqueue, the backend and the workers, and a check that statements are prepared.
+#     and every statement prepared (OPTIONS server_side_binding, prepare_threshold 0): the
+#     tests of the verbs, enqueue, the backend, the admin and the workers, and a check that
+#     statements are prepared.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/bootstrap.sh"
@@ -68,7 +69,8 @@ prepared_tests=(${LEASES_PREPARED_TESTS:-tests/test_prepared.py tests/test_query
   tests/test_explain.py tests/test_backend.py tests/test_tasks_api.py tests/test_testing.py
   tests/test_enqueue_hostile.py tests/test_hostile_handlers.py tests/test_dead_letters.py
   tests/test_fencing.py tests/test_worker_process.py tests/test_worker_fencing.py
-  tests/test_worker_heartbeat.py})
+  tests/test_worker_heartbeat.py tests/test_worker_stopping.py tests/test_admin.py
+  tests/test_schedules_db.py})
 
 status=0
 for db in ${LEASES_DATABASES:-sqlite postgres}; do
@@ -77,8 +79,11 @@ for db in ${LEASES_DATABASES:-sqlite postgres}; do
     postgres) url=$pg_url ;;
     mysql) url=$mysql_url ;;
     prepared)
+      # Every statement prepared at its first run on a connection (prepare_threshold 0), so
+      # that short-lived worker processes send prepared statements too.
       echo "=== tests on PostgreSQL with prepared statements ($("$LEASES_VENV_PYTHON" -V)) ==="
-      DATABASE_URL="$pg_url?server_side_binding=true&prepare_threshold=5" LEASES_EXPECT_PREPARED=1 \
+      sep='?'; [[ $pg_url == *'?'* ]] && sep='&'
+      DATABASE_URL="$pg_url${sep}server_side_binding=true&prepare_threshold=0" LEASES_EXPECT_PREPARED=1 \
         LEASES_TEST_DB_NAME=${LEASES_TEST_DB_NAME:-test_leases}_prepared \
         "$LEASES_VENV_PYTHON" -m pytest -p no:cacheprovider "${prepared_tests[@]}" "$@" || status=$?
       continue ;;

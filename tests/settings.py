@@ -2,7 +2,7 @@
 
 DATABASE_URL=postgres://postgres@127.0.0.1:5432/test
 DATABASE_URL=sqlite:///path/to/file.sqlite3   (a file: worker processes share it)
-DATABASE_URL=postgres://...?server_side_binding=true&prepare_threshold=5   (prepared statements)
+DATABASE_URL=postgres://...?server_side_binding=true&prepare_threshold=0   (prepared statements)
 """
 
 from __future__ import annotations
@@ -46,16 +46,19 @@ def database_from_url(url: str) -> dict:
         "CONN_MAX_AGE": 0,
         "TEST": {"NAME": os.environ.get("LEASES_TEST_DB_NAME") or None},
     }
-    # psycopg 3's prepared statements, as a project turns them on (no pooler in between):
-    # ?server_side_binding=true&prepare_threshold=5 (tests/run.sh's prepared pass).
-    query = parse_qs(parsed.query)
-    if engine.endswith("postgresql") and query.get("server_side_binding") == ["true"]:
-        database["OPTIONS"] = {
-            "server_side_binding": True,
-            "prepare_threshold": int(query.get("prepare_threshold", ["5"])[0]),
-        }
-    elif query:
-        raise ValueError(f"DATABASE_URL: unknown query {parsed.query!r} (see tests/settings.py)")
+    # PostgreSQL: the query's parameters go to the driver as OPTIONS (sslmode=...), and
+    # ?server_side_binding=true&prepare_threshold=0 turns on psycopg's prepared statements,
+    # as a project may (tests/run.sh's prepared pass).
+    query = {key: values[-1] for key, values in parse_qs(parsed.query).items()}
+    if query and not engine.endswith("postgresql"):
+        raise ValueError(f"DATABASE_URL: a query is read for PostgreSQL only: {parsed.query!r}")
+    if query:
+        options: dict[str, Any] = dict(query)
+        if "server_side_binding" in options:
+            options["server_side_binding"] = options["server_side_binding"] == "true"
+        if "prepare_threshold" in options:
+            options["prepare_threshold"] = int(options["prepare_threshold"])
+        database["OPTIONS"] = options
     return database
 
 

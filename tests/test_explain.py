@@ -185,31 +185,37 @@ def assert_due_claim_plan_uses_indexes(plan):
     assert "Index Scan using leases_job_due_idx" in plan, plan
 
 
-# The types the woken claim's parameters arrive with when psycopg binds them server-side.
-_PARAMETER_TYPES = {"worker": "text", "queues": "text[]", "limit": "int8", "lease": "float8"}
-
-
 def explain_generic(sql, values):
     """EXPLAIN of ``sql``'s generic plan: the plan PostgreSQL may keep for a prepared
     statement (a project's server_side_binding and prepare_threshold), made without the
-    parameters' values. PREPAREd with $n for each named parameter, then EXECUTEd under
-    plan_cache_mode = force_generic_plan."""
+    parameters' values. PREPAREd with $n for each named parameter and no declared types
+    (the server infers them from the statement, as for psycopg's untyped parameters), then
+    EXECUTEd under plan_cache_mode = force_generic_plan."""
     names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
     for n, name in enumerate(names, 1):
         sql = sql.replace(f"%({name})s", f"${n}")
-    types = ", ".join(_PARAMETER_TYPES[name] for name in names)
     execute = connection.ops.compose_sql(
         f"EXPLAIN EXECUTE leases_generic ({', '.join(['%s'] * len(names))})",
         [values[name] for name in names],
     )
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        cursor.execute(f"PREPARE leases_generic ({types}) AS {sql}")
-        try:
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            cursor.execute(f"PREPARE leases_generic AS {sql}")
             cursor.execute(execute)
-            return "\n".join(row[0] for row in cursor.fetchall())
-        finally:
-            cursor.execute("DEALLOCATE leases_generic")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+    finally:
+        # Outside the atomic block, which a failed EXECUTE rolled back: PREPARE is not
+        # undone by a rollback.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_prepared_statements WHERE name = 'leases_generic'")
+            if cursor.fetchone():
+                cursor.execute("DEALLOCATE leases_generic")
+    # Made without the values: its LIMIT is PostgreSQL's guess, not the one passed (which a
+    # custom plan would show as its row estimate).
+    limit_rows = re.search(r"Limit  \(cost=\S+ rows=(\d+)", plan)
+    assert limit_rows and int(limit_rows.group(1)) != values["limit"], plan
+    return plan
 
 
 def test_the_woken_claim_on_200000_rows_is_an_ordered_scan_of_the_due_index():

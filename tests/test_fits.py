@@ -86,8 +86,9 @@ def test_what_is_kept_is_bounded(monkeypatch):
 
 
 def test_names_a_caller_made_up_are_never_kept():
-    """Keyword names come from the caller: only names of the function's own parameters make
-    a shape that is kept, so a caller cannot grow the tables with names of its own."""
+    """Keyword names and counts come from the caller: only names of the function's own
+    parameters, and a bounded count, make a shape that is kept, so a caller cannot grow the
+    tables with its own."""
     fits._shapes.clear()
     made_up = {"x" * 10_000: 1, "d": 4}
     assert fits.misfit(positional_keyword_and_more, False, [1, 2], made_up) == bind_says(
@@ -98,6 +99,11 @@ def test_names_a_caller_made_up_are_never_kept():
     # Passed by keyword, a positional-only parameter is a made-up name too.
     assert fits.misfit(positional_keyword_and_more, False, [2], {"a": 1, "d": 4}) == bind_says(
         positional_keyword_and_more, False, [2], {"a": 1, "d": 4}
+    )
+    # Nor can a count of positional arguments of the caller's choosing.
+    many = [0] * (fits.MAX_POSITIONAL + 1)
+    assert fits.misfit(positional_keyword_and_more, False, many, {"d": 4}) == bind_says(
+        positional_keyword_and_more, False, many, {"d": 4}
     )
     assert fits._shapes == {}
 

@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 
 from django_leases.models import Job
+from tests.procs import current_database_url
 from tests.testapp.tasks import add
 
 pytestmark = pytest.mark.django_db
@@ -31,12 +32,14 @@ def prepared_statements() -> list[str]:
 
 @pytest.mark.skipif(not PREPARED_PASS, reason="tests/run.sh's prepared pass only")
 def test_the_prepared_pass_prepares_the_claim_the_ack_and_the_enqueue():
-    """The pass has the mode on (else it would test Django's default twice), and a claim, an
-    ack riding with a claim and an enqueue each sent six times on one connection are
-    prepared statements of that session."""
+    """The pass has the mode on (else it would test Django's default twice), its worker
+    processes too, and a claim, an ack riding with a claim and an enqueue are prepared
+    statements of the session that sent them."""
     assert connection.vendor == "postgresql"
     assert connection.settings_dict["OPTIONS"].get("server_side_binding") is True
-    assert connection.settings_dict["OPTIONS"].get("prepare_threshold") == 5
+    assert connection.settings_dict["OPTIONS"].get("prepare_threshold") == 0
+    # The worker processes the tests start get the same options (tests/procs.py).
+    assert current_database_url().endswith("?server_side_binding=true&prepare_threshold=0")
     for n in range(12):  # six claimed alone, six riding with the acks
         add.enqueue(n, n)
     for _ in range(6):

@@ -902,10 +902,7 @@ def main() -> None:
         log(f"== round {rnd + 1}/{a.rounds} ({time.time() - started:.0f}s)")
         if "drain" in workloads:
             for w in worker_counts:
-                # Tuned variants at 2 workers only, beside the defaults they vary.
-                for s in [s for s in systems if w == 2 or not s.tuned] + (
-                    variants if w == 2 else []
-                ):
+                for s in systems + (variants if w == 2 else []):
                     log(f"  drain {s.key} x{w}")
                     attempt(results["drain"], f"{s.key}|{w}", drain, s, w, a.jobs, a.cap)
         if "enqueue" in workloads:
