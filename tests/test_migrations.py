@@ -103,3 +103,39 @@ def test_the_job_tables_storage_parameters_are_set_on_postgresql_and_reset_when_
     finally:
         call_command("migrate", "django_leases", verbosity=0)
     assert job_storage() == wanted
+
+
+def active_key_indexes() -> dict[str, str]:
+    """Each index of the job table on active_key, with its definition (PostgreSQL)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname, indexdef FROM pg_indexes "
+            "WHERE tablename = %s AND indexdef LIKE %s",
+            [Job._meta.db_table, "%(active_key%"],
+        )
+        return dict(cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_unique_key_has_its_unique_index_only_and_no_like_index_on_postgresql():
+    """0005 drops the varchar_pattern_ops index Django built beside active_key's unique
+    constraint (every row version of a job had an entry in it, which no query reads) and
+    leaves the constraint, which ON CONFLICT infers; unapplying 0005 builds the LIKE index
+    again under its old name."""
+    if connection.vendor != "postgresql":
+        pytest.skip("Django builds LIKE indexes on PostgreSQL only")
+    indexes = active_key_indexes()
+    assert len(indexes) == 1, indexes
+    assert "UNIQUE" in next(iter(indexes.values()))
+    call_command("migrate", "django_leases", "0004", verbosity=0)
+    try:
+        before = active_key_indexes()
+        assert len(before) == 2, before
+        assert [n for n, d in before.items() if "varchar_pattern_ops" in d] == [
+            connection.schema_editor()._create_index_name(
+                Job._meta.db_table, ["active_key"], suffix="_like"
+            )
+        ]
+    finally:
+        call_command("migrate", "django_leases", verbosity=0)
+    assert active_key_indexes() == indexes
