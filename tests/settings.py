@@ -82,7 +82,7 @@ DATABASES = {"default": database_from_url(os.environ.get("DATABASE_URL", "sqlite
 DATABASES["queue"] = queue_database(DATABASES["default"])
 
 # MySQL/MariaDB: partial indexes and a unique generated column draw warnings there
-# (docs/databases.md); migration 0005 provides the plain claim indexes instead.
+# (docs/databases.md); migration 0002 provides the plain claim indexes instead.
 SILENCED_SYSTEM_CHECKS = ["models.W037", "mysql.W003"]
 SECRET_KEY = "tests-only"
 USE_TZ = True

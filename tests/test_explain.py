@@ -65,7 +65,7 @@ DIGITS = (
 
 
 def test_the_claim_on_200000_rows_uses_indexes_and_no_full_scan_on_mysql():
-    """MySQL/MariaDB build no partial indexes; migration 0005's composite ones serve the claim."""
+    """MySQL/MariaDB build no partial indexes; migration 0002's composite ones serve the claim."""
     if connection.vendor != "mysql":
         pytest.skip("checked on MySQL/MariaDB")
     with connection.cursor() as cursor:

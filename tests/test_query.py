@@ -307,7 +307,7 @@ def test_a_held_unique_key_leaves_the_callers_transaction_usable_without_a_savep
 )
 @pytest.mark.django_db(transaction=True)
 def test_both_postgresql_inserts_still_wake_listeners():
-    """The statement trigger (migration 0007) sends one NOTIFY per queue and INSERT, whether
+    """The statement trigger (migration 0002) sends one NOTIFY per queue and INSERT, whether
     one job or a bulk enqueue wrote it, when the inserting transaction commits."""
     listener = listen("default")
     try:
