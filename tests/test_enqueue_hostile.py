@@ -664,7 +664,7 @@ def test_property_options_bound_into_the_insert_are_stored_as_given(
         checked = ensure_json(args, "args")
     except (InvalidLeaseOption, InvalidJobArgument):
         return
-    assert inserts._pg_bound_sql(Job, "default", fields) is not None
+    assert inserts._pg_bound_sql(Job, "default", fields, inserts._RETURNED) is not None
     for _ in range(2):
         with transaction.atomic():
             job = inserts._pg_insert_one(Job, "default", fields, checked, {"q": queue_name})
