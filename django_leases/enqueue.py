@@ -325,7 +325,8 @@ class JobFields:
         return model(args=args, kwargs=kwargs, **self.columns(), **timing)
 
     def pg_params(self) -> dict[str, Any]:
-        """Parameters of _PG_ENQUEUE but the per-row args and kwargs."""
+        """Parameters of _PG_ENQUEUE and _PG_BOUND_ONE but the per-job args and kwargs (one
+        job's ``args`` and ``kwargs``, or a batch's ``calls``)."""
         params = self.columns()
         params["retry"] = json_param(params["retry"])
         params.update(
@@ -564,9 +565,9 @@ def _insert_one(
 # The ORM's INSERT is compiled anew for every row (and for every batch of a bulk_create, a
 # statement with one placeholder per row and column); this one is a constant string whatever
 # the row count: the options every job of a call shares are scalars, the args and kwargs of
-# many jobs are one JSON document. The due time and the deadline are the caller's absolute time or the
-# database clock plus an interval, as Now() + interval is on the ORM path. The statement
-# trigger of migration 0002 sends the NOTIFY, as for any INSERT.
+# many jobs are one JSON document. The due time and the deadline are the caller's absolute
+# time or the database clock plus an interval, as Now() + interval is on the ORM path. The
+# statement trigger of migration 0002 sends the NOTIFY, as for any INSERT.
 
 _PG_ENQUEUE = """
 INSERT INTO {job} (task_path, queue_name, priority, lease_seconds, max_attempts, retry,
@@ -667,11 +668,11 @@ def _pg_insert_row(
 # Only for a task's constant options: a call's own absolute time or unique key would make
 # every statement new. Kept per database, table, JobFields and RETURNING list, at most 256.
 _pg_bound_cache: dict[tuple[str, str, JobFields, tuple[str, ...]], str] = {}
-# The statement is as short as the server can parse and plan, since Django sends it as
-# text and the server parses and plans it at every call: the columns that a run_after,
-# a deadline or a unique key would set are left to their NULL, no COALESCE, no casts but
-# the intervals' and the arguments'. Against _PG_ONE_ROW, returning two columns rather
-# than five, 484 against 502 us per enqueue here (interleaved), the commit included.
+# The statement is as short as the server can parse and plan, since with Django's default
+# client-side binding it arrives as text and is parsed and planned at every call: run_after
+# and unique_key are left to their NULL, no COALESCE, no casts but the intervals' and the
+# arguments'. Against _PG_ONE_ROW, returning two columns rather than five, 484 against
+# 502 us per statement here (interleaved), the commit included.
 _PG_BOUND_ONE = f"""
 INSERT INTO {{job}} (task_path, queue_name, priority, lease_seconds, max_attempts, retry,
                    on_lease_lost, available_at, deadline,
@@ -728,11 +729,30 @@ def _pg_insert_many(
     rows: list[tuple[Any, ...]] = []
     with transaction.atomic(using=db, savepoint=False), connections[db].cursor() as cursor:
         for batch in _batches(calls, batch_size):
-            params["calls"] = json.dumps(batch)  # the (args, kwargs) pairs as [args, kwargs]
-            cursor.execute(sql, params)
-            ids, enqueued_at, available_at, deadline = cursor.fetchone()
-            rows.extend((pk, enqueued_at, available_at, deadline, None) for pk in ids)
+            for document in _calls_documents(batch):
+                params["calls"] = document
+                cursor.execute(sql, params)
+                ids, enqueued_at, available_at, deadline = cursor.fetchone()
+                rows.extend((pk, enqueued_at, available_at, deadline, None) for pk in ids)
     return rows
+
+
+# PostgreSQL refuses a jsonb document of more than 256 MB (268,435,455 bytes). A batch
+# whose JSON passes this many characters (ASCII: as many bytes) goes in halves, down to one
+# call, whose args and kwargs together must then fit in it.
+CALLS_DOCUMENT_LIMIT = 64 * 2**20
+
+
+def _calls_documents(batch: list[tuple[list[Any], dict[str, Any]]]) -> Iterator[str]:
+    """``batch`` as JSON arrays of [args, kwargs] pairs, in order, each of at most
+    CALLS_DOCUMENT_LIMIT characters unless it holds a single call."""
+    document = json.dumps(batch)
+    if len(document) <= CALLS_DOCUMENT_LIMIT or len(batch) == 1:
+        yield document
+        return
+    half = len(batch) // 2
+    yield from _calls_documents(batch[:half])
+    yield from _calls_documents(batch[half:])
 
 
 def _batches(

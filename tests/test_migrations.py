@@ -109,8 +109,7 @@ def active_key_indexes() -> dict[str, str]:
     """Each index of the job table on active_key, with its definition (PostgreSQL)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT indexname, indexdef FROM pg_indexes "
-            "WHERE tablename = %s AND indexdef LIKE %s",
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s AND indexdef LIKE %s",
             [Job._meta.db_table, "%(active_key%"],
         )
         return dict(cursor.fetchall())

@@ -203,6 +203,26 @@ def test_the_postgresql_bulk_insert_writes_the_rows_bulk_create_writes(options):
     assert [in_memory(j) for j in fast] == [as_stored(j) for j in fast]
 
 
+@on_postgres
+def test_a_bulk_batch_past_the_json_document_limit_goes_in_halves_in_call_order(monkeypatch):
+    """(3) PostgreSQL refuses a jsonb document past 256 MB, so a batch whose JSON passes
+    CALLS_DOCUMENT_LIMIT is sent in halves (down to one call per statement): every job is
+    written once, in the order of the calls, each with its own arguments."""
+    from django.test.utils import CaptureQueriesContext
+
+    fields = inserts.EnqueueOptions().check(TASK)
+    calls = [([i, "x" * (i * 7)], {"i": i}) for i in range(7)]
+    one_call = len(inserts.json.dumps([calls[-1]]))
+    monkeypatch.setattr(inserts, "CALLS_DOCUMENT_LIMIT", 2 * one_call)
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        jobs = inserts.insert_jobs(Job, "default", fields, calls, batch_size=None)
+    inserts_sent = [q for q in queries.captured_queries if "INSERT" in q["sql"]]
+    assert 1 < len(inserts_sent) < len(calls)  # halves, not one statement per call
+    assert [(j.args, j.kwargs) for j in jobs] == [(a, k) for a, k in calls]
+    stored_rows = Job.objects.order_by("pk").values_list("pk", "args", "kwargs")
+    assert list(stored_rows) == [(j.pk, j.args, j.kwargs) for j in jobs]
+
+
 def test_the_rows_a_bulk_enqueue_answers_are_the_stored_ones():
     """What the Django Tasks backend reads back from a bulk enqueue (id, enqueued_at, args,
     kwargs), in the order of the calls, without model instances."""

@@ -8,6 +8,10 @@ that holds the row: this one was one of eight, for nothing. The unique constrain
 as it was, so the code of 0.1.0, whose ``ON CONFLICT (active_key)`` infers it, runs on the
 migrated table.
 
+``DROP INDEX CONCURRENTLY``, outside a transaction: a plain ``DROP INDEX`` would wait for
+every open transaction on the job table, a handler's fenced one included, with every claim,
+renewal and ack queued behind it meanwhile.
+
 Other databases: nothing to do (Django builds that index on PostgreSQL only).
 """
 
@@ -29,30 +33,37 @@ def drop_like_index(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) ->
         return
     table = apps.get_model("django_leases", "Job")._meta.db_table
     with schema_editor.connection.cursor() as cursor:
-        # Found by what it is, not by the name Django hashed for it.
+        # Found by what it is (the column alone, that operator class, no condition or
+        # expression), not by the name Django hashed for it.
         cursor.execute(
             "SELECT i.indexrelid::regclass::text FROM pg_index i "
             "JOIN pg_opclass o ON o.oid = i.indclass[0] "
             "WHERE i.indrelid = %s::regclass AND i.indnatts = 1 AND NOT i.indisunique "
+            "AND i.indpred IS NULL AND i.indexprs IS NULL "
             "AND pg_get_indexdef(i.indexrelid, 1, true) = %s "
             "AND o.opcname = 'varchar_pattern_ops'",
             [schema_editor.quote_name(table), COLUMN],
         )
         names = [row[0] for row in cursor.fetchall()]
     for name in names:
-        schema_editor.execute(f"DROP INDEX IF EXISTS {name}")
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
 
 
 def create_like_index(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor != "postgresql":
         return
     model = apps.get_model("django_leases", "Job")
-    # The statement and name 0001 built it with (the PostgreSQL schema editor's own).
+    # The name and columns 0001 built it with (the PostgreSQL schema editor's own), built
+    # CONCURRENTLY for the same reason as the drop.
     sql = schema_editor._create_like_index_sql(model, model._meta.get_field(COLUMN))  # type: ignore[attr-defined]
     if sql is not None:
-        schema_editor.execute(sql)
+        schema_editor.execute(str(sql).replace("CREATE INDEX", "CREATE INDEX CONCURRENTLY", 1))
 
 
 class Migration(migrations.Migration):
+    # CONCURRENTLY cannot run inside a transaction block.
+    atomic = False
     dependencies = [("django_leases", "0004_job_storage")]
-    operations = [migrations.RunPython(drop_like_index, create_like_index, elidable=False)]
+    operations = [
+        migrations.RunPython(drop_like_index, create_like_index, atomic=False, elidable=False)
+    ]

@@ -184,8 +184,10 @@ def cmd_enqueue_breakdown(a) -> dict:
 
     task = _tasks().noop
     fields = task.get_backend()._job_fields(task)
-    params = {**fields.pg_params(), "args": "[]", "kwargs": "{}"}
-    ours = enqueue._pg_enqueue_sql(Job, "default", enqueue._PG_ONE_ROW, False)
+    # The statement task.enqueue() sends for this task: its options bound in, the args and
+    # kwargs as parameters, id and enqueued_at returned.
+    ours = enqueue._pg_bound_sql(Job, "default", fields, enqueue._RETURNED[:2])
+    params = ["[]", "{}"]
     limit = psycopg.connect(
         dsn(os.environ.get("BENCH_DB_PREFIX", "bench_") + "limit"), autocommit=True
     )
