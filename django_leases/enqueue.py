@@ -737,10 +737,12 @@ def _pg_insert_many(
     return rows
 
 
-# PostgreSQL refuses a jsonb document of more than 256 MB (268,435,455 bytes). A batch
-# whose JSON passes this many characters (ASCII: as many bytes) goes in halves, down to one
-# call, whose args and kwargs together must then fit in it.
-CALLS_DOCUMENT_LIMIT = 64 * 2**20
+# PostgreSQL refuses a jsonb value whose elements take more than 256 MB (268,435,455 bytes)
+# in its stored form, which can be 6 times the JSON text: a 4-byte entry per element and a
+# number in 8 bytes, so "0," (2 characters) takes 12. A batch whose JSON passes this many
+# characters (ASCII: as many bytes), a sixth of that and then some, goes in halves, down
+# to one call, whose args and kwargs together must then fit under PostgreSQL's limit.
+CALLS_DOCUMENT_LIMIT = 32 * 2**20
 
 
 def _calls_documents(batch: list[tuple[list[Any], dict[str, Any]]]) -> Iterator[str]:

@@ -10,7 +10,9 @@ migrated table.
 
 ``DROP INDEX CONCURRENTLY``, outside a transaction: a plain ``DROP INDEX`` would wait for
 every open transaction on the job table, a handler's fenced one included, with every claim,
-renewal and ack queued behind it meanwhile.
+renewal and ack queued behind it meanwhile. Interrupted, the drop leaves the index invalid
+and running this migration again drops it; an interrupted unapply leaves an invalid LIKE
+index behind, to be dropped by hand (``DROP INDEX CONCURRENTLY``) before unapplying again.
 
 Other databases: nothing to do (Django builds that index on PostgreSQL only).
 """

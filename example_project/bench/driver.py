@@ -206,7 +206,7 @@ def cmd_enqueue_breakdown(a) -> dict:
         "raw INSERT of the same columns into django_leases_job, prepared": lambda: prepared.execute(
             LEASES_PLAIN_INSERT, (task.module_path,)
         ),
-        "the library's INSERT ... RETURNING, raw, prepared": lambda: (
+        "the statement task.enqueue() sends, raw, prepared": lambda: (
             prepared.execute(ours, params),
             prepared.fetchone(),
         ),
