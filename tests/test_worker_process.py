@@ -7,6 +7,7 @@ Leases are 2-3 s so that expiry happens within the test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -195,6 +196,66 @@ def test_a_handler_that_ignores_cancellation_is_killed_in_process_isolation(work
     assert job_of(after).result == 5
     a.signal(signal.SIGTERM)
     assert a.wait_exit() == 0
+
+
+def test_a_handler_process_whose_worker_dies_while_it_starts_never_runs(workers):
+    """A worker SIGKILLed while its handler process is still starting renews nothing any
+    more, nor will it kill that process: the process notices its parent is gone and ends
+    without running the handler, which would otherwise run unsupervised past its lease,
+    beside the takeover's execution (4)."""
+    result = stubborn.enqueue("orphan", seconds=60)
+    setup = 2.0
+    a = workers.start(
+        "orphan-a",
+        "--isolation",
+        "process",
+        *FAST,
+        env_extra={"LEASES_WORKER_CHILD_SETUP_SECONDS": str(setup)},
+    )
+    child_pid = a.wait_event("process_started", timeout=20, job_id=int(result.id))["pid"]
+    try:
+        a.signal(signal.SIGKILL)
+        a.wait_exit()
+        assert not _ended(child_pid), "the handler process ended before its set-up did"
+        wait_for(lambda: _ended(child_pid), setup + 5, "the orphaned handler process to end")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child_pid, signal.SIGKILL)  # its connection would outlive the test
+    assert effects("orphan") == []
+    job = job_of(result)
+    assert (job.state, job.fence) == (JobState.CLAIMED, 1)
+
+
+def test_a_handler_process_whose_worker_dies_ends_within_the_kill_grace(workers):
+    """A worker SIGKILLed mid-job can no longer kill its handler process: the process
+    sees its parent gone, and a handler that ignores cancellation is ended after the
+    same grace the worker would have given it (4)."""
+    result = stubborn.enqueue("orphan-running", seconds=60)
+    a = workers.start("orphan-b", "--isolation", "process", *FAST)
+    wait_for(lambda: effects("orphan-running"), 20, "the handler to start")
+    child_pid = Effect.objects.get(key="orphan-running").pid
+    try:
+        a.signal(signal.SIGKILL)
+        killed = time.monotonic()
+        a.wait_exit()
+        wait_for(lambda: _ended(child_pid), 5, "the orphaned handler process to end")
+        # 0.2 s to notice, one second of grace, scheduling.
+        assert time.monotonic() - killed <= 0.2 + 1.0 + 0.8
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child_pid, signal.SIGKILL)
+    assert effects("orphan-running") == [(1, "orphan-b", "start")]
+    job = job_of(result)
+    assert (job.state, job.fence) == (JobState.CLAIMED, 1)
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has exited (an orphan's zombie counts: nobody may reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_sigterm_finishes_within_grace_then_releases_and_nothing_is_lost(workers):

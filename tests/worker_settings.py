@@ -4,7 +4,8 @@ The same as tests.settings, pointed at the test database the pytest process crea
 (LEASES_WORKER_DB_NAME), with timestamps in the log lines. LEASES_WORKER_NOTIFY=0 turns
 NOTIFY off, as a deployment behind PgBouncer transaction pooling without a direct connection
 would; LEASES_POOLER_DIRECT_URL adds that direct connection for LISTEN_DATABASE. LEASES_WORKER_FAULT
-injects a driver fault into one thread's statements (tests/worker_faults.py).
+injects a driver fault into one thread's statements (tests/worker_faults.py);
+LEASES_WORKER_CHILD_SETUP_SECONDS slows each handler process's start.
 """
 
 from __future__ import annotations
@@ -71,3 +72,11 @@ if os.environ.get("LEASES_WORKER_LOG_FILE"):
             for name in ("django_leases", "django.tasks")
         },
     }
+# A handler process slow to start, so that a test can kill its worker before the handler
+# runs (tests/test_worker_process.py): seconds to sleep in each handler child's setup.
+if os.environ.get("LEASES_WORKER_CHILD_SETUP_SECONDS"):
+    import multiprocessing
+    import time
+
+    if multiprocessing.parent_process() is not None:
+        time.sleep(float(os.environ["LEASES_WORKER_CHILD_SETUP_SECONDS"]))

@@ -64,23 +64,32 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
         link=link,
     )
 
-    parent = os.getppid()
+    # The worker's pid as the worker gave it: read here, os.getppid() would already name
+    # whoever adopted this process if the worker died while it started.
+    parent = payload["parent_pid"]
 
     def watch() -> None:
         # A parent killed outright (kill -9, OOM) neither renews the claim nor kills this
         # child any more: its death counts as the loss, and the child ends after the same
         # grace the parent would have given it.
-        while not lost.wait(0.2):
-            if os.getppid() != parent:
-                lost.set()
+        told = False
+        while os.getppid() == parent:
+            if told:
+                threading.Event().wait(0.2)
+            elif lost.wait(0.2):
                 link.fire()
-                threading.Event().wait(KILL_GRACE_SECONDS)
-                os._exit(1)
+                told = True
+        lost.set()
         link.fire()
+        threading.Event().wait(KILL_GRACE_SECONDS)
+        os._exit(1)
 
     threading.Thread(target=watch, name="leases-lost-watcher", daemon=True).start()
     registry.discover()
     task = registry.lookup(payload["alias"], payload["task_path"])
+    if os.getppid() != parent:
+        # Orphaned before the handler began: nobody renews its claim; run nothing.
+        os._exit(1)
     refused = connect_before_handler(payload["database"]) if payload.get("connect_first") else None
     if refused is not None:
         outcome = refused

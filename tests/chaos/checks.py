@@ -64,6 +64,9 @@ NAMES = {
 # How far past the bound a stop may land on a loaded 2-core machine (scheduling, the
 # statement that tells the worker, the log write).
 SLACK = 1.0
+# The events that say a handler's code no longer runs: it stopped on LeaseLost, it raised
+# something else, its process was killed (SIGKILL ends it there), its result was discarded.
+STOP_MARKS = ("stopped", "raised", "killing", "discarded")
 KILL_GRACE = 1.0  # django_leases.worker.child.KILL_GRACE_SECONDS
 
 
@@ -316,16 +319,16 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
     before_loss = 0
     for key, (worker, stop_t) in {**by_kind["discarded"], **by_kind["stopped"]}.items():
         # The handler's code stopped at the first of: it stopped on LeaseLost, it raised
-        # another exception, the worker discarded its result. (A "Discarded result" line
-        # can come long after a handler that had already returned with a database error:
-        # the main loop logs it once its ack/fail retry back-off ends.)
-        stop_t = min(
-            by_kind[k].get(key, (0, float("inf")))[1] for k in ("stopped", "raised", "discarded")
-        )
+        # another exception, its process was killed, the worker discarded its result. (A
+        # "Discarded result" line can come long after the handler ended: the main loop logs
+        # it once its ack/fail retry back-off ends, while the slot thread kills a deaf
+        # child as soon as its grace is over.)
+        stop_t, stopped_by = min((by_kind[k].get(key, (0, float("inf")))[1], k) for k in STOP_MARKS)
         marks = [t for t in (takeover.get(key), by_kind["lost"].get(key, (0, None))[1]) if t]
         if not marks:
             continue  # stopped for another reason (e.g. released at shutdown)
         loss = min(marks)
+        lost_by = "takeover" if loss == takeover.get(key) else "lost"
         for a, b in frozen[worker]:
             if a <= loss <= b or (loss < a and stop_t > b):
                 loss = max(loss, b)
@@ -349,6 +352,8 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
                     "kind": kind,
                     "delay_s": round(delay, 3),
                     "bound_s": bound,
+                    "stopped_by": stopped_by,
+                    "lost_by": lost_by,
                 }
             )
     if slow:
