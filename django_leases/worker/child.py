@@ -14,12 +14,16 @@ the parent kills it with SIGKILL when it must.
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import os
 import signal
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 from .dberrors import connect_before_handler
+
+logger = logging.getLogger("django_leases.worker")
 
 # How long a child whose claim is lost may take to stop on its own before SIGKILL.
 KILL_GRACE_SECONDS = 1.0
@@ -64,32 +68,61 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
         link=link,
     )
 
-    # The worker's pid as the worker gave it: read here, os.getppid() would already name
-    # whoever adopted this process if the worker died while it started.
-    parent = payload["parent_pid"]
+    parent = multiprocessing.parent_process()
+    ending = threading.Lock()
+
+    def orphaned() -> bool:
+        # The worker holds its end of a pipe to this process until it dies, however it
+        # dies; os.getppid() would name whoever adopted this process, even before this
+        # line ran.
+        return parent is not None and not parent.is_alive()
+
+    def end_orphaned(grace: float) -> NoReturn:
+        # A worker killed outright (kill -9, OOM) neither renews the claim nor kills this
+        # process any more: its death counts as the loss, and a handler that runs gets the
+        # grace the worker would have given it.
+        if ending.acquire(blocking=False):
+            lost.set()
+            link.fire()
+            logger.warning(
+                "Handler process pid=%s job=%s fence=%s worker=%s ending in %gs: its worker "
+                "is gone",
+                os.getpid(),
+                payload["job_id"],
+                payload["fence"],
+                payload["worker_id"],
+                grace,
+                extra={
+                    "event": "orphaned",
+                    "job_id": payload["job_id"],
+                    "fence": payload["fence"],
+                    "worker": payload["worker_id"],
+                    "pid": os.getpid(),
+                },
+            )
+            threading.Event().wait(grace)
+            os._exit(1)
+        while True:  # the other caller ends the process
+            threading.Event().wait(60)
 
     def watch() -> None:
-        # A parent killed outright (kill -9, OOM) neither renews the claim nor kills this
-        # child any more: its death counts as the loss, and the child ends after the same
-        # grace the parent would have given it.
         told = False
-        while os.getppid() == parent:
+        while not orphaned():
             if told:
                 threading.Event().wait(0.2)
             elif lost.wait(0.2):
                 link.fire()
                 told = True
-        lost.set()
-        link.fire()
-        threading.Event().wait(KILL_GRACE_SECONDS)
-        os._exit(1)
+        end_orphaned(KILL_GRACE_SECONDS)
 
     threading.Thread(target=watch, name="leases-lost-watcher", daemon=True).start()
+    # Orphaned while it started: nobody renews the claim; import and run nothing more.
+    if orphaned():
+        end_orphaned(0)
     registry.discover()
     task = registry.lookup(payload["alias"], payload["task_path"])
-    if os.getppid() != parent:
-        # Orphaned before the handler began: nobody renews its claim; run nothing.
-        os._exit(1)
+    if orphaned():
+        end_orphaned(0)
     refused = connect_before_handler(payload["database"]) if payload.get("connect_first") else None
     if refused is not None:
         outcome = refused

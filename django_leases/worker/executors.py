@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import multiprocessing.connection
-import os
 import queue
 import signal
 import threading
@@ -162,7 +161,6 @@ class ProcessExecutor(_Slots):
             "database": job.database,
             "connect_first": self._connect_first,
             "logs": configured(),
-            "parent_pid": os.getpid(),
         }
         ours, theirs = self._mp.Pipe()
         process = self._mp.Process(

@@ -43,6 +43,7 @@ EVENTS: dict[str, str] = {
     "takeover": "a job whose lease ran out was claimed (previous_worker, previous_fence, lease)",
     "process_started": "a handler process was started (pid)",
     "process_killed": "a handler process was killed: its claim is lost or released (pid)",
+    "orphaned": "a handler process found its worker gone; it ends after the grace (pid)",
     "checkpoint": "a checkpoint was written",
     "checkpoint_rejected": "a checkpoint matched no row: the claim is lost",
     "acked": "a job was acknowledged",

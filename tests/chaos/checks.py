@@ -60,13 +60,15 @@ NAMES = {
     "discarded": "discarded",
     "lost": "lost",
     "process_killed": "killing",
+    "orphaned": "orphaned",
 }
 # How far past the bound a stop may land on a loaded 2-core machine (scheduling, the
 # statement that tells the worker, the log write).
 SLACK = 1.0
 # The events that say a handler's code no longer runs: it stopped on LeaseLost, it raised
-# something else, its process was killed (SIGKILL ends it there), its result was discarded.
-STOP_MARKS = ("stopped", "raised", "killing", "discarded")
+# something else, its process was killed (SIGKILL ends it there), its process found its
+# worker gone (it ends within the kill grace), its result was discarded.
+STOP_MARKS = ("stopped", "raised", "killing", "orphaned", "discarded")
 KILL_GRACE = 1.0  # django_leases.worker.child.KILL_GRACE_SECONDS
 
 
@@ -238,6 +240,8 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
     for worker, name, t, groups in events:
         key = (int(groups[0]), int(groups[1]))
         db_t = t + offset.get(worker, 0.0)
+        if name == "orphaned":
+            db_t += KILL_GRACE  # it ends at the latest once the grace it gives itself is over
         if name == "stopped" and groups[2] == "fenced":
             by_kind["fenced_refused"].setdefault(key, (worker, db_t))
         by_kind[name].setdefault(key, (worker, db_t))
@@ -317,12 +321,13 @@ def check(run: dict[str, Any], *, stop_bound_scale: float = 1.0) -> dict[str, An
     delays: dict[str, list[float]] = defaultdict(list)
     slow = []
     before_loss = 0
-    for key, (worker, stop_t) in {**by_kind["discarded"], **by_kind["stopped"]}.items():
+    ends = {**by_kind["orphaned"], **by_kind["discarded"], **by_kind["stopped"]}
+    for key, (worker, stop_t) in ends.items():
         # The handler's code stopped at the first of: it stopped on LeaseLost, it raised
-        # another exception, its process was killed, the worker discarded its result. (A
-        # "Discarded result" line can come long after the handler ended: the main loop logs
-        # it once its ack/fail retry back-off ends, while the slot thread kills a deaf
-        # child as soon as its grace is over.)
+        # another exception, its process was killed or found its worker gone, the worker
+        # discarded its result. (A "Discarded result" line can come long after the handler
+        # ended: the main loop logs it once its ack/fail retry back-off ends, while the
+        # slot thread kills a deaf child as soon as its grace is over.)
         stop_t, stopped_by = min((by_kind[k].get(key, (0, float("inf")))[1], k) for k in STOP_MARKS)
         marks = [t for t in (takeover.get(key), by_kind["lost"].get(key, (0, None))[1]) if t]
         if not marks:
