@@ -822,6 +822,18 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         # shrink the answer (a job its owner just acknowledged), never grow it.
         return set(held.values_list("pk", flat=True))
 
+    def acked_by_their_claims(self, jobs: Iterable[Any]) -> set[Any]:
+        """The ids of ``jobs`` (claimed rows: ``pk``, ``fence``) that succeeded at their
+        claim's fence: acknowledged by that claim, since any later claim moves the fence on.
+        A renewal that misses such a job raced its handler's own ``fenced(ack=True)``
+        commit: the claim ended in success, it was not lost."""
+        wanted = Q()
+        for job in jobs:
+            wanted |= Q(pk=job.pk, fence=job.fence)
+        if not wanted:
+            return set()
+        return set(self.filter(wanted, state=JobState.SUCCEEDED).values_list("pk", flat=True))
+
     def _owned(self, claim: ClaimRef) -> JobQuerySet:
         db = self._db or router.db_for_write(self.model)
         return self.model._default_manager.using(db).filter(

@@ -513,6 +513,24 @@ def test_renew_is_one_statement_for_many_claims_and_reports_which_are_held():
     assert len(updates) == 1
 
 
+def test_a_renewal_miss_is_read_back_as_the_claims_own_ack_only_at_its_fence():
+    """Invariant 2 and 5: of the claims a renewal missed, only a job that succeeded at the
+    claim's own fence was acknowledged by that claim; cancelled, or taken over and acked by
+    the next claim, it is lost."""
+    for _ in range(3):
+        enqueue(lease_seconds=10)
+    own, cancelled, taken = Job.objects.claim("w", limit=3)
+    assert Job.objects.ack(own, {"ok": 1})
+    Job.objects.filter(pk=cancelled.pk).cancel()
+    Job.objects.filter(pk=taken.pk).expire_now()
+    [again] = Job.objects.claim("other", settle=True)
+    assert (again.pk, again.fence) == (taken.pk, taken.fence + 1)
+    assert Job.objects.ack(again)
+    assert Job.objects.renew([own, cancelled, taken]) == set()
+    assert Job.objects.acked_by_their_claims([own, cancelled, taken]) == {own.pk}
+    assert Job.objects.acked_by_their_claims([]) == set()
+
+
 def test_renew_moves_the_lease_forward_on_the_database_clock():
     """Invariant 1: the renewed lease ends lease_seconds after the renewal's Now()."""
     enqueue(lease_seconds=10)

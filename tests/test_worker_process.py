@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
 from tests.testapp.models import Effect
-from tests.testapp.tasks import add, hold, record, stubborn
+from tests.testapp.tasks import ack_then_linger, add, hold, record, stubborn
 from tests.worker_helpers import ON_POSTGRES, PG_ONLY, Workers, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -194,6 +194,27 @@ def test_a_handler_that_ignores_cancellation_is_killed_in_process_isolation(work
     after = add.enqueue(2, 3)
     wait_for(lambda: job_of(after).state == JobState.SUCCEEDED, 20, "the worker to carry on")
     assert job_of(after).result == 5
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_handlers_own_ack_is_no_lost_claim_to_the_heartbeat(workers, isolation):
+    """A handler that acknowledges its job in fenced(ack=True) and goes on for a few
+    heartbeats: the renewals miss the row, and the heartbeat reads why (succeeded at the
+    claim's fence) instead of telling the handler its claim is lost (2, 5). In process
+    isolation the worker hears of that ack only with the outcome."""
+    result = ack_then_linger.enqueue(f"linger-{isolation}", seconds=4 * BEAT)
+    a = workers.start(f"linger-{isolation}", "--isolation", isolation, *FAST)
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 20, "the handler's ack")
+    a.wait_event("acked", job_id=int(result.id))
+    assert effects(f"linger-{isolation}") == [
+        (1, f"linger-{isolation}", "acked"),
+        (1, f"linger-{isolation}", "done"),
+    ]
+    assert not a.events("lost", job_id=int(result.id)), a.log()
+    assert not a.events("process_killed", job_id=int(result.id)), a.log()
+    assert job_of(result).result == {"acked": True}
     a.signal(signal.SIGTERM)
     assert a.wait_exit() == 0
 

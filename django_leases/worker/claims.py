@@ -4,8 +4,9 @@ A claim moves RUNNING -> FINISHING (its ack or fail is being sent) -> SETTLED (s
 RUNNING -> LOST (a renewal missed it, or the watchdog saw its lease run out) or
 RUNNING -> RELEASING (shutdown), or RUNNING -> ACKED (the handler acknowledged the job in
 its own fenced transaction). Only a RUNNING claim can be declared lost, so a renewal that
-misses a job because its ack just landed is never mistaken for a loss (in process isolation
-the parent learns of a handler's own ack only with its outcome).
+misses a job because its ack just landed is never mistaken for a loss; a handler's own ack
+the worker has not heard of yet (in process isolation the parent learns of it only with the
+outcome) the heartbeat reads back before it declares anything lost.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class Claim:
             stamp=self.stamp,
             checkpointer=self._checkpoint,
             task_result=task_result,
-            on_acked=lambda: self._move(ACKED),
+            on_acked=self.mark_acked,
         )
         self.handle = JobHandle(
             job_id=job.pk,
@@ -139,6 +140,10 @@ class Claim:
     def mark_lost(self, reason: str) -> bool:
         """Declare the claim lost and tell the handler; False if it was no longer running."""
         return self._move(LOST, tell=True, reason=reason)
+
+    def mark_acked(self) -> bool:
+        """The handler acknowledged the job itself; False if it was no longer running."""
+        return self._move(ACKED)
 
     def begin_finish(self) -> bool:
         return self._move(FINISHING)

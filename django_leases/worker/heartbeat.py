@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connections
 
 from ..storable import first_line
-from .claims import ClaimBook
+from .claims import RUNNING, ClaimBook
 from .dberrors import DB_ERRORS
 from .logs import claim_fields
 from .vital import VitalThread
@@ -123,10 +123,22 @@ class Heartbeat(VitalThread):
                 held = Job.objects.using(self.database).renew([c.job for c in claims], self.lease)
         WorkerProcess.objects.using(self.database).seen(self.worker_id)
         self.beat_ok_at = started
-        lost = 0
+        missed = []
         for claim in claims:
             if claim.pk in held:
                 claim.link.renewed(started)
+            else:
+                missed.append(claim)
+        # A handler's own fenced ack the worker has not heard of yet is no loss. (A
+        # finishing claim missed is its ack landing: nothing to read.)
+        running = [c.job for c in missed if c.state == RUNNING]
+        acked = (
+            Job.objects.using(self.database).acked_by_their_claims(running) if running else set()
+        )
+        lost = 0
+        for claim in missed:
+            if claim.pk in acked:
+                claim.mark_acked()
             elif claim.mark_lost(
                 "renewal matched no row: the lease ran out and the job was "
                 "claimed again, or it was cancelled"

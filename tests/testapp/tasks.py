@@ -70,6 +70,19 @@ def stubborn(key: str, seconds: float) -> dict:
 
 
 @task
+def ack_then_linger(key: str, seconds: float) -> None:
+    """Acknowledge the job in its own fenced transaction, then go on (say, cleaning up) for
+    ``seconds``, stopping at once should it be told its claim is lost."""
+    from django_leases.api import current_job
+    from django_leases.fencing import fenced
+
+    with fenced(ack=True, result={"acked": True}):
+        _effect(key, "acked")
+    current_job().sleep(seconds)
+    _effect(key, "done")
+
+
+@task
 def hold(seconds: float) -> None:
     """Keep the claim for a while without touching the database."""
     from django_leases.api import current_job
