@@ -827,12 +827,14 @@ class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
         claim's fence: acknowledged by that claim, since any later claim moves the fence on.
         A renewal that misses such a job raced its handler's own ``fenced(ack=True)``
         commit: the claim ended in success, it was not lost."""
-        wanted = Q()
-        for job in jobs:
-            wanted |= Q(pk=job.pk, fence=job.fence)
-        if not wanted:
-            return set()
-        return set(self.filter(wanted, state=JobState.SUCCEEDED).values_list("pk", flat=True))
+        fences = {job.pk: job.fence for job in jobs}
+        ids = list(fences)
+        acked = set()
+        # In slices: SQLite caps a statement's parameters (999 before 3.32).
+        for start in range(0, len(ids), 500):
+            done = self.filter(pk__in=ids[start : start + 500], state=JobState.SUCCEEDED)
+            acked |= {pk for pk, fence in done.values_list("pk", "fence") if fence == fences[pk]}
+        return acked
 
     def _owned(self, claim: ClaimRef) -> JobQuerySet:
         db = self._db or router.db_for_write(self.model)

@@ -219,6 +219,27 @@ def test_a_handlers_own_ack_is_no_lost_claim_to_the_heartbeat(workers, isolation
     assert a.wait_exit() == 0
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_handler_running_on_after_its_own_ack_is_stopped_at_shutdown(workers, isolation):
+    """SIGTERM while a handler that acknowledged its job itself runs on: at the end of the
+    grace it is told to stop like any other, the job stays succeeded (not released), and
+    the worker exits then (3). (In process isolation the heartbeat learnt of the ack first: its renewal missed the
+    row, then read it back as the claim's own ack.)"""
+    key = f"linger-stop-{isolation}"
+    result = ack_then_linger.enqueue(key, seconds=60)
+    a = workers.start(key, "--isolation", isolation, "--grace", "1", *FAST)
+    wait_for(lambda: effects(key), 20, "the handler's ack")
+    if isolation == "process":
+        a.wait_event("renewed", claims=1, held=0, lost=0)
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(timeout=10) == 0, a.log()
+    assert effects(key) == [(1, key, "acked")]
+    job = job_of(result)
+    assert (job.state, job.result) == (JobState.SUCCEEDED, {"acked": True})
+    assert not a.events("released", job_id=int(result.id)), a.log()
+    assert not a.events("release_rejected", job_id=int(result.id)), a.log()
+
+
 def test_a_handler_process_whose_worker_dies_while_it_starts_never_runs(workers):
     """A worker SIGKILLed while its handler process is still starting renews nothing any
     more, nor will it kill that process: the process notices its parent is gone and ends

@@ -73,15 +73,26 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
 
     def orphaned() -> bool:
         # The worker holds its end of a pipe to this process until it dies, however it
-        # dies; os.getppid() would name whoever adopted this process, even before this
-        # line ran.
-        return parent is not None and not parent.is_alive()
+        # dies. os.getppid() alone would not do: read after the worker died (even before
+        # this line ran) it names whoever adopted this process. It stands in when the
+        # handler closed the pipe's descriptor, and confirms the pipe when the handler may
+        # have reused that descriptor's number.
+        if parent is None:
+            return False
+        adopted = os.getppid() != parent.pid
+        try:
+            return adopted and not parent.is_alive()
+        except (OSError, ValueError):
+            return adopted
 
     def end_orphaned(grace: float) -> NoReturn:
         # A worker killed outright (kill -9, OOM) neither renews the claim nor kills this
         # process any more: its death counts as the loss, and a handler that runs gets the
         # grace the worker would have given it.
         if ending.acquire(blocking=False):
+            # Armed first: a loss callback or the log write that blocks must not keep
+            # this process alive.
+            threading.Timer(grace + 1.0, os._exit, args=(1,)).start()
             lost.set()
             link.fire()
             logger.warning(

@@ -145,6 +145,15 @@ class Claim:
         """The handler acknowledged the job itself; False if it was no longer running."""
         return self._move(ACKED)
 
+    def stop_acked(self) -> bool:
+        """Tell a handler that acknowledged its job itself, and may run on, to stop (the
+        worker is stopping); False if the claim is in any other state."""
+        with self._lock:
+            if self.state != ACKED:
+                return False
+        self.link.mark_lost()
+        return True
+
     def begin_finish(self) -> bool:
         return self._move(FINISHING)
 

@@ -24,7 +24,7 @@ from django.db import connections
 
 from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .child import KILL_GRACE_SECONDS
-from .claims import RELEASING, Claim, Kind, Outcome
+from .claims import ACKED, RELEASING, Claim, Kind, Outcome
 from .dberrors import connect_before_handler
 from .logs import claim_fields, configured
 from .running import run_task, task_context
@@ -211,7 +211,9 @@ class ProcessExecutor(_Slots):
                 break
             if claim.lost_flag.is_set():
                 lost_at = lost_at or time.monotonic()
-                grace = 0.0 if claim.state == RELEASING else KILL_GRACE_SECONDS
+                # Released, or done by the handler's own ack: the worker is stopping.
+                stopping = claim.state in (RELEASING, ACKED)
+                grace = 0.0 if stopping else KILL_GRACE_SECONDS
                 if time.monotonic() - lost_at >= grace:
                     logger.warning(
                         "Killing handler process pid=%s job=%s fence=%s worker=%s: its claim is %s",
@@ -219,7 +221,7 @@ class ProcessExecutor(_Slots):
                         claim.pk,
                         claim.job.fence,
                         self._worker_id,
-                        "released" if claim.state == RELEASING else "lost",
+                        "released" if stopping else "lost",
                         extra=claim_fields(
                             claim.job, self._worker_id, "process_killed", pid=process.pid
                         ),

@@ -132,9 +132,16 @@ class Heartbeat(VitalThread):
         # A handler's own fenced ack the worker has not heard of yet is no loss. (A
         # finishing claim missed is its ack landing: nothing to read.)
         running = [c.job for c in missed if c.state == RUNNING]
-        acked = (
-            Job.objects.using(self.database).acked_by_their_claims(running) if running else set()
-        )
+        try:
+            acked = (
+                Job.objects.using(self.database).acked_by_their_claims(running)
+                if running
+                else set()
+            )
+        except DB_ERRORS:
+            # Unread: lost, as any miss was before this read, which only spares a false alarm.
+            acked = set()
+            _reset(self.database)
         lost = 0
         for claim in missed:
             if claim.pk in acked:

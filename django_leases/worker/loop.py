@@ -29,7 +29,7 @@ from ..storable import (
     storable_text,
 )
 from .child import KILL_GRACE_SECONDS
-from .claims import FINISHING, RELEASING, SETTLED, Claim, ClaimBook, Kind, Outcome
+from .claims import ACKED, FINISHING, RELEASING, SETTLED, Claim, ClaimBook, Kind, Outcome
 from .dberrors import DB_ERRORS, contention, error_kind, refused_by_database
 from .executors import ProcessExecutor, ThreadExecutor
 from .heartbeat import Heartbeat, Watchdog
@@ -521,8 +521,9 @@ class Worker:
 
     def _to_write(self, claim: Claim, outcome: Outcome) -> bool:
         """Whether ``outcome`` still needs a write by this worker; the claim then finishing."""
-        if outcome.kind is Kind.ACKED:
-            # Not to be released at shutdown: the job is done.
+        if outcome.kind is Kind.ACKED or claim.state == ACKED:
+            # Not to be released at shutdown: the job is done. (ACKED with another outcome:
+            # the handler acknowledged its job, then raised or was stopped.)
             claim.handler_acked = True
             self.book.forget(claim)
             logger.debug(
@@ -866,7 +867,13 @@ class Worker:
             except queue.Empty:
                 break
         produced = {id(c) for c, _ in self._unsent}
-        claims = [c for c in self.book.all() if id(c) not in produced and c.begin_release()]
+        # A handler that acknowledged its job itself and runs on is told too; its job
+        # is done, not released (_release_all).
+        claims = [
+            c
+            for c in self.book.all()
+            if id(c) not in produced and (c.begin_release() or c.stop_acked())
+        ]
         if not claims:
             return []
         notice = 3 * KILL_GRACE_SECONDS if self.isolation == "process" else RELEASE_NOTICE_SECONDS
