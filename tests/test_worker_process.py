@@ -282,7 +282,7 @@ def test_a_handler_process_whose_worker_dies_ends_within_the_kill_grace(workers)
         a.wait_exit()
         wait_for(lambda: _ended(child_pid), 5, "the orphaned handler process to end")
         # 0.2 s to notice, one second of grace, scheduling.
-        assert time.monotonic() - killed <= 0.2 + 1.0 + 1.5
+        assert time.monotonic() - killed <= 0.2 + 1.0 + 3.0
     finally:
         _kill_unless_ended(child_pid)
     assert effects("orphan-running") == [(1, "orphan-b", "start")]
@@ -311,7 +311,7 @@ def test_a_worker_killed_during_a_lost_claims_grace_leaves_no_handler_running(wo
             if a.events("process_killed", pid=child_pid):
                 continue  # the worker killed it first: the kill came too late
             wait_for(lambda pid=child_pid: _ended(pid), 5, "the orphaned handler process to end")
-            assert time.monotonic() - killed <= 0.2 + 1.0 + 1.5
+            assert time.monotonic() - killed <= 0.2 + 1.0 + 3.0
         finally:
             _kill_unless_ended(child_pid)
         assert effects(key) == [(1, f"orphan-c{n}", "start")]

@@ -69,6 +69,9 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
     )
 
     parent = multiprocessing.parent_process()
+    # Whether os.getppid() names the worker at all (not so under a launcher that starts
+    # Python as its own child): if not, only the pipe can tell.
+    pid_says = parent is not None and os.getppid() == parent.pid
     ending = threading.Lock()
 
     def orphaned() -> bool:
@@ -83,7 +86,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
         try:
             return adopted and not parent.is_alive()
         except (OSError, ValueError):
-            return adopted
+            return adopted and pid_says
 
     def end_orphaned(grace: float) -> NoReturn:
         # A worker killed outright (kill -9, OOM) neither renews the claim nor kills this

@@ -211,8 +211,9 @@ class ProcessExecutor(_Slots):
                 break
             if claim.lost_flag.is_set():
                 lost_at = lost_at or time.monotonic()
-                # Released, or done by the handler's own ack: the worker is stopping.
-                stopping = claim.state in (RELEASING, ACKED)
+                # Released, or done by the handler's own ack while the worker stops. (A
+                # handler that acked may set the flag itself, its later fenced() refused.)
+                stopping = claim.state == RELEASING or (claim.state == ACKED and self._stopping())
                 grace = 0.0 if stopping else KILL_GRACE_SECONDS
                 if time.monotonic() - lost_at >= grace:
                     logger.warning(
