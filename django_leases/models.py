@@ -13,7 +13,7 @@ from django.utils.translation import gettext_lazy as _
 from .conf import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from .enqueue import TASK_PATH_LENGTH
 from .query import JobQuerySet
-from .schedule_query import RunKind, ScheduleQuerySet
+from .schedule_query import RunKind, ScheduleQuerySet, ScheduleRunQuerySet
 from .schedules import NAME_LENGTH as SCHEDULE_NAME_LENGTH
 from .states import ACTIVE_STATES, DeadReason, FailureKind, JobState, LeaseLostPolicy
 from .worker_registry import WorkerQuerySet
@@ -260,6 +260,8 @@ class ScheduleRun(models.Model):
         Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="schedule_run"
     )
     recorded_at = models.DateTimeField(_("recorded at"), db_default=Now())
+
+    objects = ScheduleRunQuerySet.as_manager()
 
     class Meta:
         verbose_name = _("schedule run")

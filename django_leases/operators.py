@@ -128,13 +128,16 @@ class OperatorVerbs(_VerbsBase):
     ) -> int:
         """Delete finished jobs (succeeded and cancelled, and dead ones if asked) that finished
         more than N days ago on the database clock, with their failures and effects; return
-        how many jobs were deleted.
+        how many jobs were deleted. A schedule's run record and last job that name a deleted
+        job are unlinked (set NULL, as their on_delete says); the run records themselves go
+        with ScheduleRun.objects.prune().
 
-        Each batch of ``batch_size`` is its own short transaction that locks only the rows it
-        deletes, taken with SKIP LOCKED where the database has it, and re-checks the state and
-        the age in the DELETE itself: a job requeued by an operator in the meantime is pending
-        again and stays. Batches walk each state's (state, finished_at) index in order from
-        where the last one stopped, so no batch rescans what its predecessors deleted.
+        Each batch of ``batch_size`` is its own short transaction that locks only the jobs it
+        deletes (and what points at them), taken with SKIP LOCKED where the database has it,
+        and re-checks the state and the age in the DELETE itself: a job requeued by an
+        operator in the meantime is pending again and stays. Batches walk each state's
+        (state, finished_at) index in order from where the last one stopped, so no batch
+        rescans what its predecessors deleted.
         """
         states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
         db = self._db or router.db_for_write(self.model)
@@ -177,23 +180,58 @@ class OperatorVerbs(_VerbsBase):
                 state=state,
                 finished_at__lt=Now() - Value(timedelta(days=days)),
             )
-            for name in ("failures", "effects"):
-                related = cast("type[models.Model]", self.model._meta.get_field(name).related_model)
-                related._default_manager.using(db).filter(job__in=doomed).delete()
-            # One DELETE with the predicate: the history is gone, so nothing to collect.
+            for rel in self._own_references():
+                linked = rel.related_model._default_manager.using(db).filter(
+                    **{f"{rel.field.name}__in": doomed}
+                )
+                if rel.on_delete is models.CASCADE:
+                    linked.delete()
+                else:
+                    linked.update(**{rel.field.name: None})
+            # One DELETE with the predicate: what pointed at the jobs is gone or unlinked,
+            # so there is nothing left to collect.
             deleted: int = doomed._raw_delete(db)
         return deleted, rows[-1][1]
+
+    def _own_references(self) -> list[Any]:
+        """This app's relations pointing at a job (failures and effects: CASCADE; a
+        schedule's run and last job: SET_NULL), hidden ones included, which a raw DELETE
+        must follow as Django's collector would, or the foreign keys refuse it."""
+        label = self.model._meta.app_label
+        rels = [
+            f
+            for f in self.model._meta.get_fields(include_hidden=True)
+            if isinstance(f, models.ForeignObjectRel)
+            and (f.one_to_many or f.one_to_one)
+            and f.related_model._meta.app_label == label
+        ]
+        for rel in rels:
+            if rel.on_delete not in (models.CASCADE, models.SET_NULL):
+                raise TypeError(f"prune cannot follow on_delete of {rel.field}")
+        return rels
 
     def _prune_batch_pg(
         self, db: str, state: str, days: float, after: Any, batch_size: int
     ) -> tuple[int, Any]:
         """One batch on PostgreSQL, one statement: pick the oldest rows of ``state`` past
         retention (an ordered scan of leases_job_finished_idx, SKIP LOCKED), delete their
-        failures and effects, then the jobs. Autocommit makes it its own transaction."""
+        failures and effects, unlink schedule runs and schedules, then delete the jobs.
+        Autocommit makes it its own transaction."""
         quote = connections[db].ops.quote_name
         job = self.model._meta
-        failure = job.get_field("failures").related_model._meta
-        effect = job.get_field("effects").related_model._meta
+        references = ""
+        for n, rel in enumerate(self._own_references()):
+            table = quote(rel.related_model._meta.db_table)
+            column = quote(rel.field.column)
+            change = (
+                f"DELETE FROM {table}"
+                if rel.on_delete is models.CASCADE
+                else f"UPDATE {table} SET {column} = NULL"
+            )
+            references += f"""
+        , linked_{n} AS (
+            {change} WHERE {column} = ANY(ARRAY(SELECT id FROM doomed))
+        )"""
         sql = f"""
         WITH doomed AS (
             SELECT id, finished_at FROM {quote(job.db_table)}
@@ -203,13 +241,8 @@ class OperatorVerbs(_VerbsBase):
             ORDER BY finished_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED
-        ), failures AS (
-            DELETE FROM {quote(failure.db_table)}
-            WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
-        ), effects AS (
-            DELETE FROM {quote(effect.db_table)}
-            WHERE job_id = ANY(ARRAY(SELECT id FROM doomed))
-        ), jobs AS (
+        ){references}
+        , jobs AS (
             -- ids as an array: primary-key lookups, never a join planned as a scan of the
             -- whole table.
             DELETE FROM {quote(job.db_table)}

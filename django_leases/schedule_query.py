@@ -1,5 +1,5 @@
 """The statements on periodic schedules: sync from code, the tick decision, the operator's
-pause, resume and run-now.
+pause, resume and run-now, and the pruning of their run records.
 
 A tick becomes a job only through one conditional UPDATE of the schedule's row (its
 revision and last tick as read, on the database clock): the worker whose UPDATE touched
@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db import connections, models, router, transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Value
 from django.db.models.functions import Now
 
 from .enqueue import JobFields, insert_job
@@ -28,7 +28,7 @@ from .states import ACTIVE_STATES
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from .models import Schedule
+    from .models import Schedule, ScheduleRun  # noqa: F401 -- ScheduleRun: a base class's string
 
 
 # How long a decision's transaction may sit idle (its worker stopped, SIGSTOP) before the
@@ -325,3 +325,35 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
                 schedule_id=schedule.pk, tick_at=None, kind=RunKind.RUN_NOW, job_id=job.pk
             )
         return job
+
+
+class ScheduleRunQuerySet(models.QuerySet["ScheduleRun"]):
+    """A schedule's run records: kept while their job is, and a while after."""
+
+    if TYPE_CHECKING:
+        _db: str | None
+
+    def prunable(self, older_than_days: float) -> ScheduleRunQuerySet:
+        """Records with no job (skipped ticks, runs whose job was pruned or deleted)
+        recorded more than N days ago on the database clock. A record whose job still
+        exists stays, however old: it is how that job names its schedule."""
+        return self.filter(
+            job__isnull=True, recorded_at__lt=Now() - Value(timedelta(days=older_than_days))
+        )
+
+    def prune(self, older_than_days: float, *, batch_size: int = 1000) -> int:
+        """Delete the prunable records in batches of ``batch_size`` in primary-key order,
+        each one short statement that re-checks the condition; return how many went. The
+        schedule's counters (ticks, skipped, misfires) keep the totals."""
+        db = self._db or router.db_for_write(self.model)
+        old = self.using(db).prunable(older_than_days)
+        deleted, after = 0, 0
+        while True:
+            ids = list(
+                old.filter(pk__gt=after).order_by("pk").values_list("pk", flat=True)[:batch_size]
+            )
+            if not ids:
+                return deleted
+            n, _ = old.filter(pk__in=ids).delete()
+            deleted += n
+            after = ids[-1]

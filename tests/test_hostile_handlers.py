@@ -163,6 +163,53 @@ def test_whatever_a_handler_raises_fails_its_job_not_the_worker(workers, isolati
 
 @workers_db
 @pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_what_a_handler_raises_after_its_own_ack_leaves_the_job_succeeded(workers, isolation):
+    """A handler that acknowledged its job in fenced(ack=True) and then raised (a hostile
+    exception, a BaseException): its success is committed and stands, with no failure
+    and one attempt; task_finished is sent once, SUCCESSFUL, as get_result() shows it
+    (it was sent FAILED); the exception is logged as raised_after_ack naming its class;
+    the worker exits 0 (6, 3)."""
+    codepoints = [ord(c) for c in "after \ud800 ack"]
+    kinds = ("RuntimeError", "KeyboardInterrupt", "HandlerExit", "StrRaises", "ReprRaises")
+    raised = {
+        kind: t.hostile_raise_after_ack.using_lease(max_attempts=1).enqueue(
+            _key(kind), kind, codepoints
+        )
+        for kind in kinds
+    }
+    good = t.add.enqueue(2, 3)
+    worker = workers.start(
+        f"after-ack-{isolation}",
+        *STEADY,
+        "--burst",
+        "--concurrency",
+        "2",
+        "--isolation",
+        isolation,
+        ready=False,
+    )
+    assert worker.wait_exit(180) == 0
+    for kind, result in raised.items():
+        job = Job.objects.get(pk=result.id)
+        key = job.args[0]
+        assert (job.state, job.result, job.attempts) == (JobState.SUCCEEDED, {"acked": key}, 1)
+        assert not job.failures.exists(), kind
+        assert Effect.objects.filter(key=key, phase="acked").count() == 1
+        done = _result(result.id)
+        assert (done.status, done.return_value, done.errors) == (
+            TaskResultStatus.SUCCESSFUL,
+            {"acked": key},
+            [],
+        )
+        signals = [s for s in _finished_signals(job.pk) if s[0].startswith("finished:")]
+        assert signals == [("finished:SUCCESSFUL", "")], kind
+        [logged] = worker.events("raised_after_ack", job_id=job.pk)
+        assert logged["error"] == t.HOSTILE_EXCEPTION_PATHS[kind], logged
+    assert Job.objects.get(pk=good.id).result == 5
+
+
+@workers_db
+@pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_return_value_that_cannot_be_stored_fails_as_type_error(workers, isolation):
     """Objects, sets, bytes, datetimes, 3,000-deep nesting, a 5,000-digit int, NaN,
     infinities, non-str keys, lone surrogates, NUL, 9 MiB of JSON, a dict whose items()

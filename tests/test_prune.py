@@ -8,10 +8,14 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, connections, transaction
+from django.db.models import F
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 
-from django_leases.models import Job, JobEffect, JobFailure
+from django_leases.enqueue import EnqueueOptions
+from django_leases.models import Job, JobEffect, JobFailure, Schedule, ScheduleRun
+from django_leases.schedule_query import RunKind
+from django_leases.schedules import Periodic, ScheduleSpec
 from django_leases.states import FailureKind, JobState
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -126,3 +130,45 @@ def test_prune_keeps_a_job_requeued_between_its_read_and_its_delete():
         assert Job.objects.all().prune(14, include_dead=True, batch_size=10) == 1
     assert Job.objects.get(pk=requeued.pk).state == JobState.PENDING
     assert not Job.objects.filter(pk=other.pk).exists()
+
+
+def ticked(*names):
+    """Schedules that ticked once through the worker's verbs: {name: (row, its job)}."""
+    specs = [ScheduleSpec(name, TASK, Periodic(every=60, args=[1, 2])) for name in names]
+    Schedule.objects.sync("default", specs)
+    fields = EnqueueOptions.of({}).check(TASK)
+    Schedule.objects.enqueue_due("default", lambda row: fields)  # plans the first ticks
+    Schedule.objects.update(next_tick_at=Now() - timedelta(seconds=1), revision=F("revision") + 1)
+    made = {o.name: o.jobs[0] for o in Schedule.objects.enqueue_due("default", lambda row: fields)}
+    return {name: (Schedule.objects.get(name=name), made[name]) for name in names}
+
+
+def test_prune_deletes_old_jobs_a_schedule_made_and_unlinks_its_records():
+    """Invariant 3: a job a schedule made is pruned like any other (its run record and
+    the schedule's last job pointed at it, and the foreign keys refused the raw DELETE of
+    every such job until prune followed them); the schedule keeps its place and counters,
+    the run record loses its job, and ScheduleRun.objects.prune() deletes the records left
+    without a job once they are past retention, never one whose job still exists."""
+    ticks = ticked("nightly", "hourly")
+    schedule, made = ticks["nightly"]
+    live_schedule, live = ticks["hourly"]  # its job still pending: nothing of it goes
+    assert (schedule.last_job_id, live_schedule.last_job_id) == (made.pk, live.pk)
+    Job.objects.filter(pk=made.pk).update(
+        state=JobState.SUCCEEDED, finished_at=Now() - timedelta(days=20)
+    )
+    skipped_old = ScheduleRun.objects.create(schedule=schedule, kind=RunKind.SKIPPED)
+    skipped_young = ScheduleRun.objects.create(schedule=schedule, kind=RunKind.SKIPPED)
+    ScheduleRun.objects.filter(pk=skipped_old.pk).update(recorded_at=Now() - timedelta(days=20))
+    ScheduleRun.objects.filter(job__isnull=False).update(recorded_at=Now() - timedelta(days=20))
+
+    assert Job.objects.all().prune(14) == 1
+    assert not Job.objects.filter(pk=made.pk).exists()
+    schedule.refresh_from_db()
+    assert (schedule.last_job_id, schedule.ticks) == (None, 1)
+    assert ScheduleRun.objects.get(schedule=schedule, kind=RunKind.TICK).job_id is None
+    assert Schedule.objects.get(pk=live_schedule.pk).last_job_id == live.pk
+
+    assert ScheduleRun.objects.prune(14, batch_size=1) == 2  # the tick's and the old skip
+    left = ScheduleRun.objects.values_list("pk", "job_id")
+    assert set(left) == {(skipped_young.pk, None), (ScheduleRun.objects.get(job=live).pk, live.pk)}
+    assert ScheduleRun.objects.prune(14) == 0

@@ -47,6 +47,7 @@ EVENTS: dict[str, str] = {
     "checkpoint": "a checkpoint was written",
     "checkpoint_rejected": "a checkpoint matched no row: the claim is lost",
     "acked": "a job was acknowledged",
+    "raised_after_ack": "a handler raised after acknowledging its job in fenced(); it stays succeeded (error)",
     "ack_rejected": "an ack matched no row: the claim was lost first",
     "ack_refused": "the database refused a result; the attempt is failed instead (error)",
     "batch_ack_refused": "the database refused a batch of acks; sent one by one (error)",

@@ -142,9 +142,14 @@ def _run(
     # by the handler's own code on a claim still held, they are an error like any other,
     # or the job would sit claimed, unrenewed, until its lease ran out.
     except BaseException as e:  # noqa: BLE001
-        if handle.lost:
+        if link.acked:
+            # It acknowledged its job in fenced(ack=True), then raised: the success is
+            # committed and stands (get_result() shows it), so task_finished says so too.
+            _raised_after_ack(handle, e)
+        elif handle.lost:
             return Outcome(Kind.LOST)
-        return _failed(task, started, e)
+        else:
+            return _failed(task, started, e)
     if link.acked:
         # Committed with the handler's own writes; a loss noticed afterwards changes nothing.
         outcome = Outcome(Kind.ACKED, result=link.acked_result)
@@ -187,6 +192,34 @@ def _failed(task: Any, started: TaskResult[..., Any] | None, exc: BaseException)
         ),
     )
     return outcome
+
+
+def _raised_after_ack(handle: JobHandle, exc: BaseException) -> None:
+    """Log what a handler raised after its own ack: not a failure of the job, which
+    succeeded, but not to be swallowed either. Never raises."""
+    try:
+        path, message, _ = describe_exception(exc)
+        logger.warning(
+            "Handler raised after acknowledging job=%s fence=%s: %s: %s; the job stays succeeded",
+            handle.job_id,
+            handle.fence,
+            path,
+            message,
+            exc_info=exc,
+            extra={
+                "event": "raised_after_ack",
+                "job_id": handle.job_id,
+                "fence": handle.fence,
+                "error": path,
+            },
+        )
+    except BaseException:  # noqa: BLE001 -- a traceback logging cannot format: the line without it
+        logger.warning(
+            "Handler raised after acknowledging job=%s fence=%s; the job stays succeeded",
+            handle.job_id,
+            handle.fence,
+            extra={"event": "raised_after_ack", "job_id": handle.job_id, "fence": handle.fence},
+        )
 
 
 def _retryable(task: Any, exc: BaseException) -> bool:

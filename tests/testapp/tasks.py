@@ -616,6 +616,16 @@ async def hostile_araise(key: str, kind: str, codepoints: list[int], repeat: int
     raise hostile_exception(kind, _text(codepoints, repeat))
 
 
+@task
+def hostile_raise_after_ack(key: str, kind: str, codepoints: list[int]) -> None:
+    """Acknowledge the job in its own fenced transaction, then raise as hostile_raise does."""
+    from django_leases.fencing import fenced
+
+    with fenced(ack=True, result={"acked": key}):
+        _effect(key, "acked")
+    raise hostile_exception(kind, _text(codepoints, 1))
+
+
 HOSTILE_RESULTS = (
     "object",
     "set",

@@ -1,5 +1,6 @@
 """Dead-letter pending jobs past their deadline, then delete finished jobs past the
-backend's retention, in batches. Run it from cron (hourly is plenty)."""
+backend's retention, and the schedule run records left without a job, in batches. Run it
+from cron (hourly is plenty)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.db.models.functions import Now
 
 from django_leases.conf import get_options
 from django_leases.exceptions import InvalidLeaseOption
-from django_leases.models import Job
+from django_leases.models import Job, ScheduleRun
 from django_leases.states import JobState
 
 
@@ -19,7 +20,8 @@ class Command(BaseCommand):
     help = (
         "Dead-letter pending jobs past their deadline, then delete succeeded and cancelled "
         "jobs (and with --include-dead, dead ones) that finished more than RETENTION_DAYS "
-        "ago on the database clock."
+        "ago on the database clock, and schedule run records left without a job (skipped "
+        "ticks, runs of deleted jobs) recorded more than RETENTION_DAYS ago."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -43,7 +45,7 @@ class Command(BaseCommand):
             "--batch-size",
             type=int,
             default=1000,
-            help="Jobs deleted per statement (default 1000).",
+            help="Jobs (or schedule runs) deleted per statement (default 1000).",
         )
         parser.add_argument("--dry-run", action="store_true", help="Count, delete nothing.")
 
@@ -67,13 +69,24 @@ class Command(BaseCommand):
         if batch_size < 1:
             raise CommandError(f"--batch-size must be >= 1, got {batch_size}")
         jobs = Job.objects.using(lease_options.database)
+        runs = ScheduleRun.objects.using(lease_options.database)
         if dry_run:
             late = jobs.filter(state=JobState.PENDING, deadline__lt=Now()).count()
             count = jobs.all().prunable(days, include_dead=include_dead).count()
             self.stdout.write(f"Would dead-letter {late} pending jobs past their deadline.")
             self.stdout.write(f"Would delete {count} jobs finished more than {days:g} days ago.")
+            # Those of the jobs above are counted once those jobs are gone.
+            count = runs.prunable(days).count()
+            self.stdout.write(
+                f"Would delete {count} schedule runs without a job recorded more than "
+                f"{days:g} days ago."
+            )
             return
         late = jobs.all().dead_letter_past_deadline(batch_size=batch_size)
         self.stdout.write(f"Dead-lettered {late} pending jobs past their deadline.")
         deleted = jobs.all().prune(days, include_dead=include_dead, batch_size=batch_size)
         self.stdout.write(f"Deleted {deleted} jobs finished more than {days:g} days ago.")
+        deleted = runs.prune(days, batch_size=batch_size)
+        self.stdout.write(
+            f"Deleted {deleted} schedule runs without a job recorded more than {days:g} days ago."
+        )
