@@ -290,9 +290,11 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
             jobs.append(job)
             last_job_id = job.pk
         if jobs or skipped:
-            manager.filter(pk=row.pk).update(
-                last_job_id=last_job_id, skipped=F("skipped") + skipped
-            )
+            changes: dict[str, Any] = {"skipped": F("skipped") + skipped}
+            if jobs:
+                # Only a job made here: what was read may have been deleted since.
+                changes["last_job_id"] = last_job_id
+            manager.filter(pk=row.pk).update(**changes)
         return TickOutcome(row.name, jobs, skipped, misfired)
 
     # -- the operator's verbs ----------------------------------------------------------
@@ -333,13 +335,13 @@ class ScheduleRunQuerySet(models.QuerySet["ScheduleRun"]):
     if TYPE_CHECKING:
         _db: str | None
 
-    def prunable(self, older_than_days: float) -> ScheduleRunQuerySet:
+    def prunable(self, older_than_days: float, *, jobs: Any = None) -> ScheduleRunQuerySet:
         """Records with no job (skipped ticks, runs whose job was pruned or deleted)
         recorded more than N days ago on the database clock. A record whose job still
-        exists stays, however old: it is how that job names its schedule."""
-        return self.filter(
-            job__isnull=True, recorded_at__lt=Now() - Value(timedelta(days=older_than_days))
-        )
+        exists stays, however old: it is how that job names its schedule. With ``jobs``
+        (the jobs a prune is about to delete), also their records, as a dry run counts."""
+        without = Q(job__isnull=True) if jobs is None else Q(job__isnull=True) | Q(job__in=jobs)
+        return self.filter(without, recorded_at__lt=Now() - Value(timedelta(days=older_than_days)))
 
     def prune(self, older_than_days: float, *, batch_size: int = 1000) -> int:
         """Delete the prunable records in batches of ``batch_size`` in primary-key order,

@@ -170,12 +170,11 @@ def test_what_a_handler_raises_after_its_own_ack_leaves_the_job_succeeded(worker
     (it was sent FAILED); the exception is logged as raised_after_ack naming its class;
     the worker exits 0 (6, 3)."""
     codepoints = [ord(c) for c in "after \ud800 ack"]
-    kinds = ("RuntimeError", "KeyboardInterrupt", "HandlerExit", "StrRaises", "ReprRaises")
     raised = {
         kind: t.hostile_raise_after_ack.using_lease(max_attempts=1).enqueue(
             _key(kind), kind, codepoints
         )
-        for kind in kinds
+        for kind in t.HOSTILE_EXCEPTIONS
     }
     good = t.add.enqueue(2, 3)
     worker = workers.start(

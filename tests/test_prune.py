@@ -4,9 +4,12 @@ nothing a worker or an operator holds."""
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.db.models import F
 from django.db.models.functions import Now
@@ -136,39 +139,105 @@ def ticked(*names):
     """Schedules that ticked once through the worker's verbs: {name: (row, its job)}."""
     specs = [ScheduleSpec(name, TASK, Periodic(every=60, args=[1, 2])) for name in names]
     Schedule.objects.sync("default", specs)
-    fields = EnqueueOptions.of({}).check(TASK)
-    Schedule.objects.enqueue_due("default", lambda row: fields)  # plans the first ticks
-    Schedule.objects.update(next_tick_at=Now() - timedelta(seconds=1), revision=F("revision") + 1)
-    made = {o.name: o.jobs[0] for o in Schedule.objects.enqueue_due("default", lambda row: fields)}
+    Schedule.objects.enqueue_due("default", _fields)  # plans the first ticks
+    return tick_again(*names)
+
+
+def tick_again(*names):
+    """Make the named schedules due and let them decide: {name: (row, the job made)}."""
+    Schedule.objects.filter(name__in=names).update(
+        next_tick_at=Now() - timedelta(seconds=1), revision=F("revision") + 1
+    )
+    made = {o.name: o.jobs[0] for o in Schedule.objects.enqueue_due("default", _fields)}
     return {name: (Schedule.objects.get(name=name), made[name]) for name in names}
 
 
+def _fields(row):
+    return EnqueueOptions.of({}).check(TASK)
+
+
+@contextmanager
+def schedules_held():
+    """Another transaction holds every schedule row, as a worker's tick decision does
+    (SELECT ... FOR UPDATE); statements here then give up after 20 s of waiting, so that
+    a wait fails the test rather than hanging it. A no-op without row locks (SQLite)."""
+    if not connection.features.has_select_for_update_skip_locked:
+        yield
+        return
+    locked, release, errors = threading.Event(), threading.Event(), []
+
+    def holder():
+        try:
+            with transaction.atomic():
+                assert list(Schedule.objects.select_for_update())
+                locked.set()
+                release.wait(120)
+        except Exception as e:  # surfaced below
+            errors.append(e)
+            locked.set()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert locked.wait(60)
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SET lock_timeout = '20s'")
+            else:
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = 20")
+        yield
+    finally:
+        release.set()
+        thread.join(60)
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("RESET lock_timeout")
+            else:
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+    assert errors == []
+
+
 def test_prune_deletes_old_jobs_a_schedule_made_and_unlinks_its_records():
-    """Invariant 3: a job a schedule made is pruned like any other (its run record and
-    the schedule's last job pointed at it, and the foreign keys refused the raw DELETE of
-    every such job until prune followed them); the schedule keeps its place and counters,
-    the run record loses its job, and ScheduleRun.objects.prune() deletes the records left
-    without a job once they are past retention, never one whose job still exists."""
-    ticks = ticked("nightly", "hourly")
-    schedule, made = ticks["nightly"]
-    live_schedule, live = ticks["hourly"]  # its job still pending: nothing of it goes
-    assert (schedule.last_job_id, live_schedule.last_job_id) == (made.pk, live.pk)
-    Job.objects.filter(pk=made.pk).update(
+    """Invariant 3: a job a schedule made is pruned like any other (its run record pointed
+    at it, and the foreign key refused the raw DELETE of every such job until prune
+    followed it) and its run record loses its job; a schedule's last job stays, however
+    old, so that prune never writes to (nor waits for) a schedule row a worker's decision
+    holds. ScheduleRun.objects.prune() then deletes the records left without a job once
+    they are past retention, never one whose job still exists."""
+    first = ticked("nightly", "hourly")
+    _, made = first["nightly"]
+    live_schedule, live = first["hourly"]  # its job still pending: nothing of it goes
+    schedule, last = tick_again("nightly")["nightly"]
+    assert (schedule.last_job_id, live_schedule.last_job_id) == (last.pk, live.pk)
+    Job.objects.filter(pk__in=[made.pk, last.pk]).update(
         state=JobState.SUCCEEDED, finished_at=Now() - timedelta(days=20)
     )
     skipped_old = ScheduleRun.objects.create(schedule=schedule, kind=RunKind.SKIPPED)
     skipped_young = ScheduleRun.objects.create(schedule=schedule, kind=RunKind.SKIPPED)
     ScheduleRun.objects.filter(pk=skipped_old.pk).update(recorded_at=Now() - timedelta(days=20))
     ScheduleRun.objects.filter(job__isnull=False).update(recorded_at=Now() - timedelta(days=20))
+    assert list(Job.objects.all().prunable(14).values_list("pk", flat=True)) == [made.pk]
+    out = StringIO()
+    call_command("leases_prune", "--dry-run", stdout=out)
+    assert "Would delete 1 jobs" in out.getvalue()
+    assert "Would delete 2 schedule runs" in out.getvalue()  # made's, and the old skip
 
-    assert Job.objects.all().prune(14) == 1
-    assert not Job.objects.filter(pk=made.pk).exists()
+    with schedules_held():
+        assert Job.objects.all().prune(14, batch_size=1) == 1
+    assert set(Job.objects.values_list("pk", flat=True)) == {last.pk, live.pk}
     schedule.refresh_from_db()
-    assert (schedule.last_job_id, schedule.ticks) == (None, 1)
-    assert ScheduleRun.objects.get(schedule=schedule, kind=RunKind.TICK).job_id is None
-    assert Schedule.objects.get(pk=live_schedule.pk).last_job_id == live.pk
+    assert (schedule.last_job_id, schedule.ticks) == (last.pk, 2)
+    runs = ScheduleRun.objects.filter(schedule=schedule, kind=RunKind.TICK)
+    assert set(runs.values_list("job_id", flat=True)) == {None, last.pk}
 
-    assert ScheduleRun.objects.prune(14, batch_size=1) == 2  # the tick's and the old skip
-    left = ScheduleRun.objects.values_list("pk", "job_id")
-    assert set(left) == {(skipped_young.pk, None), (ScheduleRun.objects.get(job=live).pk, live.pk)}
+    with schedules_held():
+        assert ScheduleRun.objects.prune(14, batch_size=1) == 2  # made's, and the old skip
+    left = ScheduleRun.objects.filter(job__isnull=True).values_list("pk", flat=True)
+    assert list(left) == [skipped_young.pk]
+    assert set(ScheduleRun.objects.filter(job__isnull=False).values_list("job_id", flat=True)) == {
+        last.pk,
+        live.pk,
+    }
     assert ScheduleRun.objects.prune(14) == 0

@@ -238,6 +238,8 @@ def test_a_handler_running_on_after_its_own_ack_is_stopped_at_shutdown(workers, 
     assert (job.state, job.result) == (JobState.SUCCEEDED, {"acked": True})
     assert not a.events("released", job_id=int(result.id)), a.log()
     assert not a.events("release_rejected", job_id=int(result.id)), a.log()
+    # Stopping as told after its ack is not an error of the handler's.
+    assert not a.events("raised_after_ack", job_id=int(result.id)), a.log()
 
 
 def test_a_handler_process_whose_worker_dies_while_it_starts_never_runs(workers):

@@ -22,7 +22,7 @@ from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
 from ..api import JobHandle, WorkerLink
-from ..exceptions import NonRetryable
+from ..exceptions import LeaseLost, NonRetryable
 from ..fits import misfit, signature_of
 from ..storable import (
     class_path,
@@ -97,7 +97,8 @@ def run_task(
     (``link.task_result``; read here only when there is none, in a child process);
     task_finished for a failure is sent inside the exception handler, as Django's own
     backends do, so receivers see sys.exc_info(). A lost claim sends no task_finished: its
-    attempt is abandoned, not finished.
+    attempt is abandoned, not finished. A handler that acknowledged its job in
+    fenced(ack=True) finished it, whatever it raised or was told afterwards: SUCCESSFUL.
     """
     with link.current(handle):
         return _run(task, args, kwargs, handle, link, context)
@@ -145,7 +146,9 @@ def _run(
         if link.acked:
             # It acknowledged its job in fenced(ack=True), then raised: the success is
             # committed and stands (get_result() shows it), so task_finished says so too.
-            _raised_after_ack(handle, e)
+            # Told to stop after its ack (a worker's stop), it stops as asked: no warning.
+            if not (handle.lost and isinstance(e, (LeaseLost, asyncio.CancelledError))):
+                _raised_after_ack(handle, e)
         elif handle.lost:
             return Outcome(Kind.LOST)
         else:
@@ -197,28 +200,33 @@ def _failed(task: Any, started: TaskResult[..., Any] | None, exc: BaseException)
 def _raised_after_ack(handle: JobHandle, exc: BaseException) -> None:
     """Log what a handler raised after its own ack: not a failure of the job, which
     succeeded, but not to be swallowed either. Never raises."""
+    path, message, _ = describe_exception(exc)  # never raises, whatever the class
+    text = "Handler raised after acknowledging job=%s fence=%s: %s: %s; the job stays succeeded"
+    args = (handle.job_id, handle.fence, path, message)
     try:
-        path, message, _ = describe_exception(exc)
         logger.warning(
-            "Handler raised after acknowledging job=%s fence=%s: %s: %s; the job stays succeeded",
-            handle.job_id,
-            handle.fence,
-            path,
-            message,
+            text,
+            *args,
             exc_info=exc,
             extra={
                 "event": "raised_after_ack",
                 "job_id": handle.job_id,
                 "fence": handle.fence,
+                "worker": handle.worker_id,
                 "error": path,
             },
         )
     except BaseException:  # noqa: BLE001 -- a traceback logging cannot format: the line without it
         logger.warning(
-            "Handler raised after acknowledging job=%s fence=%s; the job stays succeeded",
-            handle.job_id,
-            handle.fence,
-            extra={"event": "raised_after_ack", "job_id": handle.job_id, "fence": handle.fence},
+            text,
+            *args,
+            extra={
+                "event": "raised_after_ack",
+                "job_id": handle.job_id,
+                "fence": handle.fence,
+                "worker": handle.worker_id,
+                "error": path,
+            },
         )
 
 

@@ -72,14 +72,14 @@ class Command(BaseCommand):
         runs = ScheduleRun.objects.using(lease_options.database)
         if dry_run:
             late = jobs.filter(state=JobState.PENDING, deadline__lt=Now()).count()
-            count = jobs.all().prunable(days, include_dead=include_dead).count()
+            prunable = jobs.all().prunable(days, include_dead=include_dead)
+            count = prunable.count()
             self.stdout.write(f"Would dead-letter {late} pending jobs past their deadline.")
             self.stdout.write(f"Would delete {count} jobs finished more than {days:g} days ago.")
-            # Those of the jobs above are counted once those jobs are gone.
-            count = runs.prunable(days).count()
+            count = runs.prunable(days, jobs=prunable).count()
             self.stdout.write(
-                f"Would delete {count} schedule runs without a job recorded more than "
-                f"{days:g} days ago."
+                f"Would delete {count} schedule runs recorded more than {days:g} days ago, "
+                "of those jobs or without a job."
             )
             return
         late = jobs.all().dead_letter_past_deadline(batch_size=batch_size)
