@@ -42,6 +42,50 @@ def job(state=JobState.PENDING, *, days_ago=None, failures=0, effects=0):
     return row
 
 
+@contextmanager
+def held(rows, count):
+    """Another transaction holds ``rows()`` (``count`` of them) with SELECT ... FOR UPDATE,
+    as a worker's claim or tick decision does; statements here give up after 20 s of
+    waiting meanwhile, so that a wait fails the test rather than hanging it. A no-op
+    without row locks (SQLite)."""
+    if not connection.features.has_select_for_update_skip_locked:
+        yield
+        return
+    locked, release, errors = threading.Event(), threading.Event(), []
+
+    def holder():
+        try:
+            with transaction.atomic():
+                assert len(list(rows().select_for_update())) == count
+                locked.set()
+                release.wait(120)
+        except Exception as e:  # surfaced below
+            errors.append(e)
+            locked.set()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert locked.wait(60)
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SET lock_timeout = '20s'")
+            else:
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = 20")
+        yield
+    finally:
+        release.set()
+        thread.join(60)
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("RESET lock_timeout")
+            else:
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+    assert errors == []
+
+
 def test_prune_deletes_old_finished_jobs_with_their_history_a_batch_at_a_time():
     """Invariant 3: what is deleted is finished and past retention, with its failures and
     effects; active jobs and young finished ones stay. Each batch is a statement (or a
@@ -77,40 +121,14 @@ def test_prune_passes_over_rows_other_transactions_hold_and_never_waits_for_them
     error rather than a hang, deletes the others and leaves the held one for next time."""
     if not connection.features.has_select_for_update_skip_locked:
         pytest.skip("needs SKIP LOCKED (PostgreSQL, MySQL 8, MariaDB 10.6)")
-    held = job(JobState.SUCCEEDED, days_ago=20)
+    held_job = job(JobState.SUCCEEDED, days_ago=20)
     others = [job(JobState.SUCCEEDED, days_ago=20 + n) for n in range(3)]
     active = [job(), job(JobState.CLAIMED)]
-    locked, release, errors = threading.Event(), threading.Event(), []
-
-    def holder():
-        try:
-            with transaction.atomic():
-                pks = [held.pk, *(j.pk for j in active)]
-                assert len(list(Job.objects.select_for_update().filter(pk__in=pks))) == 3
-                locked.set()
-                release.wait(120)
-        except Exception as e:  # surfaced below
-            errors.append(e)
-            locked.set()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert locked.wait(60)
-        with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute("SET lock_timeout = '20s'")
-            else:
-                cursor.execute("SET SESSION innodb_lock_wait_timeout = 20")
+    pks = [held_job.pk, *(j.pk for j in active)]
+    with held(lambda: Job.objects.filter(pk__in=pks), 3):
         assert Job.objects.all().prune(14, batch_size=1) == 3
-    finally:
-        release.set()
-        thread.join(60)
-    assert errors == []
     assert not Job.objects.filter(pk__in=[j.pk for j in others]).exists()
-    assert set(Job.objects.values_list("pk", flat=True)) == {held.pk, *(j.pk for j in active)}
+    assert set(Job.objects.values_list("pk", flat=True)) == {held_job.pk, *(j.pk for j in active)}
     assert Job.objects.all().prune(14) == 1
 
 
@@ -156,49 +174,6 @@ def _fields(row):
     return EnqueueOptions.of({}).check(TASK)
 
 
-@contextmanager
-def schedules_held():
-    """Another transaction holds every schedule row, as a worker's tick decision does
-    (SELECT ... FOR UPDATE); statements here then give up after 20 s of waiting, so that
-    a wait fails the test rather than hanging it. A no-op without row locks (SQLite)."""
-    if not connection.features.has_select_for_update_skip_locked:
-        yield
-        return
-    locked, release, errors = threading.Event(), threading.Event(), []
-
-    def holder():
-        try:
-            with transaction.atomic():
-                assert list(Schedule.objects.select_for_update())
-                locked.set()
-                release.wait(120)
-        except Exception as e:  # surfaced below
-            errors.append(e)
-            locked.set()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert locked.wait(60)
-        with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute("SET lock_timeout = '20s'")
-            else:
-                cursor.execute("SET SESSION innodb_lock_wait_timeout = 20")
-        yield
-    finally:
-        release.set()
-        thread.join(60)
-        with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute("RESET lock_timeout")
-            else:
-                cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
-    assert errors == []
-
-
 def test_prune_deletes_old_jobs_a_schedule_made_and_unlinks_its_records():
     """Invariant 3: a job a schedule made is pruned like any other (its run record pointed
     at it, and the foreign key refused the raw DELETE of every such job until prune
@@ -224,7 +199,7 @@ def test_prune_deletes_old_jobs_a_schedule_made_and_unlinks_its_records():
     assert "Would delete 1 jobs" in out.getvalue()
     assert "Would delete 2 schedule runs" in out.getvalue()  # made's, and the old skip
 
-    with schedules_held():
+    with held(Schedule.objects.all, 2):  # as the schedules' tick decisions do
         assert Job.objects.all().prune(14, batch_size=1) == 1
     assert set(Job.objects.values_list("pk", flat=True)) == {last.pk, live.pk}
     schedule.refresh_from_db()
@@ -232,7 +207,7 @@ def test_prune_deletes_old_jobs_a_schedule_made_and_unlinks_its_records():
     runs = ScheduleRun.objects.filter(schedule=schedule, kind=RunKind.TICK)
     assert set(runs.values_list("job_id", flat=True)) == {None, last.pk}
 
-    with schedules_held():
+    with held(Schedule.objects.all, 2):
         assert ScheduleRun.objects.prune(14, batch_size=1) == 2  # made's, and the old skip
     left = ScheduleRun.objects.filter(job__isnull=True).values_list("pk", flat=True)
     assert list(left) == [skipped_young.pk]

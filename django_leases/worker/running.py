@@ -201,33 +201,28 @@ def _raised_after_ack(handle: JobHandle, exc: BaseException) -> None:
     """Log what a handler raised after its own ack: not a failure of the job, which
     succeeded, but not to be swallowed either. Never raises."""
     path, message, _ = describe_exception(exc)  # never raises, whatever the class
-    text = "Handler raised after acknowledging job=%s fence=%s: %s: %s; the job stays succeeded"
-    args = (handle.job_id, handle.fence, path, message)
-    try:
-        logger.warning(
-            text,
-            *args,
-            exc_info=exc,
-            extra={
-                "event": "raised_after_ack",
-                "job_id": handle.job_id,
-                "fence": handle.fence,
-                "worker": handle.worker_id,
-                "error": path,
-            },
-        )
-    except BaseException:  # noqa: BLE001 -- a traceback logging cannot format: the line without it
-        logger.warning(
-            text,
-            *args,
-            extra={
-                "event": "raised_after_ack",
-                "job_id": handle.job_id,
-                "fence": handle.fence,
-                "worker": handle.worker_id,
-                "error": path,
-            },
-        )
+    # With its traceback, or without it should logging fail to format that.
+    for exc_info in (exc, None):
+        try:
+            logger.warning(
+                "Handler raised after acknowledging job=%s fence=%s: %s: %s; the job stays "
+                "succeeded",
+                handle.job_id,
+                handle.fence,
+                path,
+                message,
+                exc_info=exc_info,
+                extra={
+                    "event": "raised_after_ack",
+                    "job_id": handle.job_id,
+                    "fence": handle.fence,
+                    "worker": handle.worker_id,
+                    "error": path,
+                },
+            )
+            return
+        except BaseException:  # noqa: BLE001, S112 -- the line without the traceback next
+            continue
 
 
 def _retryable(task: Any, exc: BaseException) -> bool:
