@@ -138,11 +138,10 @@ class OperatorVerbs(_VerbsBase):
 
         Each batch of ``batch_size`` is its own short transaction that locks only finished
         jobs past retention and the history of those it deletes, taken with SKIP LOCKED where
-        the database has it, and
-        re-checks the state and the age in the DELETE itself: a job requeued by an
-        operator in the meantime is pending again and stays. Batches walk each state's
-        (state, finished_at) index in order from where the last one stopped, so no batch
-        rescans what its predecessors deleted.
+        the database has it, and re-checks the state and the age in the DELETE itself: a job
+        requeued by an operator in the meantime is pending again and stays. Batches walk each
+        state's (state, finished_at) index in order from where the last one stopped, so no
+        batch rescans what its predecessors deleted.
         """
         states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
         db = self._db or router.db_for_write(self.model)
