@@ -12,15 +12,14 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from django.apps import apps
-from django.db import connections, models, router, transaction
+from django.db import connections, models, router
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Now
 
 from . import conf
 from .deadlocks import retry_deadlock_victims
 from .enqueue import after_now, checked_seconds
-from .states import ACTIVE_STATES, TERMINAL_STATES, DeadReason, JobState
+from .states import ACTIVE_STATES, DeadReason, JobState
 
 if TYPE_CHECKING:
     from .models import Job
@@ -116,177 +115,6 @@ class OperatorVerbs(_VerbsBase):
         """End the lease of stalled claims only; the same UPDATE re-checks that each is stalled,
         so a claim whose worker renewed in the meantime keeps its lease."""
         return self.stalled_claims(heartbeat_seconds).expire_now()
-
-    def prunable(self, older_than_days: float, *, include_dead: bool = False) -> Any:
-        """Finished jobs past retention: succeeded, cancelled, and dead ones if asked; not
-        a schedule's last job, which the schedule still names (its next tick replaces it)."""
-        states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
-        named = self._schedules().filter(last_job__isnull=False).values("last_job")
-        return self.filter(
-            state__in=states, finished_at__lt=Now() - Value(timedelta(days=older_than_days))
-        ).exclude(pk__in=named)
-
-    def prune(
-        self, older_than_days: float, *, include_dead: bool = False, batch_size: int = 1000
-    ) -> int:
-        """Delete finished jobs (succeeded and cancelled, and dead ones if asked) that finished
-        more than N days ago on the database clock, with their failures and effects; return
-        how many jobs were deleted. A deleted job's schedule run record is unlinked (set NULL,
-        as its on_delete says; the records go with ScheduleRun.objects.prune()). A schedule's
-        last job stays: unlinking it would write to schedule rows the workers' tick decisions
-        lock, and prune never waits for a worker.
-
-        Each batch of ``batch_size`` is its own short transaction that locks only finished
-        jobs past retention and the history of those it deletes, taken with SKIP LOCKED where
-        the database has it, and re-checks the state and the age in the DELETE itself: a job
-        requeued by an operator in the meantime is pending again and stays. Batches walk each
-        state's (state, finished_at) index in order from where the last one stopped, so no
-        batch rescans what its predecessors deleted.
-        """
-        states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
-        db = self._db or router.db_for_write(self.model)
-        deleted = 0
-        for state in states:
-            after: Any = None
-            while True:
-                n, after = (
-                    self._prune_batch_pg(db, state, older_than_days, after, batch_size)
-                    if connections[db].vendor == "postgresql"
-                    else self._prune_batch(db, state, older_than_days, after, batch_size)
-                )
-                deleted += n
-                if n == 0 or after is None:
-                    break
-        return deleted
-
-    def _prune_batch(
-        self, db: str, state: str, days: float, after: Any, batch_size: int
-    ) -> tuple[int, Any]:
-        """One batch through the ORM: (jobs deleted, the last finished_at seen)."""
-        manager = self.model._default_manager.using(db)
-        # Plain reads, never a lock on a schedule row a decision holds. Only a new job ever
-        # becomes a schedule's last job, so a list read a moment ago keeps every job it must;
-        # read again once the rows are locked, for a retention shorter than that moment.
-        named = self._named_by_schedules(db)
-        old = (
-            self.filter(state=state, finished_at__lt=Now() - Value(timedelta(days=days)))
-            .exclude(pk__in=named)
-            .using(db)
-        )
-        if after is not None:
-            old = old.filter(finished_at__gte=after)
-        with transaction.atomic(using=db):
-            if connections[db].features.has_select_for_update_skip_locked:
-                old = old.select_for_update(skip_locked=True)
-            rows = list(
-                old.order_by("finished_at", "pk").values_list("pk", "finished_at")[:batch_size]
-            )
-            if not rows:
-                return 0, None
-            named = self._named_by_schedules(db)
-            # Conditional again, in each DELETE itself: only what is still finished and old
-            # (a job requeued since the read is pending again and stays, history and all).
-            doomed = manager.filter(
-                pk__in=[pk for pk, _ in rows if pk not in named],
-                state=state,
-                finished_at__lt=Now() - Value(timedelta(days=days)),
-            )
-            for rel in self._own_references():
-                linked = rel.related_model._default_manager.using(db).filter(
-                    **{f"{rel.field.name}__in": doomed}
-                )
-                if rel.on_delete is models.CASCADE:
-                    linked.delete()
-                else:
-                    linked.update(**{rel.field.name: None})
-            # One DELETE with the predicate: what pointed at the jobs is gone or unlinked,
-            # so there is nothing left to collect.
-            deleted: int = doomed._raw_delete(db)
-        return deleted, rows[-1][1]
-
-    def _schedules(self) -> Any:
-        """The Schedule model's manager: schedules name their last job."""
-        meta = (self.model._meta.concrete_model or self.model)._meta
-        return apps.get_model(meta.app_label, "Schedule")._default_manager
-
-    def _named_by_schedules(self, db: str) -> set[Any]:
-        """The ids of the jobs schedules name as their last job (one per schedule)."""
-        last = self._schedules().using(db).filter(last_job__isnull=False)
-        return set(last.values_list("last_job", flat=True))
-
-    def _own_references(self) -> list[Any]:
-        """This app's relations pointing at a job that a raw DELETE must follow as Django's
-        collector would, or the foreign keys refuse it: failures and effects (CASCADE,
-        deleted with it) and a schedule's run record (SET_NULL, unlinked). Not a
-        schedule's last job: prune keeps that job (prunable())."""
-        meta = (self.model._meta.concrete_model or self.model)._meta
-        schedule = self._schedules().model
-        rels = [
-            f
-            for f in meta.get_fields(include_hidden=True)
-            if isinstance(f, models.ForeignObjectRel)
-            and (f.one_to_many or f.one_to_one)
-            and f.related_model._meta.app_label == meta.app_label
-            and f.related_model is not schedule
-        ]
-        for rel in rels:
-            if rel.on_delete not in (models.CASCADE, models.SET_NULL):
-                raise TypeError(f"prune cannot follow on_delete of {rel.field}")
-        return rels
-
-    def _prune_batch_pg(
-        self, db: str, state: str, days: float, after: Any, batch_size: int
-    ) -> tuple[int, Any]:
-        """One batch on PostgreSQL, one statement: pick the oldest rows of ``state`` past
-        retention and no schedule's last job (an ordered scan of leases_job_finished_idx,
-        SKIP LOCKED: a lock on the jobs only, never on the schedules it reads), delete their
-        failures and effects, unlink their schedule run records, then delete the jobs.
-        Autocommit makes it its own transaction."""
-        quote = connections[db].ops.quote_name
-        job = self.model._meta
-        schedule = self._schedules().model._meta
-        last = quote(schedule.get_field("last_job").column)
-        references = ""
-        for n, rel in enumerate(self._own_references()):
-            table = quote(rel.related_model._meta.db_table)
-            column = quote(rel.field.column)
-            change = (
-                f"DELETE FROM {table}"
-                if rel.on_delete is models.CASCADE
-                else f"UPDATE {table} SET {column} = NULL"
-            )
-            references += f"""
-        , linked_{n} AS (
-            {change} WHERE {column} = ANY(ARRAY(SELECT id FROM doomed))
-        )"""
-        sql = f"""
-        WITH doomed AS (
-            SELECT j.id, j.finished_at FROM {quote(job.db_table)} j
-            WHERE j.state = %(state)s
-              AND j.finished_at < statement_timestamp() - make_interval(secs => %(secs)s)
-              {"AND j.finished_at >= %(after)s" if after is not None else ""}
-              -- One array for the statement (one id per schedule), whatever the plan.
-              AND j.id <> ALL(ARRAY(
-                SELECT {last} FROM {quote(schedule.db_table)} WHERE {last} IS NOT NULL
-              ))
-            ORDER BY j.finished_at
-            LIMIT %(limit)s
-            FOR UPDATE OF j SKIP LOCKED
-        ){references}
-        , jobs AS (
-            -- ids as an array: primary-key lookups, never a join planned as a scan of the
-            -- whole table.
-            DELETE FROM {quote(job.db_table)}
-            WHERE id = ANY(ARRAY(SELECT id FROM doomed)) AND state = %(state)s
-            RETURNING finished_at
-        )
-        SELECT count(*), max(finished_at) FROM jobs
-        """
-        params = {"state": state, "secs": days * 86400, "after": after, "limit": batch_size}
-        with transaction.atomic(using=db), connections[db].cursor() as cursor:
-            cursor.execute(sql, params)
-            n, last = cursor.fetchone()
-        return n, last
 
     def dead_letter_past_deadline(self, *, batch_size: int = 1000) -> int:
         """Dead-letter pending jobs whose deadline passed (database clock) although no claim

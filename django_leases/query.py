@@ -40,6 +40,7 @@ from .enqueue import (
 )
 from .jsonsafe import ensure_json
 from .operators import OperatorVerbs
+from .pruning import PruneVerbs
 from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
 
 if TYPE_CHECKING:
@@ -349,8 +350,9 @@ _DUE_CLAIM_CTES = (
 )
 
 
-class JobQuerySet(OperatorVerbs, models.QuerySet["Job"]):
-    """Lease views and the owner's verbs of jobs (operator verbs: OperatorVerbs)."""
+class JobQuerySet(OperatorVerbs, PruneVerbs, models.QuerySet["Job"]):
+    """Lease views and the owner's verbs of jobs (operator verbs: OperatorVerbs; prune:
+    PruneVerbs)."""
 
     # -- lease views -------------------------------------------------------------------
     # "Stalled" is the design's full definition, the one the admin shows: renewals stopped

@@ -21,6 +21,7 @@ DATA = {
     "django_leases.models",
     "django_leases.query",
     "django_leases.operators",
+    "django_leases.pruning",
     "django_leases.enqueue",
     "django_leases.worker_registry",
     "django_leases.states",
@@ -37,6 +38,7 @@ DATA = {
 STATEMENTS = {
     "django_leases.query",
     "django_leases.operators",
+    "django_leases.pruning",
     "django_leases.enqueue",
     "django_leases.worker_registry",
     "django_leases.schedule_query",
@@ -184,11 +186,12 @@ def test_the_backend_enqueues_through_enqueue_py_not_query_internals():
 
 
 def test_enqueue_and_operators_stand_below_query():
-    """query.py composes JobQuerySet from operators.py and calls enqueue.py, never the
-    other way round."""
+    """query.py composes JobQuerySet from operators.py and pruning.py and calls enqueue.py,
+    never the other way round."""
     for module in (
         "django_leases.enqueue",
         "django_leases.operators",
+        "django_leases.pruning",
         "django_leases.worker_registry",
     ):
         assert "django_leases.query" not in GRAPH[module], module

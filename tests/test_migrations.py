@@ -73,7 +73,7 @@ def test_the_schema_has_its_named_indexes_constraints_and_trigger_and_unapplies_
                 )
                 assert cursor.fetchone()[0] == 0
     finally:
-        call_command("migrate", "django_leases", verbosity=0)
+        call_command("migrate", verbosity=0)  # with the test app's models that need it
     assert job_table_names() == names
 
 
@@ -101,7 +101,7 @@ def test_the_job_tables_storage_parameters_are_set_on_postgresql_and_reset_when_
     try:
         assert job_storage() == {}
     finally:
-        call_command("migrate", "django_leases", verbosity=0)
+        call_command("migrate", verbosity=0)  # with the test app's models that need it
     assert job_storage() == wanted
 
 
@@ -136,5 +136,5 @@ def test_the_unique_key_has_its_unique_index_only_and_no_like_index_on_postgresq
             )
         ]
     finally:
-        call_command("migrate", "django_leases", verbosity=0)
+        call_command("migrate", verbosity=0)  # with the test app's models that need it
     assert active_key_indexes() == indexes

@@ -20,6 +20,7 @@ from django_leases.models import Job, JobEffect, JobFailure, Schedule, ScheduleR
 from django_leases.schedule_query import RunKind
 from django_leases.schedules import Periodic, ScheduleSpec
 from django_leases.states import FailureKind, JobState
+from tests.testapp.models import Invoice, Report, ReportHold, ReportPage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -216,3 +217,40 @@ def test_prune_deletes_old_jobs_a_schedule_made_and_unlinks_its_records():
         live.pk,
     }
     assert ScheduleRun.objects.prune(14) == 0
+
+
+def test_prune_follows_a_projects_own_models_by_their_on_delete():
+    """Invariant 3: a project's models pointing at jobs no longer make prune fail on a
+    foreign key. A job they point at through CASCADE or SET_NULL goes through Django's
+    collector (its report and the report's pages deleted, an invoice's link set NULL);
+    one they PROTECT stays, in prunable() too, and so does one whose report a further
+    model protects (the collector refuses that one, the rest of its batch goes). Once
+    nothing protects them, they go. Runs the PostgreSQL statement too, which leaves the
+    jobs pointed at to the collector."""
+    reported, held_back, invoiced, retry, plain = (
+        job(JobState.SUCCEEDED, days_ago=20 + n, failures=1) for n in range(5)
+    )
+    young = job(JobState.SUCCEEDED, days_ago=1)
+    report = Report.objects.create(job=reported)
+    ReportPage.objects.create(report=report)
+    hold = ReportHold.objects.create(report=Report.objects.create(job=held_back))
+    invoice = Invoice.objects.create(job=invoiced, retried_by=retry)
+    Report.objects.create(job=young)
+    assert invoiced.pk not in set(Job.objects.all().prunable(14).values_list("pk", flat=True))
+
+    assert Job.objects.all().prune(14, batch_size=2) == 3  # reported, retry, plain
+    assert set(Job.objects.values_list("pk", flat=True)) == {held_back.pk, invoiced.pk, young.pk}
+    assert not ReportPage.objects.exists()
+    assert list(Report.objects.values_list("job_id", flat=True).order_by("pk")) == [
+        held_back.pk,
+        young.pk,
+    ]
+    invoice.refresh_from_db()
+    assert (invoice.job_id, invoice.retried_by_id) == (invoiced.pk, None)
+    assert not JobFailure.objects.filter(job_id__in=[reported.pk, retry.pk, plain.pk]).exists()
+
+    hold.delete()
+    invoice.delete()
+    assert Job.objects.all().prune(14) == 2
+    assert list(Job.objects.values_list("pk", flat=True)) == [young.pk]
+    assert list(Report.objects.values_list("job_id", flat=True)) == [young.pk]
