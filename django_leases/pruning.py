@@ -1,18 +1,20 @@
 """Deleting finished jobs past retention, in short batches that never wait for a worker.
 
-The jobs go with a raw DELETE, which is what makes pruning millions of rows cheap; what points
-at a job is followed here as Django's collector would follow it, or a foreign key would refuse
-the DELETE. This app's relations: failures and effects are deleted, a schedule run record is
-unlinked, a schedule's last job is kept. A project's own models, by their ``on_delete``:
+Jobs go with a raw DELETE, which is what makes pruning millions of rows cheap, so what points
+at a job is followed here, or a foreign key would refuse the DELETE. This app's relations:
+failures and effects are deleted, a schedule run record is unlinked, a schedule's last job is
+kept (prune never writes to a schedule row). A project's own models, by their ``on_delete``:
 
-- ``PROTECT``, ``RESTRICT``, and ``DO_NOTHING`` under a foreign key constraint: the job is
-  kept (Django's delete would refuse it, or the database would), and pruned once nothing
-  points at it any more;
-- ``CASCADE``, ``SET_NULL``, ``SET_DEFAULT``, ``SET(...)``: the jobs pointed at are deleted
-  through Django's collector (``QuerySet.delete()``, signals included), the rest of the batch
-  raw;
-- ``DB_CASCADE``, ``DB_SET_NULL``, ``DB_SET_DEFAULT``, and ``DO_NOTHING`` without a
-  constraint: nothing to do, the database follows them or nothing is there to refuse.
+- ``PROTECT``, ``RESTRICT`` (even where Django would let a cascade through), and
+  ``DO_NOTHING`` under a foreign key constraint: the job is kept, and pruned once nothing of
+  the kind points at it;
+- ``CASCADE``, ``SET_NULL``, ``SET_DEFAULT``, ``SET(...)``, on a job or on its failures and
+  effects: those jobs go in batches of their own, where Django's collector applies the
+  ``on_delete`` to the project's rows (their signals sent; none for the jobs, as ever). A job
+  whose rows the collector or the database refuses (a model further along protects them) is
+  kept, the rest of its batch goes;
+- ``DB_CASCADE``, ``DB_SET_NULL``, ``DB_SET_DEFAULT`` and ``DO_NOTHING`` without a
+  constraint: nothing to do.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
-from django.db import connections, models, router, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Q, Value
-from django.db.models.deletion import ProtectedError, RestrictedError
+from django.db.models.deletion import Collector, ProtectedError, RestrictedError
 from django.db.models.functions import Now
 
 from .states import TERMINAL_STATES, JobState
@@ -39,6 +41,8 @@ else:
 # Django 6.1's database-level on_delete (DB_CASCADE, ...): the database follows them.
 _DATABASE_ON_DELETE: Any = getattr(models.deletion, "DatabaseOnDelete", ())
 _KEEPING = (models.PROTECT, models.RESTRICT)
+# What a project's rows answer when a job they point at cannot go: the job is kept.
+_REFUSED = (ProtectedError, RestrictedError, IntegrityError)
 
 
 class PruneVerbs(_VerbsBase):
@@ -51,15 +55,17 @@ class PruneVerbs(_VerbsBase):
         """Finished jobs past retention: succeeded, cancelled, and dead ones if asked; not
         a schedule's last job, which the schedule still names (its next tick replaces it),
         nor a job a project's model protects (PROTECT, RESTRICT, DO_NOTHING under a foreign
-        key constraint)."""
+        key constraint). A job the collector will refuse (a model further along protects
+        what would cascade) is counted here, and kept by prune()."""
         states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
         named = self._schedules().filter(last_job__isnull=False).values("last_job")
+        db = self._db or router.db_for_read(self.model)
         return (
             self.filter(
                 state__in=states, finished_at__lt=Now() - Value(timedelta(days=older_than_days))
             )
             .exclude(pk__in=named)
-            .exclude(self._kept_by_projects(self._db or router.db_for_read(self.model)))
+            .exclude(self._kept_by_projects(db))
         )
 
     def prune(
@@ -72,7 +78,7 @@ class PruneVerbs(_VerbsBase):
         last job stays: unlinking it would write to schedule rows the workers' tick decisions
         lock, and prune never waits for a worker. A project's models pointing at jobs are
         followed by their on_delete (the module's docstring): the jobs they point at go
-        first, each batch through Django's collector; then the rest.
+        first, then the rest.
 
         Each batch of ``batch_size`` is its own short transaction that locks only finished
         jobs past retention and the history of those it deletes, taken with SKIP LOCKED where
@@ -83,7 +89,7 @@ class PruneVerbs(_VerbsBase):
         """
         states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
         db = self._db or router.db_for_write(self.model)
-        followed, _ = self._project_references()
+        followed = self._followed_references()
         deleted = 0
         for state in states:
             if followed:
@@ -126,52 +132,83 @@ class PruneVerbs(_VerbsBase):
             )
             if not rows:
                 return 0, None
-            doomed = self._still_old(db, [pk for pk, _ in rows], state, days)
-            for rel in self._own_references():
-                linked = rel.related_model._default_manager.using(db).filter(
-                    **{f"{rel.field.name}__in": doomed}
-                )
-                if rel.on_delete is models.CASCADE:
-                    linked.delete()
-                else:
-                    linked.update(**{rel.field.name: None})
-            # One DELETE with the predicate: what pointed at the jobs is gone or unlinked,
-            # so there is nothing left to collect.
-            deleted: int = doomed._raw_delete(db)
+            deleted = self._delete(db, self._still_old(db, [pk for pk, _ in rows], state, days))
         return deleted, rows[-1][1]
 
     def _prune_followed(self, db: str, state: str, days: float, batch_size: int) -> int:
-        """Delete, through Django's collector (``QuerySet.delete()``), the jobs of ``state``
-        past retention that a project's model follows (CASCADE, SET_NULL, ...), in batches
-        walked in primary-key order; answer how many went. A job the collector refuses (a
-        model further along protects what would cascade) is kept, the others go."""
-        pointed = self._pointed_at_by_projects(db, followed_only=True)
-        label = self.model._meta.label
+        """Delete the jobs of ``state`` past retention that a project's model points at with
+        a relation to follow (CASCADE, SET_NULL, ...; on a job or on its history), in
+        batches walked in primary-key order; answer how many went. A batch refused (a model
+        further along protects what would cascade) goes again a job at a time, each in its
+        own transaction, and what is refused then is kept."""
         deleted = 0
         last: Any = None
         while True:
-            old = self._old(db, state, days).filter(pointed)
+            old = (
+                self._old(db, state, days)
+                .filter(self._pointed_at_by_projects(db, followed_only=True))
+                .exclude(self._kept_by_projects(db))
+            )
             if last is not None:
                 old = old.filter(pk__gt=last)
-            with transaction.atomic(using=db):
-                ids = list(
-                    self._locked(db, old).order_by("pk").values_list("pk", flat=True)[:batch_size]
-                )
+            ids: list[Any] = []
+            try:
+                with transaction.atomic(using=db):
+                    ids = list(
+                        self._locked(db, old)
+                        .order_by("pk")
+                        .values_list("pk", flat=True)[:batch_size]
+                    )
+                    if not ids:
+                        return deleted
+                    n = self._delete(db, self._still_old(db, ids, state, days), collect=True)
+                deleted += n
+            except _REFUSED:
                 if not ids:
-                    return deleted
-                last = ids[-1]
-                try:
-                    with transaction.atomic(using=db):
-                        doomed = self._still_old(db, ids, state, days)
-                        deleted += doomed.delete()[1].get(label, 0)
-                except (ProtectedError, RestrictedError):
-                    for pk in ids:
-                        try:
-                            with transaction.atomic(using=db):
-                                doomed = self._still_old(db, [pk], state, days)
-                                deleted += doomed.delete()[1].get(label, 0)
-                        except (ProtectedError, RestrictedError):
-                            pass
+                    raise
+                for pk in ids:
+                    n = 0
+                    try:
+                        with transaction.atomic(using=db):
+                            one = self._locked(db, old.filter(pk=pk))
+                            if one.values_list("pk", flat=True):
+                                job = self._still_old(db, [pk], state, days)
+                                n = self._delete(db, job, collect=True)
+                        deleted += n
+                    except _REFUSED:
+                        pass  # kept: something of the project's refuses its delete
+            last = ids[-1]
+
+    def _delete(self, db: str, doomed: Any, *, collect: bool = False) -> int:
+        """Delete ``doomed`` (a queryset of jobs, its condition re-checked in each
+        statement) with what points at it; answer how many jobs went. With ``collect``,
+        Django's collector follows the project's relations and this app's failures and
+        effects (with any project's rows pointing at those); never Schedule.last_job."""
+        own = self._own_references()
+        if collect:
+            collector = Collector(using=db, origin=None)
+            # The project's rows on the history are reached through the history's.
+            for rel in self._project_references()[0] + [
+                r for r in own if r.on_delete is models.CASCADE
+            ]:
+                linked = rel.related_model._base_manager.using(db).filter(
+                    **{f"{rel.field.name}__in": doomed}
+                )
+                rel.on_delete(collector, rel.field, linked, db)
+            collector.delete()
+            own = [r for r in own if r.on_delete is not models.CASCADE]  # collected
+        for rel in own:
+            linked = rel.related_model._default_manager.using(db).filter(
+                **{f"{rel.field.name}__in": doomed}
+            )
+            if rel.on_delete is models.CASCADE:
+                linked.delete()
+            else:
+                linked.update(**{rel.field.name: None})
+        # One DELETE with the predicate: what pointed at the jobs is gone or unlinked,
+        # so there is nothing left to collect.
+        deleted: int = doomed._raw_delete(db)
+        return deleted
 
     @staticmethod
     def _locked(db: str, jobs: Any) -> Any:
@@ -184,7 +221,7 @@ class PruneVerbs(_VerbsBase):
     def _still_old(self, db: str, ids: list[Any], state: str, days: float) -> Any:
         """The jobs of ``ids`` still of ``state`` and past retention, and not a schedule's
         last job: read again once the rows are locked, for a retention shorter than the
-        moment since the first read. The condition goes into each DELETE itself, so a job
+        moment since the first read. The condition goes into each statement, so a job
         requeued since the read is pending again and stays, history and all."""
         named = self._named_by_schedules(db)
         return self.model._default_manager.using(db).filter(
@@ -193,49 +230,69 @@ class PruneVerbs(_VerbsBase):
             finished_at__lt=Now() - Value(timedelta(days=days)),
         )
 
+    # -- what points at a job ---------------------------------------------------------------
+
     def _kept_by_projects(self, db: str) -> Q:
-        """The jobs a project's model protects, as a condition."""
-        return self._pointed_at(db, self._project_references()[1])
+        """The jobs a project's model protects, as a condition (empty: none)."""
+        return _pointed_at(db, [(None, rel) for rel in self._project_references()[1]])
 
     def _pointed_at_by_projects(self, db: str, *, followed_only: bool = False) -> Q:
-        """The jobs a project's model points at, by a relation prune must follow or keep
-        (or only follow), as a condition."""
+        """The jobs a project's model points at, on the job or its history, by a relation
+        prune must follow or keep (or only follow), as a condition (empty: none)."""
         followed, keeping = self._project_references()
-        return self._pointed_at(db, followed if followed_only else followed + keeping)
+        direct = followed if followed_only else followed + keeping
+        return _pointed_at(db, [(None, rel) for rel in direct] + self._history_references())
 
-    @staticmethod
-    def _pointed_at(db: str, rels: list[Any]) -> Q:
-        """The jobs the rows of ``rels`` point at, as a condition (empty: none)."""
-        condition = Q()
-        for rel in rels:
-            name = rel.field.name
-            rows = rel.related_model._base_manager.using(db).filter(**{f"{name}__isnull": False})
-            condition |= Q(**{f"{rel.field_name}__in": rows.values(name)})
-        return condition
+    def _pointing_sql(self, db: str) -> list[str]:
+        """The same as _pointed_at_by_projects(), as SQL for a job aliased ``j``."""
+        quote = connections[db].ops.quote_name
+        followed, keeping = self._project_references()
+        sql = []
+        for via, rel in [(None, r) for r in followed + keeping] + self._history_references():
+            pointer = quote(rel.related_model._meta.db_table)
+            column = f"r.{quote(rel.field.column)}"
+            if via is None:
+                target = f"j.{quote(rel.field.target_field.column)}"
+                sql.append(f"SELECT 1 FROM {pointer} r WHERE {column} = {target}")
+            else:
+                history = quote(via.related_model._meta.db_table)
+                sql.append(
+                    f"SELECT 1 FROM {history} h JOIN {pointer} r"
+                    f" ON {column} = h.{quote(rel.field.target_field.column)}"
+                    f" WHERE h.{quote(via.field.column)} = j.{quote(via.field.target_field.column)}"
+                )
+        return sql
+
+    def _followed_references(self) -> list[Any]:
+        """The project's relations whose jobs go through the collector: those to follow,
+        on a job or on its history."""
+        return self._project_references()[0] + [rel for _, rel in self._history_references()]
 
     def _project_references(self) -> tuple[list[Any], list[Any]]:
         """Other apps' relations pointing at a job: (followed through the collector,
         keeping their jobs). Relations the database follows itself are in neither."""
-        meta = self.model._meta
         followed: list[Any] = []
         keeping: list[Any] = []
-        for rel in meta.get_fields(include_hidden=True):
-            if not (
-                isinstance(rel, models.ForeignObjectRel)
-                and (rel.one_to_many or rel.one_to_one)
-                and rel.related_model._meta.app_label != meta.app_label
-            ):
-                continue
-            on_delete = rel.on_delete
-            if on_delete in _KEEPING or (
-                on_delete is models.DO_NOTHING and getattr(rel.field, "db_constraint", False)
+        for rel in _project_relations(self.model):
+            if rel.on_delete in _KEEPING or (
+                rel.on_delete is models.DO_NOTHING and rel.field.db_constraint
             ):
                 keeping.append(rel)
-            elif on_delete is not models.DO_NOTHING and not isinstance(
-                on_delete, _DATABASE_ON_DELETE
-            ):
+            elif _to_follow(rel):
                 followed.append(rel)
         return followed, keeping
+
+    def _history_references(self) -> list[tuple[Any, Any]]:
+        """Other apps' relations pointing at a job's failures or effects (rows this app
+        deletes with the job), as (this app's relation, theirs): any that the database does
+        not follow itself sends the job to the collector, which keeps it if they refuse."""
+        return [
+            (via, rel)
+            for via in self._own_references()
+            if via.on_delete is models.CASCADE
+            for rel in _project_relations(via.related_model)
+            if _to_follow(rel) or rel.on_delete in _KEEPING
+        ]
 
     def _schedules(self) -> Any:
         """The Schedule model's manager: schedules name their last job."""
@@ -280,14 +337,8 @@ class PruneVerbs(_VerbsBase):
         schedule = self._schedules().model._meta
         last = quote(schedule.get_field("last_job").column)
         # A job a project's model points at is left to _prune_followed() or kept.
-        followed, keeping = self._project_references()
         pointed = "".join(
-            f"""
-              AND NOT EXISTS (
-                SELECT 1 FROM {quote(rel.related_model._meta.db_table)} r
-                WHERE r.{quote(rel.field.column)} = j.{quote(rel.field.target_field.column)}
-              )"""
-            for rel in followed + keeping
+            f"\n              AND NOT EXISTS ({sql})" for sql in self._pointing_sql(db)
         )
         references = ""
         for n, rel in enumerate(self._own_references()):
@@ -330,3 +381,43 @@ class PruneVerbs(_VerbsBase):
             cursor.execute(sql, params)
             n, last = cursor.fetchone()
         return n, last
+
+
+def _project_relations(model: Any) -> list[Any]:
+    """Other apps' foreign keys and one-to-one fields pointing at ``model`` (hidden ones and
+    many-to-many tables included); not a ForeignObject, which has no column of its own."""
+    meta = model._meta
+    return [
+        rel
+        for rel in meta.get_fields(include_hidden=True)
+        if isinstance(rel, models.ForeignObjectRel)
+        and (rel.one_to_many or rel.one_to_one)
+        and rel.related_model._meta.app_label != meta.app_label
+        and isinstance(rel.field, models.ForeignKey)
+    ]
+
+
+def _to_follow(rel: Any) -> bool:
+    """Whether Django's collector has something to do for ``rel`` that the database does
+    not do itself: CASCADE, SET_NULL, SET_DEFAULT, SET(...)."""
+    return (
+        rel.on_delete not in _KEEPING
+        and rel.on_delete is not models.DO_NOTHING
+        and not isinstance(rel.on_delete, _DATABASE_ON_DELETE)
+    )
+
+
+def _pointed_at(db: str, references: list[tuple[Any, Any]]) -> Q:
+    """The jobs the rows of ``references`` point at, as a condition (empty: none); a
+    reference is (None, a relation to the job) or (this app's relation to the job's
+    history, a relation to that history)."""
+    condition = Q()
+    for via, rel in references:
+        name = rel.field.name
+        rows = rel.related_model._base_manager.using(db).filter(**{f"{name}__isnull": False})
+        pointed = Q(**{f"{rel.field_name}__in": rows.values(name)})
+        if via is not None:
+            history = via.related_model._base_manager.using(db).filter(pointed)
+            pointed = Q(**{f"{via.field_name}__in": history.values(via.field.name)})
+        condition |= pointed
+    return condition

@@ -97,6 +97,7 @@ INSTALLED_APPS = [
     "django_leases",
     "tests.testapp",
     "tests.shopapp",
+    "tests.reportapp",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -20,11 +20,21 @@ from django_leases.models import Job, JobEffect, JobFailure, Schedule, ScheduleR
 from django_leases.schedule_query import RunKind
 from django_leases.schedules import Periodic, ScheduleSpec
 from django_leases.states import FailureKind, JobState
-from tests.testapp.models import Invoice, Report, ReportHold, ReportPage
+from tests.reportapp.models import (
+    Approval,
+    Audit,
+    FailureNote,
+    FailureTicket,
+    Invoice,
+    Report,
+    ReportHold,
+    ReportPage,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TASK = "tests.testapp.tasks.add"
+WRITES = ("UPDATE", "DELETE", "INSERT", "WITH")
 
 
 def job(state=JobState.PENDING, *, days_ago=None, failures=0, effects=0):
@@ -220,37 +230,68 @@ def test_prune_deletes_old_jobs_a_schedule_made_and_unlinks_its_records():
 
 
 def test_prune_follows_a_projects_own_models_by_their_on_delete():
-    """Invariant 3: a project's models pointing at jobs no longer make prune fail on a
-    foreign key. A job they point at through CASCADE or SET_NULL goes through Django's
-    collector (its report and the report's pages deleted, an invoice's link set NULL);
-    one they PROTECT stays, in prunable() too, and so does one whose report a further
-    model protects (the collector refuses that one, the rest of its batch goes). Once
-    nothing protects them, they go. Runs the PostgreSQL statement too, which leaves the
-    jobs pointed at to the collector."""
-    reported, held_back, invoiced, retry, plain = (
-        job(JobState.SUCCEEDED, days_ago=20 + n, failures=1) for n in range(5)
-    )
+    """Invariant 3: a project's models pointing at jobs, or at their failures, no longer
+    make prune fail on a foreign key. A job they point at with CASCADE or SET_NULL goes,
+    Django's collector applying those to the project's rows (a report and its pages
+    deleted, an invoice's link set NULL, a note on a failure deleted); one they PROTECT,
+    RESTRICT or point at with DO_NOTHING under a constraint stays, in prunable() too, and
+    so does one whose report or failure a further model protects (the collector refuses
+    it; the rest of its batch goes). Once nothing protects them, they go. Runs the
+    PostgreSQL statement too, which leaves the jobs pointed at to the collector."""
+    olds = [job(JobState.SUCCEEDED, days_ago=20 + n, failures=1) for n in range(10)]
+    reported, held_back, invoiced, retry, plain, audited, approved, noted, ticketed, _ = olds
     young = job(JobState.SUCCEEDED, days_ago=1)
     report = Report.objects.create(job=reported)
     ReportPage.objects.create(report=report)
-    hold = ReportHold.objects.create(report=Report.objects.create(job=held_back))
-    invoice = Invoice.objects.create(job=invoiced, retried_by=retry)
-    Report.objects.create(job=young)
-    assert invoiced.pk not in set(Job.objects.all().prunable(14).values_list("pk", flat=True))
-
-    assert Job.objects.all().prune(14, batch_size=2) == 3  # reported, retry, plain
-    assert set(Job.objects.values_list("pk", flat=True)) == {held_back.pk, invoiced.pk, young.pk}
-    assert not ReportPage.objects.exists()
-    assert list(Report.objects.values_list("job_id", flat=True).order_by("pk")) == [
-        held_back.pk,
-        young.pk,
+    keepers = [
+        ReportHold.objects.create(report=Report.objects.create(job=held_back)),
+        Invoice.objects.create(job=invoiced, retried_by=retry),
+        Audit.objects.create(job=audited),
+        Approval.objects.create(job=approved),
+        FailureTicket.objects.create(failure=ticketed.failures.get()),
     ]
-    invoice.refresh_from_db()
-    assert (invoice.job_id, invoice.retried_by_id) == (invoiced.pk, None)
-    assert not JobFailure.objects.filter(job_id__in=[reported.pk, retry.pk, plain.pk]).exists()
+    FailureNote.objects.create(failure=noted.failures.get())
+    Report.objects.create(job=young)
+    protected = {invoiced.pk, audited.pk, approved.pk}
+    assert (
+        set(Job.objects.all().prunable(14).values_list("pk", flat=True))
+        == {j.pk for j in olds} - protected
+    )
 
-    hold.delete()
-    invoice.delete()
-    assert Job.objects.all().prune(14) == 2
+    assert Job.objects.all().prune(14, batch_size=2) == 5  # reported, retry, plain, noted, _
+    kept = {held_back.pk, ticketed.pk, *protected}
+    assert set(Job.objects.values_list("pk", flat=True)) == kept | {young.pk}
+    assert not ReportPage.objects.exists() and not FailureNote.objects.exists()
+    assert set(Report.objects.values_list("job_id", flat=True)) == {held_back.pk, young.pk}
+    keepers[1].refresh_from_db()
+    assert (keepers[1].job_id, keepers[1].retried_by_id) == (invoiced.pk, None)
+    assert set(JobFailure.objects.values_list("job_id", flat=True)) == kept
+
+    for keeper in keepers:
+        keeper.delete()
+    assert Job.objects.all().prune(14) == len(kept)
     assert list(Job.objects.values_list("pk", flat=True)) == [young.pk]
     assert list(Report.objects.values_list("job_id", flat=True)) == [young.pk]
+
+
+def test_prune_of_jobs_a_project_points_at_never_writes_to_a_schedule():
+    """Invariant 3: the collector's batches, like the others, never write to (nor wait
+    for) a schedule row a worker's decision holds: a schedule's old job with a report goes
+    while every schedule is locked, no statement names the schedule table, and the
+    schedule's last job stays although a report points at it too."""
+    _, made = ticked("reported")["reported"]
+    schedule, last = tick_again("reported")["reported"]
+    Job.objects.filter(pk__in=[made.pk, last.pk]).update(
+        state=JobState.SUCCEEDED, finished_at=Now() - timedelta(days=20)
+    )
+    Report.objects.create(job=made)
+    Report.objects.create(job=last)
+    table = connection.ops.quote_name(Schedule._meta.db_table)
+    with held(Schedule.objects.all, 1), CaptureQueriesContext(connection) as sent:
+        assert Job.objects.all().prune(14) == 1
+    writes = [q["sql"] for q in sent.captured_queries if q["sql"].lstrip().startswith(WRITES)]
+    assert writes and not [sql for sql in writes if table in sql.split(" WHERE")[0]], writes
+    assert list(Job.objects.values_list("pk", flat=True)) == [last.pk]
+    assert list(Report.objects.values_list("job_id", flat=True)) == [last.pk]
+    schedule.refresh_from_db()
+    assert schedule.last_job_id == last.pk

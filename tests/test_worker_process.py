@@ -222,9 +222,10 @@ def test_a_handlers_own_ack_is_no_lost_claim_to_the_heartbeat(workers, isolation
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_a_handler_running_on_after_its_own_ack_is_stopped_at_shutdown(workers, isolation):
     """SIGTERM while a handler that acknowledged its job itself runs on: at the end of the
-    grace it is told to stop like any other, the job stays succeeded (not released), and
-    the worker exits then (3). (In process isolation the heartbeat learnt of the ack first: its renewal missed the
-    row, then read it back as the claim's own ack.)"""
+    grace it is told to stop like any other, the job stays succeeded (not released, nor
+    named as released), and the worker exits then (3). (In process isolation the heartbeat
+    learnt of the ack first: its renewal missed the row, then read it back as the claim's
+    own ack.)"""
     key = f"linger-stop-{isolation}"
     result = ack_then_linger.enqueue(key, seconds=60)
     a = workers.start(key, "--isolation", isolation, "--grace", "1", *FAST)
@@ -238,6 +239,7 @@ def test_a_handler_running_on_after_its_own_ack_is_stopped_at_shutdown(workers, 
     assert (job.state, job.result) == (JobState.SUCCEEDED, {"acked": True})
     assert not a.events("released", job_id=int(result.id)), a.log()
     assert not a.events("release_rejected", job_id=int(result.id)), a.log()
+    assert all(int(result.id) not in e["jobs"] for e in a.events("handlers_running")), a.log()
     # Stopping as told after its ack is not an error of the handler's.
     assert not a.events("raised_after_ack", job_id=int(result.id)), a.log()
 

@@ -880,7 +880,9 @@ class Worker:
         deadline = time.monotonic() + notice
         for claim in claims:
             claim.exited.wait(max(deadline - time.monotonic(), 0.0))
-        running = [c.pk for c in claims if not c.exited.is_set()]
+        # A job its handler acknowledged is done whatever the handler does now: not released,
+        # so not named here.
+        running = [c.pk for c in claims if not c.exited.is_set() and not c.acked]
         if running:
             logger.warning(
                 "Handlers of jobs %s still running worker=%s; releasing them anyway: "

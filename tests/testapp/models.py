@@ -73,33 +73,3 @@ class ChaosSlot(models.Model):
     fence = models.BigIntegerField(null=True)
     applied = models.IntegerField(default=0)
     worker_id = models.CharField(max_length=200, blank=True, default="")
-
-
-# -- a project's own models pointing at jobs (tests/test_prune.py) ----------------------
-
-
-class Report(models.Model):
-    """What a project keeps of a job's output: deleted with the job (CASCADE)."""
-
-    job = models.ForeignKey("django_leases.Job", on_delete=models.CASCADE, related_name="reports")
-
-
-class ReportPage(models.Model):
-    """Deleted with its report, so with the report's job."""
-
-    report = models.ForeignKey(Report, on_delete=models.CASCADE, related_name="pages")
-
-
-class ReportHold(models.Model):
-    """Protects its report, so the job under it: neither can be deleted while it exists."""
-
-    report = models.ForeignKey(Report, on_delete=models.PROTECT, related_name="holds")
-
-
-class Invoice(models.Model):
-    """Keeps the job that made it (PROTECT) and forgets the one that retried it (SET_NULL)."""
-
-    job = models.ForeignKey("django_leases.Job", on_delete=models.PROTECT, related_name="+")
-    retried_by = models.ForeignKey(
-        "django_leases.Job", on_delete=models.SET_NULL, null=True, related_name="retried+"
-    )

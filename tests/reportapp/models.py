@@ -1,0 +1,64 @@
+"""A project's own models pointing at jobs, each relation with its on_delete, for the prune
+tests (tests/test_prune.py). An app of their own: a project without django_leases installed
+(tests/testapp/no_app_settings.py) leaves them out with it."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Report(models.Model):
+    """What a project keeps of a job's output: deleted with the job (CASCADE)."""
+
+    job = models.ForeignKey("django_leases.Job", on_delete=models.CASCADE, related_name="reports")
+
+
+class ReportPage(models.Model):
+    """Deleted with its report, so with the report's job."""
+
+    report = models.ForeignKey(Report, on_delete=models.CASCADE, related_name="pages")
+
+
+class ReportHold(models.Model):
+    """Protects its report, so the job under it: neither can be deleted while it exists."""
+
+    report = models.ForeignKey(Report, on_delete=models.PROTECT, related_name="holds")
+
+
+class Invoice(models.Model):
+    """Keeps the job that made it (PROTECT) and forgets the one that retried it (SET_NULL)."""
+
+    job = models.ForeignKey("django_leases.Job", on_delete=models.PROTECT, related_name="+")
+    retried_by = models.ForeignKey(
+        "django_leases.Job", on_delete=models.SET_NULL, null=True, related_name="retried+"
+    )
+
+
+class Audit(models.Model):
+    """Points at its job with DO_NOTHING under a foreign key constraint: the database would
+    refuse the job's delete, so the job is kept."""
+
+    job = models.ForeignKey("django_leases.Job", on_delete=models.DO_NOTHING, related_name="+")
+
+
+class Approval(models.Model):
+    """Restricts its job's delete (RESTRICT): the job is kept."""
+
+    job = models.ForeignKey("django_leases.Job", on_delete=models.RESTRICT, related_name="+")
+
+
+class FailureNote(models.Model):
+    """A project's note on one of a job's failures: deleted with the failure, so with the
+    job (CASCADE on this app's history, not on the job)."""
+
+    failure = models.ForeignKey(
+        "django_leases.JobFailure", on_delete=models.CASCADE, related_name="notes"
+    )
+
+
+class FailureTicket(models.Model):
+    """Protects one of a job's failures, so the job: the collector refuses it, it is kept."""
+
+    failure = models.ForeignKey(
+        "django_leases.JobFailure", on_delete=models.PROTECT, related_name="+"
+    )
