@@ -362,6 +362,6 @@ class LeaseBackend(BaseTaskBackend):
         from .checks import check_backend, check_task_modules
 
         messages = check_backend(self.alias, self.options)
-        if not messages or all(m.id == "django_leases.W001" for m in messages):
+        if not any(m.is_serious() for m in messages):  # warnings only (W001, W002)
             messages.extend(check_task_modules(self.alias))
         return messages

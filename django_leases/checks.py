@@ -7,7 +7,8 @@ from typing import Any
 from django.core import checks
 from django.db import connections
 
-from .conf import check_id_for, validate_options
+from .conf import LeaseOptions, check_id_for, get_options, lease_backend_aliases, validate_options
+from .exceptions import InvalidLeaseOption
 
 
 def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
@@ -37,6 +38,8 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
     messages.extend(_schedule_messages(alias, options))
     if any(m.id == "django_leases.E010" for m in messages):
         return messages
+    if not messages:
+        messages.extend(_shared_retention_messages(alias, LeaseOptions.from_dict(options)))
     database = options.get("DATABASE", "default") if isinstance(options, dict) else "default"
     messages.extend(check_database(alias, database))
     return messages
@@ -66,6 +69,34 @@ def _schedule_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+def _shared_retention_messages(alias: str, mine: LeaseOptions) -> list[checks.CheckMessage]:
+    """A job records no backend, so `leases_prune --backend X` deletes every finished job
+    of X's database past X's RETENTION_DAYS: a backend sharing that database with one of a
+    shorter retention keeps its jobs only as long as that one's."""
+    shorter = []
+    for other in lease_backend_aliases():
+        try:
+            theirs = get_options(other)
+        except InvalidLeaseOption:
+            continue  # its own check reports it
+        if theirs.database == mine.database and theirs.retention_days < mine.retention_days:
+            shorter.append(f"TASKS[{other!r}] ({theirs.retention_days:g} days)")
+    if not shorter:
+        return []
+    return [
+        checks.Warning(
+            f"TASKS[{alias!r}] keeps finished jobs {mine.retention_days:g} days "
+            f"(RETENTION_DAYS), but its database {mine.database!r} also holds the jobs of "
+            f"{', '.join(shorter)}. A job records no backend: `leases_prune` for a backend "
+            "deletes every finished job of its database past that backend's retention.",
+            hint="Give the backends that share a database the same RETENTION_DAYS, or run "
+            "leases_prune only for the one with the longest.",
+            obj=f"TASKS[{alias!r}]",
+            id="django_leases.W002",
+        )
+    ]
 
 
 def check_task_modules(alias: str) -> list[checks.CheckMessage]:

@@ -124,6 +124,26 @@ def test_sqlite_without_immediate_transactions_is_warned_about():
     assert check_database("default", "default") == []
 
 
+def test_backends_sharing_a_database_with_different_retentions_are_warned_about():
+    """A job records no backend, so leases_prune for one backend deletes every finished job
+    of its database past that backend's RETENTION_DAYS (invariant 3: no job goes before its
+    time unannounced): the backend with the longer retention is warned, naming the other;
+    one on a database of its own, or with the same retention, is not."""
+    tasks = {
+        "long": {"BACKEND": BACKEND, "OPTIONS": {"RETENTION_DAYS": 30}},
+        "short": {"BACKEND": BACKEND, "OPTIONS": {"RETENTION_DAYS": 7}},
+        "same": {"BACKEND": BACKEND, "OPTIONS": {"RETENTION_DAYS": 7}},
+        "apart": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": "queue", "RETENTION_DAYS": 90}},
+    }
+    with override_settings(TASKS=tasks):
+        messages = {alias: check_backend(alias, tasks[alias]["OPTIONS"]) for alias in tasks}
+    [warning] = messages["long"]
+    assert isinstance(warning, Warning) and warning.id == "django_leases.W002"
+    assert "TASKS['short'] (7 days)" in warning.msg and "'same'" in warning.msg
+    assert "30 days" in warning.msg and "'default'" in warning.msg
+    assert messages["short"] == messages["same"] == messages["apart"] == []
+
+
 def run_in_project_without_the_app(*command: str) -> subprocess.CompletedProcess:
     """``command`` (python arguments) in a project whose TASKS use the lease backend but
     whose INSTALLED_APPS lack 'django_leases' (tests/testapp/no_app_settings.py)."""
