@@ -6,13 +6,14 @@ failures and effects are deleted, a schedule run record is unlinked, a schedule'
 kept (prune never writes to a schedule row). A project's own models, by their ``on_delete``:
 
 - ``PROTECT``, ``RESTRICT`` (even where Django would let a cascade through), and
-  ``DO_NOTHING`` under a foreign key constraint: the job is kept, and pruned once nothing of
-  the kind points at it;
+  ``DO_NOTHING`` under a foreign key constraint, on a job or on its failures and effects:
+  the job is kept (and left out of ``prunable()``) until nothing of the kind points at it;
 - ``CASCADE``, ``SET_NULL``, ``SET_DEFAULT``, ``SET(...)``, on a job or on its failures and
   effects: those jobs go in batches of their own, where Django's collector applies the
   ``on_delete`` to the project's rows (their signals sent; none for the jobs, as ever). A job
-  whose rows the collector or the database refuses (a model further along protects them) is
-  kept, the rest of its batch goes;
+  whose rows the collector or the database refuses (a model further along protects,
+  restricts or holds them) is kept, the rest of its batch goes; the foreign keys are
+  checked at the batch, also where the database would defer them to a caller's commit;
 - ``DB_CASCADE``, ``DB_SET_NULL``, ``DB_SET_DEFAULT`` and ``DO_NOTHING`` without a
   constraint: nothing to do.
 """
@@ -89,22 +90,35 @@ class PruneVerbs(_VerbsBase):
         """
         states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
         db = self._db or router.db_for_write(self.model)
-        followed = self._followed_references()
+        followed = self._project_references()[0]
         deleted = 0
         for state in states:
             if followed:
                 deleted += self._prune_followed(db, state, older_than_days, batch_size)
             after: Any = None
             while True:
-                n, after = (
-                    self._prune_batch_pg(db, state, older_than_days, after, batch_size)
-                    if connections[db].vendor == "postgresql"
-                    else self._prune_batch(db, state, older_than_days, after, batch_size)
-                )
+                n, after = self._prune_batch_again(db, state, older_than_days, after, batch_size)
                 deleted += n
                 if n == 0 or after is None:
                     break
         return deleted
+
+    def _prune_batch_again(
+        self, db: str, state: str, days: float, after: Any, batch_size: int, tries: int = 3
+    ) -> tuple[int, Any]:
+        """One batch of jobs no project's model points at, sent again if a foreign key
+        refused it: a project's row pointing at one of its jobs committed between the
+        batch's read of the project's tables and its delete; the next read sees it."""
+        batch = (
+            self._prune_batch_pg if connections[db].vendor == "postgresql" else self._prune_batch
+        )
+        while True:
+            try:
+                return batch(db, state, days, after, batch_size)
+            except IntegrityError:
+                tries -= 1
+                if tries == 0:
+                    raise
 
     def _old(self, db: str, state: str, days: float) -> Any:
         """Jobs of ``state`` past retention, not a schedule's last job (read without a lock:
@@ -183,18 +197,20 @@ class PruneVerbs(_VerbsBase):
         """Delete ``doomed`` (a queryset of jobs, its condition re-checked in each
         statement) with what points at it; answer how many jobs went. With ``collect``,
         Django's collector follows the project's relations and this app's failures and
-        effects (with any project's rows pointing at those); never Schedule.last_job."""
+        effects (with any project's rows pointing at those), never Schedule.last_job; and
+        the foreign keys are checked before it answers, so that a refusal the database
+        would defer to the commit comes here, inside the caller's savepoint."""
         own = self._own_references()
         if collect:
             collector = Collector(using=db, origin=None)
             # The project's rows on the history are reached through the history's.
-            for rel in self._project_references()[0] + [
-                r for r in own if r.on_delete is models.CASCADE
-            ]:
+            direct = [rel for via, rel in self._project_references()[0] if via is None]
+            for rel in direct + [r for r in own if r.on_delete is models.CASCADE]:
                 linked = rel.related_model._base_manager.using(db).filter(
                     **{f"{rel.field.name}__in": doomed}
                 )
                 rel.on_delete(collector, rel.field, linked, db)
+            _refuse_restricted(collector)
             collector.delete()
             own = [r for r in own if r.on_delete is not models.CASCADE]  # collected
         for rel in own:
@@ -208,6 +224,8 @@ class PruneVerbs(_VerbsBase):
         # One DELETE with the predicate: what pointed at the jobs is gone or unlinked,
         # so there is nothing left to collect.
         deleted: int = doomed._raw_delete(db)
+        if collect:
+            _check_foreign_keys_now(db, [self.model, *(r.related_model for r in own)], collector)
         return deleted
 
     @staticmethod
@@ -234,21 +252,20 @@ class PruneVerbs(_VerbsBase):
 
     def _kept_by_projects(self, db: str) -> Q:
         """The jobs a project's model protects, as a condition (empty: none)."""
-        return _pointed_at(db, [(None, rel) for rel in self._project_references()[1]])
+        return _pointed_at(db, self._project_references()[1])
 
     def _pointed_at_by_projects(self, db: str, *, followed_only: bool = False) -> Q:
         """The jobs a project's model points at, on the job or its history, by a relation
         prune must follow or keep (or only follow), as a condition (empty: none)."""
         followed, keeping = self._project_references()
-        direct = followed if followed_only else followed + keeping
-        return _pointed_at(db, [(None, rel) for rel in direct] + self._history_references())
+        return _pointed_at(db, followed if followed_only else followed + keeping)
 
     def _pointing_sql(self, db: str) -> list[str]:
         """The same as _pointed_at_by_projects(), as SQL for a job aliased ``j``."""
         quote = connections[db].ops.quote_name
         followed, keeping = self._project_references()
         sql = []
-        for via, rel in [(None, r) for r in followed + keeping] + self._history_references():
+        for via, rel in followed + keeping:
             pointer = quote(rel.related_model._meta.db_table)
             column = f"r.{quote(rel.field.column)}"
             if via is None:
@@ -263,36 +280,23 @@ class PruneVerbs(_VerbsBase):
                 )
         return sql
 
-    def _followed_references(self) -> list[Any]:
-        """The project's relations whose jobs go through the collector: those to follow,
-        on a job or on its history."""
-        return self._project_references()[0] + [rel for _, rel in self._history_references()]
-
     def _project_references(self) -> tuple[list[Any], list[Any]]:
-        """Other apps' relations pointing at a job: (followed through the collector,
-        keeping their jobs). Relations the database follows itself are in neither."""
+        """Other apps' relations pointing at a job, or at its failures and effects (rows
+        this app deletes with it), each as (None or this app's relation to that history,
+        theirs): (those the collector follows, those that keep their jobs). Relations the
+        database follows itself, or that nothing holds to, are in neither."""
         followed: list[Any] = []
         keeping: list[Any] = []
-        for rel in _project_relations(self.model):
-            if rel.on_delete in _KEEPING or (
-                rel.on_delete is models.DO_NOTHING and rel.field.db_constraint
-            ):
-                keeping.append(rel)
-            elif _to_follow(rel):
-                followed.append(rel)
+        histories = [r for r in self._own_references() if r.on_delete is models.CASCADE]
+        for via in [None, *histories]:
+            for rel in _project_relations(self.model if via is None else via.related_model):
+                if rel.on_delete in _KEEPING or (
+                    rel.on_delete is models.DO_NOTHING and rel.field.db_constraint
+                ):
+                    keeping.append((via, rel))
+                elif _to_follow(rel):
+                    followed.append((via, rel))
         return followed, keeping
-
-    def _history_references(self) -> list[tuple[Any, Any]]:
-        """Other apps' relations pointing at a job's failures or effects (rows this app
-        deletes with the job), as (this app's relation, theirs): any that the database does
-        not follow itself sends the job to the collector, which keeps it if they refuse."""
-        return [
-            (via, rel)
-            for via in self._own_references()
-            if via.on_delete is models.CASCADE
-            for rel in _project_relations(via.related_model)
-            if _to_follow(rel) or rel.on_delete in _KEEPING
-        ]
 
     def _schedules(self) -> Any:
         """The Schedule model's manager: schedules name their last job."""
@@ -405,6 +409,40 @@ def _to_follow(rel: Any) -> bool:
         and rel.on_delete is not models.DO_NOTHING
         and not isinstance(rel.on_delete, _DATABASE_ON_DELETE)
     )
+
+
+def _refuse_restricted(collector: Collector) -> None:
+    """Raise RestrictedError for what a RESTRICT relation holds and no CASCADE collected,
+    as Collector.collect() does at its top level (the on_delete calls here are not)."""
+    for model, instances in collector.data.items():
+        collector.clear_restricted_objects_from_set(model, set(instances))
+    for qs in collector.fast_deletes:
+        collector.clear_restricted_objects_from_queryset(qs.model, qs)
+    held = {
+        obj
+        for fields in collector.restricted_objects.values()
+        for objs in fields.values()
+        for obj in objs
+    }
+    if held:
+        raise RestrictedError("rows a RESTRICT relation holds would be deleted", held)
+
+
+def _check_foreign_keys_now(db: str, deleted: list[Any], collector: Collector) -> None:
+    """Check now the foreign keys into the tables rows were deleted from, which
+    PostgreSQL and SQLite defer to the commit (MySQL checks each statement)."""
+    connection = connections[db]
+    if connection.vendor == "postgresql":
+        connection.check_constraints()  # SET CONSTRAINTS ALL IMMEDIATE, then DEFERRED
+    elif connection.vendor == "sqlite":
+        targets = {*deleted, *collector.data, *(qs.model for qs in collector.fast_deletes)}
+        tables = {
+            rel.related_model._meta.db_table
+            for model in targets
+            for rel in model._meta.get_fields(include_hidden=True)
+            if isinstance(rel, models.ForeignObjectRel)
+        }
+        connection.check_constraints(table_names=sorted(tables))
 
 
 def _pointed_at(db: str, references: list[tuple[Any, Any]]) -> Q:

@@ -23,11 +23,14 @@ from django_leases.states import FailureKind, JobState
 from tests.reportapp.models import (
     Approval,
     Audit,
+    FailureAudit,
     FailureNote,
     FailureTicket,
     Invoice,
     Report,
+    ReportAudit,
     ReportHold,
+    ReportLock,
     ReportPage,
 )
 
@@ -233,13 +236,16 @@ def test_prune_follows_a_projects_own_models_by_their_on_delete():
     """Invariant 3: a project's models pointing at jobs, or at their failures, no longer
     make prune fail on a foreign key. A job they point at with CASCADE or SET_NULL goes,
     Django's collector applying those to the project's rows (a report and its pages
-    deleted, an invoice's link set NULL, a note on a failure deleted); one they PROTECT,
-    RESTRICT or point at with DO_NOTHING under a constraint stays, in prunable() too, and
-    so does one whose report or failure a further model protects (the collector refuses
-    it; the rest of its batch goes). Once nothing protects them, they go. Runs the
-    PostgreSQL statement too, which leaves the jobs pointed at to the collector."""
-    olds = [job(JobState.SUCCEEDED, days_ago=20 + n, failures=1) for n in range(10)]
-    reported, held_back, invoiced, retry, plain, audited, approved, noted, ticketed, _ = olds
+    deleted, an invoice's link set NULL, a note on a failure deleted). One they PROTECT,
+    RESTRICT or point at with DO_NOTHING under a constraint, on the job or its failure,
+    stays, and is left out of prunable(); so does one whose report or failure a further
+    model protects, restricts or points at under a constraint (the collector or the
+    database refuses it; the rest of its batch goes). Once nothing holds them, they go.
+    Runs the PostgreSQL statement too, which leaves the jobs pointed at to the
+    collector."""
+    olds = [job(JobState.SUCCEEDED, days_ago=20 + n, failures=1) for n in range(13)]
+    (reported, held_back, invoiced, retry, plain, audited, approved, noted, ticketed) = olds[:9]
+    locked, report_audited, failure_audited, _ = olds[9:]
     young = job(JobState.SUCCEEDED, days_ago=1)
     report = Report.objects.create(job=reported)
     ReportPage.objects.create(report=report)
@@ -249,20 +255,28 @@ def test_prune_follows_a_projects_own_models_by_their_on_delete():
         Audit.objects.create(job=audited),
         Approval.objects.create(job=approved),
         FailureTicket.objects.create(failure=ticketed.failures.get()),
+        ReportLock.objects.create(report=Report.objects.create(job=locked)),
+        ReportAudit.objects.create(report=Report.objects.create(job=report_audited)),
+        FailureAudit.objects.create(failure=failure_audited.failures.get()),
     ]
     FailureNote.objects.create(failure=noted.failures.get())
     Report.objects.create(job=young)
-    protected = {invoiced.pk, audited.pk, approved.pk}
+    protected = {invoiced.pk, audited.pk, approved.pk, ticketed.pk, failure_audited.pk}
     assert (
         set(Job.objects.all().prunable(14).values_list("pk", flat=True))
         == {j.pk for j in olds} - protected
     )
 
     assert Job.objects.all().prune(14, batch_size=2) == 5  # reported, retry, plain, noted, _
-    kept = {held_back.pk, ticketed.pk, *protected}
+    kept = {held_back.pk, locked.pk, report_audited.pk, *protected}
     assert set(Job.objects.values_list("pk", flat=True)) == kept | {young.pk}
     assert not ReportPage.objects.exists() and not FailureNote.objects.exists()
-    assert set(Report.objects.values_list("job_id", flat=True)) == {held_back.pk, young.pk}
+    assert set(Report.objects.values_list("job_id", flat=True)) == {
+        held_back.pk,
+        locked.pk,
+        report_audited.pk,
+        young.pk,
+    }
     keepers[1].refresh_from_db()
     assert (keepers[1].job_id, keepers[1].retried_by_id) == (invoiced.pk, None)
     assert set(JobFailure.objects.values_list("job_id", flat=True)) == kept
@@ -272,6 +286,20 @@ def test_prune_follows_a_projects_own_models_by_their_on_delete():
     assert Job.objects.all().prune(14) == len(kept)
     assert list(Job.objects.values_list("pk", flat=True)) == [young.pk]
     assert list(Report.objects.values_list("job_id", flat=True)) == [young.pk]
+
+
+def test_prune_in_the_callers_transaction_keeps_what_the_database_refuses():
+    """Invariant 3: called inside the caller's atomic block, where each batch is only a
+    savepoint and PostgreSQL and SQLite would check the foreign keys at the caller's
+    commit, a job whose report the database holds to (DO_NOTHING under a constraint) is
+    still kept at its batch, the others go, and the caller's transaction commits."""
+    audited, reported = (job(JobState.SUCCEEDED, days_ago=20 + n) for n in range(2))
+    ReportAudit.objects.create(report=Report.objects.create(job=audited))
+    Report.objects.create(job=reported)
+    with transaction.atomic():
+        assert Job.objects.all().prune(14) == 1
+    assert list(Job.objects.values_list("pk", flat=True)) == [audited.pk]
+    assert list(Report.objects.values_list("job_id", flat=True)) == [audited.pk]
 
 
 def test_prune_of_jobs_a_project_points_at_never_writes_to_a_schedule():

@@ -62,3 +62,26 @@ class FailureTicket(models.Model):
     failure = models.ForeignKey(
         "django_leases.JobFailure", on_delete=models.PROTECT, related_name="+"
     )
+
+
+class ReportLock(models.Model):
+    """Restricts its report's delete (RESTRICT) where no cascade reaches it as well: the
+    report's job is kept."""
+
+    report = models.ForeignKey(Report, on_delete=models.RESTRICT, related_name="locks")
+
+
+class ReportAudit(models.Model):
+    """Points at its report with DO_NOTHING under a constraint: the database refuses the
+    report's delete (on PostgreSQL and SQLite only at the commit), so its job is kept."""
+
+    report = models.ForeignKey(Report, on_delete=models.DO_NOTHING, related_name="audits")
+
+
+class FailureAudit(models.Model):
+    """Points at one of a job's failures with DO_NOTHING under a constraint: the job is
+    kept, and left out of prunable()."""
+
+    failure = models.ForeignKey(
+        "django_leases.JobFailure", on_delete=models.DO_NOTHING, related_name="+"
+    )
