@@ -15,7 +15,12 @@ kept (prune never writes to a schedule row). A project's own models, by their ``
   restricts or holds them) is kept, the rest of its batch goes; the foreign keys are
   checked at the batch, also where the database would defer them to a caller's commit;
 - ``DB_CASCADE``, ``DB_SET_NULL``, ``DB_SET_DEFAULT`` and ``DO_NOTHING`` without a
-  constraint: nothing to do.
+  constraint: nothing to do here; the database follows them.
+
+Whatever the database still refuses (a row reached through a database-level cascade that
+something holds to, a reference committed while the batch ran) sends the batch again, then a
+job at a time: a job refused then is kept for this run, the others go. Prune never stops at
+a job it cannot delete.
 """
 
 from __future__ import annotations
@@ -91,34 +96,83 @@ class PruneVerbs(_VerbsBase):
         states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
         db = self._db or router.db_for_write(self.model)
         followed = self._project_references()[0]
+        refused: set[Any] = set()  # jobs the database would not let go: kept this time
         deleted = 0
         for state in states:
             if followed:
                 deleted += self._prune_followed(db, state, older_than_days, batch_size)
             after: Any = None
             while True:
-                n, after = self._prune_batch_again(db, state, older_than_days, after, batch_size)
+                n, after = self._prune_batch_again(
+                    db, state, older_than_days, after, batch_size, refused
+                )
                 deleted += n
-                if n == 0 or after is None:
+                if after is None:  # nothing left to read
                     break
         return deleted
 
     def _prune_batch_again(
-        self, db: str, state: str, days: float, after: Any, batch_size: int, tries: int = 3
+        self,
+        db: str,
+        state: str,
+        days: float,
+        after: Any,
+        batch_size: int,
+        refused: set[Any],
+        tries: int = 3,
     ) -> tuple[int, Any]:
         """One batch of jobs no project's model points at, sent again if a foreign key
-        refused it: a project's row pointing at one of its jobs committed between the
-        batch's read of the project's tables and its delete; the next read sees it."""
+        refused it (a project's row pointing at one of its jobs committed between the
+        batch's read of the project's tables and its delete; the next read sees it), and
+        at last a job at a time, so that what the database keeps refusing (a row reached
+        through a database-level cascade, say) is kept and the rest goes: (jobs deleted,
+        the last finished_at read, None once nothing is left)."""
         batch = (
             self._prune_batch_pg if connections[db].vendor == "postgresql" else self._prune_batch
         )
         while True:
             try:
-                return batch(db, state, days, after, batch_size)
+                return batch(db, state, days, after, batch_size, refused)
             except IntegrityError:
                 tries -= 1
                 if tries == 0:
-                    raise
+                    return self._prune_one_at_a_time(db, state, days, after, batch_size, refused)
+
+    def _prune_one_at_a_time(
+        self, db: str, state: str, days: float, after: Any, batch_size: int, refused: set[Any]
+    ) -> tuple[int, Any]:
+        """The batch _prune_batch() would read, each job in a transaction of its own; a job
+        the database refuses joins ``refused`` and stays."""
+        rows = list(
+            self._unpointed_old(db, state, days, after, refused)
+            .order_by("finished_at", "pk")
+            .values_list("pk", "finished_at")[:batch_size]
+        )
+        if not rows:
+            return 0, None
+        deleted = 0
+        for pk, _ in rows:
+            try:
+                with transaction.atomic(using=db):
+                    one = self._locked(db, self._unpointed_old(db, state, days, None, refused))
+                    if one.filter(pk=pk).values_list("pk", flat=True):
+                        job = self._still_old(db, [pk], state, days)
+                        deleted += self._delete(db, job, check=True)
+            except IntegrityError:
+                refused.add(pk)
+        return deleted, rows[-1][1]
+
+    def _unpointed_old(
+        self, db: str, state: str, days: float, after: Any, refused: set[Any]
+    ) -> Any:
+        """The jobs _old() answers that no project's model points at and none refused, from
+        ``after`` (a finished_at) on."""
+        old = self._old(db, state, days).exclude(self._pointed_at_by_projects(db))
+        if refused:
+            old = old.exclude(pk__in=refused)
+        if after is not None:
+            old = old.filter(finished_at__gte=after)
+        return old
 
     def _old(self, db: str, state: str, days: float) -> Any:
         """Jobs of ``state`` past retention, not a schedule's last job (read without a lock:
@@ -131,13 +185,13 @@ class PruneVerbs(_VerbsBase):
         )
 
     def _prune_batch(
-        self, db: str, state: str, days: float, after: Any, batch_size: int
+        self, db: str, state: str, days: float, after: Any, batch_size: int, refused: set[Any]
     ) -> tuple[int, Any]:
         """One batch through the ORM, of jobs no project's model points at: (jobs deleted,
-        the last finished_at seen)."""
-        old = self._old(db, state, days).exclude(self._pointed_at_by_projects(db))
-        if after is not None:
-            old = old.filter(finished_at__gte=after)
+        the last finished_at read, None once nothing is left). Inside a caller's
+        transaction the foreign keys are checked at the batch, not at the caller's commit."""
+        check = connections[db].in_atomic_block
+        old = self._unpointed_old(db, state, days, after, refused)
         with transaction.atomic(using=db):
             rows = list(
                 self._locked(db, old)
@@ -146,7 +200,8 @@ class PruneVerbs(_VerbsBase):
             )
             if not rows:
                 return 0, None
-            deleted = self._delete(db, self._still_old(db, [pk for pk, _ in rows], state, days))
+            doomed = self._still_old(db, [pk for pk, _ in rows], state, days)
+            deleted = self._delete(db, doomed, check=check)
         return deleted, rows[-1][1]
 
     def _prune_followed(self, db: str, state: str, days: float, batch_size: int) -> int:
@@ -193,13 +248,13 @@ class PruneVerbs(_VerbsBase):
                         pass  # kept: something of the project's refuses its delete
             last = ids[-1]
 
-    def _delete(self, db: str, doomed: Any, *, collect: bool = False) -> int:
+    def _delete(self, db: str, doomed: Any, *, collect: bool = False, check: bool = False) -> int:
         """Delete ``doomed`` (a queryset of jobs, its condition re-checked in each
         statement) with what points at it; answer how many jobs went. With ``collect``,
         Django's collector follows the project's relations and this app's failures and
-        effects (with any project's rows pointing at those), never Schedule.last_job; and
-        the foreign keys are checked before it answers, so that a refusal the database
-        would defer to the commit comes here, inside the caller's savepoint."""
+        effects (with any project's rows pointing at those), never Schedule.last_job. With
+        ``collect`` or ``check`` the foreign keys are checked before it answers, so that a
+        refusal the database would defer to the commit comes here, inside the savepoint."""
         own = self._own_references()
         if collect:
             collector = Collector(using=db, origin=None)
@@ -224,8 +279,11 @@ class PruneVerbs(_VerbsBase):
         # One DELETE with the predicate: what pointed at the jobs is gone or unlinked,
         # so there is nothing left to collect.
         deleted: int = doomed._raw_delete(db)
-        if collect:
-            _check_foreign_keys_now(db, [self.model, *(r.related_model for r in own)], collector)
+        if collect or check:
+            gone = {self.model, *(r.related_model for r in self._own_references())}
+            if collect:
+                gone.update(collector.data, (qs.model for qs in collector.fast_deletes))
+            _check_foreign_keys_now(db, gone)
         return deleted
 
     @staticmethod
@@ -329,7 +387,7 @@ class PruneVerbs(_VerbsBase):
         return rels
 
     def _prune_batch_pg(
-        self, db: str, state: str, days: float, after: Any, batch_size: int
+        self, db: str, state: str, days: float, after: Any, batch_size: int, refused: set[Any]
     ) -> tuple[int, Any]:
         """One batch on PostgreSQL, one statement: pick the oldest rows of ``state`` past
         retention, no schedule's last job and none a project's model points at (an ordered
@@ -363,6 +421,7 @@ class PruneVerbs(_VerbsBase):
             WHERE j.state = %(state)s
               AND j.finished_at < statement_timestamp() - make_interval(secs => %(secs)s)
               {"AND j.finished_at >= %(after)s" if after is not None else ""}
+              {"AND j.id <> ALL(%(refused)s)" if refused else ""}
               -- One array for the statement (one id per schedule), whatever the plan.
               AND j.id <> ALL(ARRAY(
                 SELECT {last} FROM {quote(schedule.db_table)} WHERE {last} IS NOT NULL
@@ -380,10 +439,19 @@ class PruneVerbs(_VerbsBase):
         )
         SELECT count(*), max(finished_at) FROM jobs
         """
-        params = {"state": state, "secs": days * 86400, "after": after, "limit": batch_size}
+        params = {
+            "state": state,
+            "secs": days * 86400,
+            "after": after,
+            "limit": batch_size,
+            "refused": sorted(refused),
+        }
+        check = connections[db].in_atomic_block
         with transaction.atomic(using=db), connections[db].cursor() as cursor:
             cursor.execute(sql, params)
             n, last = cursor.fetchone()
+            if check:  # inside a caller's transaction: not at its commit
+                _check_foreign_keys_now(db, set())
         return n, last
 
 
@@ -428,21 +496,55 @@ def _refuse_restricted(collector: Collector) -> None:
         raise RestrictedError("rows a RESTRICT relation holds would be deleted", held)
 
 
-def _check_foreign_keys_now(db: str, deleted: list[Any], collector: Collector) -> None:
-    """Check now the foreign keys into the tables rows were deleted from, which
-    PostgreSQL and SQLite defer to the commit (MySQL checks each statement)."""
+def _check_foreign_keys_now(db: str, gone: set[Any]) -> None:
+    """Raise IntegrityError now for a row left pointing at one deleted from the tables of
+    ``gone`` (models), which PostgreSQL and SQLite would report only at the commit (MySQL
+    checks each statement). On PostgreSQL in a savepoint rolled back after, which leaves
+    the constraints' mode as the caller had it."""
     connection = connections[db]
     if connection.vendor == "postgresql":
-        connection.check_constraints()  # SET CONSTRAINTS ALL IMMEDIATE, then DEFERRED
+        checked = connection.savepoint()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        finally:
+            if checked is not None:  # always, inside the batch's atomic block
+                connection.savepoint_rollback(checked)
     elif connection.vendor == "sqlite":
-        targets = {*deleted, *collector.data, *(qs.model for qs in collector.fast_deletes)}
+        gone = _with_database_cascades(gone)
+        deleted = {model._meta.db_table for model in gone}
         tables = {
             rel.related_model._meta.db_table
-            for model in targets
+            for model in gone
             for rel in model._meta.get_fields(include_hidden=True)
             if isinstance(rel, models.ForeignObjectRel)
+            and getattr(rel.field, "db_constraint", False)
+            and router.allow_migrate_model(db, rel.related_model)
         }
-        connection.check_constraints(table_names=sorted(tables))
+        quote = connection.ops.quote_name
+        with connection.cursor() as cursor:
+            for table in sorted(tables):
+                cursor.execute(f"PRAGMA foreign_key_check({quote(table)})")
+                for _, rowid, parent, _ in cursor.fetchall():
+                    if parent in deleted:
+                        raise IntegrityError(f"{table} row {rowid} points at a deleted {parent}")
+
+
+def _with_database_cascades(gone: set[Any]) -> set[Any]:
+    """``gone`` and the models whose rows the database deletes with theirs (DB_CASCADE)."""
+    found = set(gone)
+    todo = list(gone)
+    while todo:
+        for rel in todo.pop()._meta.get_fields(include_hidden=True):
+            if (
+                isinstance(rel, models.ForeignObjectRel)
+                and isinstance(rel.on_delete, _DATABASE_ON_DELETE)
+                and getattr(rel.on_delete, "operation", "") == "CASCADE"
+                and rel.related_model not in found
+            ):
+                found.add(rel.related_model)
+                todo.append(rel.related_model)
+    return found
 
 
 def _pointed_at(db: str, references: list[tuple[Any, Any]]) -> Q:

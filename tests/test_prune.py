@@ -302,6 +302,48 @@ def test_prune_in_the_callers_transaction_keeps_what_the_database_refuses():
     assert list(Report.objects.values_list("job_id", flat=True)) == [audited.pk]
 
 
+def test_prune_keeps_a_job_the_database_keeps_refusing_and_prunes_the_others():
+    """Invariant 3: prune never stops at a job it cannot delete. A project's row pointing at
+    the oldest job appears in each transaction that deletes it, before the commit (as a
+    reference committed while the batch ran would, or a row a database-level cascade
+    reaches): the batch fails on the foreign key, is sent again, then goes a job at a
+    time. That job is kept for this run; the three after it go, on every database's path
+    (PostgreSQL's one statement included: there the row comes just after it)."""
+    stuck, *others = (job(JobState.SUCCEEDED, days_ago=30 - n) for n in range(4))
+    referring = []
+
+    def refer():
+        referring.append(True)  # the wrapper's own statements pass through it too
+        try:
+            Report.objects.create(job_id=stuck.pk)
+        finally:
+            referring.clear()
+
+    def refer_to_stuck(execute, sql, params, many, context):
+        deletes = sql.lstrip().upper().startswith(("DELETE", "WITH"))
+        if referring or not deletes or "django_leases_job" not in sql:
+            return execute(sql, params, many, context)
+        if isinstance(params, dict):  # PostgreSQL's one statement
+            result = execute(sql, params, many, context)
+            referring.append(True)
+            try:
+                gone = not Job.objects.filter(pk=stuck.pk).exists()
+            finally:
+                referring.clear()
+            if gone:
+                refer()
+            return result
+        if stuck.pk in (params or ()):
+            refer()
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(refer_to_stuck):
+        assert Job.objects.all().prune(14) == 3
+    assert list(Job.objects.values_list("pk", flat=True)) == [stuck.pk]
+    assert not Report.objects.exists()  # each went with the transaction that failed
+    assert Job.objects.all().prune(14) == 1
+
+
 def test_prune_of_jobs_a_project_points_at_never_writes_to_a_schedule():
     """Invariant 3: the collector's batches, like the others, never write to (nor wait
     for) a schedule row a worker's decision holds: a schedule's old job with a report goes
