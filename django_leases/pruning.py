@@ -150,14 +150,17 @@ class PruneVerbs(_VerbsBase):
         )
         if not rows:
             return 0, None
+        check = connections[db].in_atomic_block
         deleted = 0
         for pk, _ in rows:
+            n = 0
             try:
                 with transaction.atomic(using=db):
                     one = self._locked(db, self._unpointed_old(db, state, days, None, refused))
                     if one.filter(pk=pk).values_list("pk", flat=True):
                         job = self._still_old(db, [pk], state, days)
-                        deleted += self._delete(db, job, check=True)
+                        n = self._delete(db, job, check=check)
+                deleted += n  # counted once committed
             except IntegrityError:
                 refused.add(pk)
         return deleted, rows[-1][1]
@@ -210,6 +213,7 @@ class PruneVerbs(_VerbsBase):
         batches walked in primary-key order; answer how many went. A batch refused (a model
         further along protects what would cascade) goes again a job at a time, each in its
         own transaction, and what is refused then is kept."""
+        check = connections[db].in_atomic_block
         deleted = 0
         last: Any = None
         while True:
@@ -230,7 +234,8 @@ class PruneVerbs(_VerbsBase):
                     )
                     if not ids:
                         return deleted
-                    n = self._delete(db, self._still_old(db, ids, state, days), collect=True)
+                    doomed = self._still_old(db, ids, state, days)
+                    n = self._delete(db, doomed, collect=True, check=check)
                 deleted += n
             except _REFUSED:
                 if not ids:
@@ -242,7 +247,7 @@ class PruneVerbs(_VerbsBase):
                             one = self._locked(db, old.filter(pk=pk))
                             if one.values_list("pk", flat=True):
                                 job = self._still_old(db, [pk], state, days)
-                                n = self._delete(db, job, collect=True)
+                                n = self._delete(db, job, collect=True, check=check)
                         deleted += n
                     except _REFUSED:
                         pass  # kept: something of the project's refuses its delete
@@ -253,8 +258,9 @@ class PruneVerbs(_VerbsBase):
         statement) with what points at it; answer how many jobs went. With ``collect``,
         Django's collector follows the project's relations and this app's failures and
         effects (with any project's rows pointing at those), never Schedule.last_job. With
-        ``collect`` or ``check`` the foreign keys are checked before it answers, so that a
-        refusal the database would defer to the commit comes here, inside the savepoint."""
+        ``check`` (inside a caller's transaction, where each batch is a savepoint) the
+        foreign keys are checked before it answers, so that a refusal the database would
+        defer to the caller's commit comes here; in its own transaction, the commit says."""
         own = self._own_references()
         if collect:
             collector = Collector(using=db, origin=None)
@@ -279,7 +285,7 @@ class PruneVerbs(_VerbsBase):
         # One DELETE with the predicate: what pointed at the jobs is gone or unlinked,
         # so there is nothing left to collect.
         deleted: int = doomed._raw_delete(db)
-        if collect or check:
+        if check:
             gone = {self.model, *(r.related_model for r in self._own_references())}
             if collect:
                 gone.update(collector.data, (qs.model for qs in collector.fast_deletes))
@@ -499,8 +505,11 @@ def _refuse_restricted(collector: Collector) -> None:
 def _check_foreign_keys_now(db: str, gone: set[Any]) -> None:
     """Raise IntegrityError now for a row left pointing at one deleted from the tables of
     ``gone`` (models), which PostgreSQL and SQLite would report only at the commit (MySQL
-    checks each statement). On PostgreSQL in a savepoint rolled back after, which leaves
-    the constraints' mode as the caller had it."""
+    checks each statement). Only inside a caller's transaction. On PostgreSQL in a
+    savepoint rolled back after, which leaves the constraints' mode as the caller had it;
+    that runs every deferred check of the transaction so far (the caller's pending rows
+    too, whose refusal keeps the batch's jobs), and again at the next batch: prune in a
+    transaction of its own, as leases_prune does, checks each batch once at its commit."""
     connection = connections[db]
     if connection.vendor == "postgresql":
         checked = connection.savepoint()

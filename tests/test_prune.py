@@ -4,7 +4,7 @@ nothing a worker or an operator holds."""
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from io import StringIO
 
@@ -302,13 +302,16 @@ def test_prune_in_the_callers_transaction_keeps_what_the_database_refuses():
     assert list(Report.objects.values_list("job_id", flat=True)) == [audited.pk]
 
 
-def test_prune_keeps_a_job_the_database_keeps_refusing_and_prunes_the_others():
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["own", "callers"])
+def test_prune_keeps_a_job_the_database_keeps_refusing_and_prunes_the_others(in_transaction):
     """Invariant 3: prune never stops at a job it cannot delete. A project's row pointing at
     the oldest job appears in each transaction that deletes it, before the commit (as a
     reference committed while the batch ran would, or a row a database-level cascade
     reaches): the batch fails on the foreign key, is sent again, then goes a job at a
-    time. That job is kept for this run; the three after it go, on every database's path
-    (PostgreSQL's one statement included: there the row comes just after it)."""
+    time. That job is kept for this run, left out of the batches after it (one job each
+    here); the three after it go, on every database's path (PostgreSQL's one statement
+    included: there the row comes just after it). Inside a caller's transaction the same,
+    the refusal met at the batch, and the caller commits."""
     stuck, *others = (job(JobState.SUCCEEDED, days_ago=30 - n) for n in range(4))
     referring = []
 
@@ -337,8 +340,9 @@ def test_prune_keeps_a_job_the_database_keeps_refusing_and_prunes_the_others():
             refer()
         return execute(sql, params, many, context)
 
-    with connection.execute_wrapper(refer_to_stuck):
-        assert Job.objects.all().prune(14) == 3
+    callers = transaction.atomic() if in_transaction else nullcontext()
+    with connection.execute_wrapper(refer_to_stuck), callers:
+        assert Job.objects.all().prune(14, batch_size=1) == 3
     assert list(Job.objects.values_list("pk", flat=True)) == [stuck.pk]
     assert not Report.objects.exists()  # each went with the transaction that failed
     assert Job.objects.all().prune(14) == 1
