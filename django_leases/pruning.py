@@ -150,20 +150,37 @@ class PruneVerbs(_VerbsBase):
         )
         if not rows:
             return 0, None
+        jobs = self._unpointed_old(db, state, days, None, refused)
+        deleted, kept = self._delete_each(db, jobs, [pk for pk, _ in rows], state, days)
+        refused.update(kept)
+        return deleted, rows[-1][1]
+
+    def _delete_each(
+        self,
+        db: str,
+        jobs: Any,
+        ids: list[Any],
+        state: str,
+        days: float,
+        *,
+        collect: bool = False,
+    ) -> tuple[int, list[Any]]:
+        """Delete the jobs of ``ids`` still among ``jobs``, each in a transaction of its
+        own: (how many went, the ids the collector or the database refused, which stay)."""
         check = connections[db].in_atomic_block
         deleted = 0
-        for pk, _ in rows:
+        refused = []
+        for pk in ids:
             n = 0
             try:
                 with transaction.atomic(using=db):
-                    one = self._locked(db, self._unpointed_old(db, state, days, None, refused))
-                    if one.filter(pk=pk).values_list("pk", flat=True):
+                    if self._locked(db, jobs.filter(pk=pk)).values_list("pk", flat=True):
                         job = self._still_old(db, [pk], state, days)
-                        n = self._delete(db, job, check=check)
+                        n = self._delete(db, job, collect=collect, check=check)
                 deleted += n  # counted once committed
-            except IntegrityError:
-                refused.add(pk)
-        return deleted, rows[-1][1]
+            except _REFUSED:
+                refused.append(pk)
+        return deleted, refused
 
     def _unpointed_old(
         self, db: str, state: str, days: float, after: Any, refused: set[Any]
@@ -240,17 +257,8 @@ class PruneVerbs(_VerbsBase):
             except _REFUSED:
                 if not ids:
                     raise
-                for pk in ids:
-                    n = 0
-                    try:
-                        with transaction.atomic(using=db):
-                            one = self._locked(db, old.filter(pk=pk))
-                            if one.values_list("pk", flat=True):
-                                job = self._still_old(db, [pk], state, days)
-                                n = self._delete(db, job, collect=True, check=check)
-                        deleted += n
-                    except _REFUSED:
-                        pass  # kept: something of the project's refuses its delete
+                # What is refused again stays: the walk goes on past it by primary key.
+                deleted += self._delete_each(db, old, ids, state, days, collect=True)[0]
             last = ids[-1]
 
     def _delete(self, db: str, doomed: Any, *, collect: bool = False, check: bool = False) -> int:
