@@ -12,10 +12,15 @@ kept (prune never writes to a schedule row). A project's own models, by their ``
   effects: those jobs go in batches of their own, where Django's collector applies the
   ``on_delete`` to the project's rows (their signals sent; none for the jobs, as ever). A job
   whose rows the collector or the database refuses (a model further along protects,
-  restricts or holds them) is kept, the rest of its batch goes; the foreign keys are
-  checked at the batch, also where the database would defer them to a caller's commit;
+  restricts or holds them) is kept, the rest of its batch goes; inside a caller's
+  transaction the foreign keys are checked at each batch (its own commit checks them
+  otherwise);
 - ``DB_CASCADE``, ``DB_SET_NULL``, ``DB_SET_DEFAULT`` and ``DO_NOTHING`` without a
-  constraint: nothing to do here; the database follows them.
+  constraint Django made (``db_constraint=False``, an unmanaged model such as a view):
+  nothing to do here; the database follows them, or nothing holds to them.
+
+Only models the routers place on the jobs' database count (``allow_migrate``): one kept on
+another database has no table here to read, and no constraint to refuse the DELETE.
 
 Whatever the database still refuses (a row reached through a database-level cascade that
 something holds to, a reference committed while the batch ran) sends the batch again, then a
@@ -64,8 +69,11 @@ class PruneVerbs(_VerbsBase):
         key constraint). A job the collector will refuse (a model further along protects
         what would cascade) is counted here, and kept by prune()."""
         states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
+        self._refuse_a_subclass()
         named = self._schedules().filter(last_job__isnull=False).values("last_job")
-        db = self._db or router.db_for_read(self.model)
+        # Where the jobs are written, as prune() decides: a replica's alias may be one the
+        # routers migrate nothing to.
+        db = self._db or router.db_for_write(self.model)
         return (
             self.filter(
                 state__in=states, finished_at__lt=Now() - Value(timedelta(days=older_than_days))
@@ -93,9 +101,10 @@ class PruneVerbs(_VerbsBase):
         state's (state, finished_at) index in order from where the last one stopped, so no
         batch rescans what its predecessors deleted.
         """
+        self._refuse_a_subclass()
         states = [s for s in TERMINAL_STATES if include_dead or s != JobState.DEAD]
         db = self._db or router.db_for_write(self.model)
-        followed = self._project_references()[0]
+        followed = self._project_references(db)[0]
         refused: set[Any] = set()  # jobs the database would not let go: kept this time
         deleted = 0
         for state in states:
@@ -270,19 +279,24 @@ class PruneVerbs(_VerbsBase):
         foreign keys are checked before it answers, so that a refusal the database would
         defer to the caller's commit comes here; in its own transaction, the commit says."""
         own = self._own_references()
+        histories = [r for r in own if r.on_delete is models.CASCADE]
+        unlinked = [r for r in own if r.on_delete is not models.CASCADE]
         if collect:
-            collector = Collector(using=db, origin=None)
+            job = self.model._meta.concrete_model or self.model
+            collector = _ProjectRowsCollector(job, using=db, origin=None)
             # The project's rows on the history are reached through the history's.
-            direct = [rel for via, rel in self._project_references()[0] if via is None]
-            for rel in direct + [r for r in own if r.on_delete is models.CASCADE]:
+            direct = [rel for via, rel in self._project_references(db)[0] if via is None]
+            for rel in direct + histories:
                 linked = rel.related_model._base_manager.using(db).filter(
                     **{f"{rel.field.name}__in": doomed}
                 )
                 rel.on_delete(collector, rel.field, linked, db)
+            # The jobs go by the raw DELETE below, after their run records are unlinked;
+            # none is collected (_ProjectRowsCollector), this only makes sure of it.
+            collector.data.pop(job, None)
             _refuse_restricted(collector)
             collector.delete()
-            own = [r for r in own if r.on_delete is not models.CASCADE]  # collected
-        for rel in own:
+        for rel in unlinked if collect else own:
             linked = rel.related_model._default_manager.using(db).filter(
                 **{f"{rel.field.name}__in": doomed}
             )
@@ -294,11 +308,20 @@ class PruneVerbs(_VerbsBase):
         # so there is nothing left to collect.
         deleted: int = doomed._raw_delete(db)
         if check:
-            gone = {self.model, *(r.related_model for r in self._own_references())}
+            gone = {self.model, *(r.related_model for r in own)}
             if collect:
                 gone.update(collector.data, (qs.model for qs in collector.fast_deletes))
             _check_foreign_keys_now(db, gone)
         return deleted
+
+    def _refuse_a_subclass(self) -> None:
+        """Raise TypeError for prune through a project's subclass of Job (its manager's
+        DELETE would reach its own table, not the jobs'); Job's manager, or a proxy's."""
+        if self.model._meta.concrete_model is not apps.get_model("django_leases", "Job"):
+            raise TypeError(
+                f"prune through Job.objects, not {self.model.__name__}.objects: a subclass "
+                "of Job has a table of its own"
+            )
 
     @staticmethod
     def _locked(db: str, jobs: Any) -> Any:
@@ -324,18 +347,18 @@ class PruneVerbs(_VerbsBase):
 
     def _kept_by_projects(self, db: str) -> Q:
         """The jobs a project's model protects, as a condition (empty: none)."""
-        return _pointed_at(db, self._project_references()[1])
+        return _pointed_at(db, self._project_references(db)[1])
 
     def _pointed_at_by_projects(self, db: str, *, followed_only: bool = False) -> Q:
         """The jobs a project's model points at, on the job or its history, by a relation
         prune must follow or keep (or only follow), as a condition (empty: none)."""
-        followed, keeping = self._project_references()
+        followed, keeping = self._project_references(db)
         return _pointed_at(db, followed if followed_only else followed + keeping)
 
     def _pointing_sql(self, db: str) -> list[str]:
         """The same as _pointed_at_by_projects(), as SQL for a job aliased ``j``."""
         quote = connections[db].ops.quote_name
-        followed, keeping = self._project_references()
+        followed, keeping = self._project_references(db)
         sql = []
         for via, rel in followed + keeping:
             pointer = quote(rel.related_model._meta.db_table)
@@ -352,18 +375,24 @@ class PruneVerbs(_VerbsBase):
                 )
         return sql
 
-    def _project_references(self) -> tuple[list[Any], list[Any]]:
+    def _project_references(self, db: str) -> tuple[list[Any], list[Any]]:
         """Other apps' relations pointing at a job, or at its failures and effects (rows
         this app deletes with it), each as (None or this app's relation to that history,
-        theirs): (those the collector follows, those that keep their jobs). Relations the
-        database follows itself, or that nothing holds to, are in neither."""
+        theirs), from models the routers place on ``db``: (those the collector follows,
+        those that keep their jobs). Relations the database follows itself, or that
+        nothing holds to, are in neither."""
         followed: list[Any] = []
         keeping: list[Any] = []
         histories = [r for r in self._own_references() if r.on_delete is models.CASCADE]
+        job = (
+            self.model._meta.concrete_model or self.model
+        )  # a proxy's relations are its concrete model's
         for via in [None, *histories]:
-            for rel in _project_relations(self.model if via is None else via.related_model):
+            for rel in _project_relations(job if via is None else via.related_model, db):
                 if rel.on_delete in _KEEPING or (
-                    rel.on_delete is models.DO_NOTHING and rel.field.db_constraint
+                    rel.on_delete is models.DO_NOTHING
+                    and rel.field.db_constraint
+                    and _made_here(db, rel.related_model)  # so its constraint too
                 ):
                     keeping.append((via, rel))
                 elif _to_follow(rel):
@@ -469,9 +498,10 @@ class PruneVerbs(_VerbsBase):
         return n, last
 
 
-def _project_relations(model: Any) -> list[Any]:
+def _project_relations(model: Any, db: str) -> list[Any]:
     """Other apps' foreign keys and one-to-one fields pointing at ``model`` (hidden ones and
-    many-to-many tables included); not a ForeignObject, which has no column of its own."""
+    many-to-many tables included) from models the routers place on ``db``; not a
+    ForeignObject, which has no column of its own."""
     meta = model._meta
     return [
         rel
@@ -480,7 +510,14 @@ def _project_relations(model: Any) -> list[Any]:
         and (rel.one_to_many or rel.one_to_one)
         and rel.related_model._meta.app_label != meta.app_label
         and isinstance(rel.field, models.ForeignKey)
+        and router.allow_migrate_model(db, rel.related_model)
     ]
+
+
+def _made_here(db: str, model: Any) -> bool:
+    """Whether Django made ``model``'s table, with its constraints, on ``db``: managed,
+    not a proxy, and placed there by the routers (a view's unmanaged model is not)."""
+    return bool(model._meta.can_migrate(db) and router.allow_migrate_model(db, model))
 
 
 def _to_follow(rel: Any) -> bool:
@@ -491,6 +528,24 @@ def _to_follow(rel: Any) -> bool:
         and rel.on_delete is not models.DO_NOTHING
         and not isinstance(rel.on_delete, _DATABASE_ON_DELETE)
     )
+
+
+class _ProjectRowsCollector(Collector):
+    """Django's collector for the project's rows that point at jobs prune deletes. A row
+    of a project's subclass of Job (or of a subclass of that) is collected without its
+    parents: without the job, which prune's own DELETE takes, and without the job's
+    relations, which prune follows itself (a schedule's last job never, as a collector
+    would, with an UPDATE of the schedule table)."""
+
+    def __init__(self, job: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+
+    def collect(self, objs: Any, *args: Any, **kwargs: Any) -> None:
+        model = getattr(objs, "model", None) or (type(objs[0]) if objs else None)
+        if model is not None and self.job in model._meta.get_parent_list():
+            kwargs["keep_parents"] = True
+        super().collect(objs, *args, **kwargs)
 
 
 def _refuse_restricted(collector: Collector) -> None:
@@ -536,7 +591,7 @@ def _check_foreign_keys_now(db: str, gone: set[Any]) -> None:
             for rel in model._meta.get_fields(include_hidden=True)
             if isinstance(rel, models.ForeignObjectRel)
             and getattr(rel.field, "db_constraint", False)
-            and router.allow_migrate_model(db, rel.related_model)
+            and _made_here(db, rel.related_model)
         }
         quote = connection.ops.quote_name
         with connection.cursor() as cursor:

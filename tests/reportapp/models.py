@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from django_leases.models import Job
+
 
 class Report(models.Model):
     """What a project keeps of a job's output: deleted with the job (CASCADE)."""
@@ -85,3 +87,34 @@ class FailureAudit(models.Model):
     failure = models.ForeignKey(
         "django_leases.JobFailure", on_delete=models.DO_NOTHING, related_name="+"
     )
+
+
+class JobDigest(models.Model):
+    """A database view over jobs, say: unmanaged, so Django made neither its table (there
+    is none in the tests' databases) nor a constraint under its DO_NOTHING. Prune never
+    reads it, as Django's own delete never does."""
+
+    job = models.ForeignKey("django_leases.Job", on_delete=models.DO_NOTHING, related_name="+")
+
+    class Meta:
+        managed = False
+        db_table = "reportapp_job_digest_view"
+
+
+class ProjectJob(Job):
+    """A project's proxy of Job: pruning through its manager is pruning jobs."""
+
+    class Meta:
+        proxy = True
+
+
+class BillingJob(Job):
+    """A project's subclass of Job (multi-table inheritance): its row goes with its job."""
+
+    customer = models.CharField(max_length=40)
+
+
+class PriorityBillingJob(BillingJob):
+    """A subclass of the project's subclass of Job: its rows go with their jobs too."""
+
+    level = models.PositiveSmallIntegerField(default=1)
