@@ -508,7 +508,7 @@ class JobAdmin(_JobAdminBase):
         waiting: str = "",
     ) -> None:
         # Rebuild the selection without the list's annotations, so the verb's statement is
-        # the plain conditional UPDATE query.py wrote.
+        # the plain conditional UPDATE operators.py wrote.
         selection = Job.objects.filter(pk__in=queryset.values("pk"))
         before = {job.pk: job for job in selection.only("task_path", *_WATCHED)}
         changed = verb(selection)

@@ -82,7 +82,7 @@ class Job(models.Model):
 
     objects = JobQuerySet.as_manager()
 
-    # What a claim (query.py) sets on the jobs it returns: the state, owner, fence and granted
+    # What a claim (claiming.py) sets on the jobs it returns: the state, owner, fence and granted
     # lease each had before the claim. Not fields: never saved.
     was_state: str
     was_claimed_by: str

@@ -2,7 +2,8 @@
 
 Operator verbs are conditional on state and answer how many jobs changed; none of them
 needs a claim token. The reads never write. Every comparison uses the database clock.
-JobQuerySet (query.py) is composed from these and the owner's verbs.
+JobQuerySet (query.py) is composed from these, the claim (claiming.py), the owner's writes
+(owner_writes.py) and prune (pruning.py).
 """
 
 from __future__ import annotations

@@ -93,14 +93,15 @@ def test_the_claim_on_200000_rows_uses_indexes_and_no_full_scan_on_mysql():
 
 def pg_claim_statement(worker, queues, limit, *, settle=True, rows=False):
     """The claim statement as Job.objects.claim() sends it on PostgreSQL (claim_rows() with
-    ``rows``): query.py's own _PG_CLAIM (_PG_CLAIM_DUE when not settling) rendered by its own
+    ``rows``): claiming.py's own _PG_CLAIM (_PG_CLAIM_DUE when not settling) rendered by its own
     helper, with the parameters bound client-side (Django's default on psycopg 3, so this is
     the text the server receives)."""
-    from django_leases.query import _ROW_RETURNING, JobQuerySet, _pg_sql
+    from django_leases.claiming import _ROW_RETURNING, ClaimVerbs
+    from django_leases.lease_statements import pg_sql
 
-    template = JobQuerySet._PG_CLAIM if settle else JobQuerySet._PG_CLAIM_DUE
+    template = ClaimVerbs._PG_CLAIM if settle else ClaimVerbs._PG_CLAIM_DUE
     returning = _ROW_RETURNING if rows else "j.*"
-    sql = _pg_sql(template, Job, connection.alias, all_queues=queues is None, returning=returning)
+    sql = pg_sql(template, Job, connection.alias, all_queues=queues is None, returning=returning)
     params = {"worker": worker, "queues": queues, "limit": limit, "lease": None}
     return connection.ops.compose_sql(sql, params)
 
@@ -239,11 +240,12 @@ def test_the_woken_claim_on_200000_rows_is_an_ordered_scan_of_the_due_index():
         assert {c.was_state for c in claimed} == {"pending"}
         assert [q["sql"] for q in sent.captured_queries] == [statement], sent.captured_queries
         # Prepared, the same statement may run on its generic plan: the same ordered scan.
-        from django_leases.query import _ROW_RETURNING, JobQuerySet, _pg_sql
+        from django_leases.claiming import _ROW_RETURNING, ClaimVerbs
+        from django_leases.lease_statements import pg_sql
 
         generic = explain_generic(
-            _pg_sql(
-                JobQuerySet._PG_CLAIM_DUE,
+            pg_sql(
+                ClaimVerbs._PG_CLAIM_DUE,
                 Job,
                 connection.alias,
                 all_queues=queues is None,
@@ -278,10 +280,12 @@ def test_the_woken_claim_on_200000_rows_is_an_ordered_scan_of_the_due_index():
 
 def pg_ack_claim_statement(claims, queues, limit):
     """The statement ack_and_claim_rows() sends on PostgreSQL for ``claims`` (results None)."""
-    from django_leases.query import _ROW_RETURNING, JobQuerySet, _ack_params, _pg_sql
+    from django_leases.claiming import _ROW_RETURNING
+    from django_leases.lease_statements import pg_sql
+    from django_leases.owner_writes import OwnerVerbs, _ack_params
 
-    sql = _pg_sql(
-        JobQuerySet._PG_ACK_CLAIM_DUE,
+    sql = pg_sql(
+        OwnerVerbs._PG_ACK_CLAIM_DUE,
         Job,
         connection.alias,
         all_queues=queues is None,

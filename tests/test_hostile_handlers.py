@@ -434,7 +434,7 @@ def test_a_server_short_of_a_resource_is_waited_out_not_held_against_the_ack(
     """An ack failing with SQLSTATE 53100 (disk full) over a connection that still answers
     is an outage, however often it repeats: the worker sends it again until the server
     has room, and the job that succeeded ends succeeded, not as a failed attempt (3)."""
-    from django_leases.worker.loop import WRITE_STRIKES
+    from django_leases.worker.settling import WRITE_STRIKES
 
     result = t.add.using_lease(max_attempts=1).enqueue(4, 4)
     worker = workers.start("disk-full", *STEADY, "--burst", ready=False)

@@ -20,6 +20,9 @@ PACKAGE = Path(django_leases.__file__).parent
 DATA = {
     "django_leases.models",
     "django_leases.query",
+    "django_leases.claiming",
+    "django_leases.owner_writes",
+    "django_leases.lease_statements",
     "django_leases.operators",
     "django_leases.pruning",
     "django_leases.enqueue",
@@ -37,6 +40,9 @@ DATA = {
 # What only the manager (models.py's Job.objects) and the backend's enqueue may use.
 STATEMENTS = {
     "django_leases.query",
+    "django_leases.claiming",
+    "django_leases.owner_writes",
+    "django_leases.lease_statements",
     "django_leases.operators",
     "django_leases.pruning",
     "django_leases.enqueue",
@@ -186,15 +192,21 @@ def test_the_backend_enqueues_through_enqueue_py_not_query_internals():
 
 
 def test_enqueue_and_operators_stand_below_query():
-    """query.py composes JobQuerySet from operators.py and pruning.py and calls enqueue.py,
-    never the other way round."""
+    """query.py composes JobQuerySet from claiming.py, owner_writes.py, operators.py and
+    pruning.py and calls enqueue.py, never the other way round; the owner's writes build
+    on the claim, which never imports them."""
     for module in (
         "django_leases.enqueue",
+        "django_leases.claiming",
+        "django_leases.owner_writes",
+        "django_leases.lease_statements",
         "django_leases.operators",
         "django_leases.pruning",
         "django_leases.worker_registry",
     ):
         assert "django_leases.query" not in GRAPH[module], module
+    assert "django_leases.owner_writes" not in GRAPH["django_leases.claiming"]
+    assert "django_leases.claiming" in GRAPH["django_leases.owner_writes"]
     assert "django_leases.models" not in GRAPH["django_leases.enqueue"]
 
 

@@ -11,7 +11,7 @@ from django.db import connection
 
 from django_leases.models import Job
 
-# Named in query.py's claim plans, tests/test_explain.py, tests/test_bad_input.py and the
+# Named in claiming.py's claim plans, tests/test_explain.py, tests/test_bad_input.py and the
 # docs: renaming any of them is a breaking change (docs/releases.md).
 PARTIAL_INDEXES = {"leases_job_due_idx", "leases_job_claimed_idx", "leases_job_token_idx"}
 INDEXES = {"leases_job_finished_idx", "leases_job_census_idx"}

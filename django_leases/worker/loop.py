@@ -1,7 +1,9 @@
 """The worker's main loop, readable top to bottom: claim, hand out, settle, wait, stop.
 
 The main thread alone claims, acknowledges, fails and releases; handlers only compute.
-Every database call goes through a Job.objects / WorkerProcess.objects verb.
+Every database call goes through a Job.objects / WorkerProcess.objects verb. What the
+handlers came back with is written by settling.py's Settling, the shutdown is
+stopping.py's Stopping: Worker is built on both.
 """
 
 from __future__ import annotations
@@ -13,30 +15,23 @@ import queue
 import random
 import socket
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import OperationalError, connections
+from django.db import connections
 
 from .. import registry
-from ..states import FailureKind
 from ..storable import (
-    CLASS_PATH_LIMIT,
-    MESSAGE_LIMIT,
-    ascii_text,
-    class_path,
     first_line,
-    storable_text,
 )
-from .child import KILL_GRACE_SECONDS
-from .claims import ACKED, FINISHING, RELEASING, SETTLED, Claim, ClaimBook, Kind, Outcome
-from .dberrors import DB_ERRORS, contention, error_kind, refused_by_database
+from .claims import SETTLED, Claim, ClaimBook, Kind, Outcome
+from .dberrors import DB_ERRORS, contention
 from .executors import ProcessExecutor, ThreadExecutor
 from .heartbeat import Heartbeat, Watchdog
 from .listener import Listener
 from .logs import claim_fields
 from .running import unrunnable
 from .shutdown import StopRequest
+from .stopping import Stopping
 from .ticker import Ticker
 from .vital import VitalThread
 from .waker import Waker
@@ -46,16 +41,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_leases.worker")
 
-# How long thread-isolated handlers told to stop at release may take to return before
-# their jobs are released anyway (a thread cannot be killed; it ends with the process).
-RELEASE_NOTICE_SECONDS = 1.0
 # How long a worker woken by a finished handler waits for the others still running, so
 # that their acks and the claim for their slots go out together: short beside any real
 # handler, long beside the hand-off of one that does nothing.
 GATHER_SECONDS = 0.001
-# How many times one claim's ack or fail may fail over a connection that still answers
-# (not an outage, then) before the database counts as refusing it.
-WRITE_STRIKES = 3
 
 
 def _seconds(value: Any) -> str:
@@ -80,7 +69,7 @@ class Backoff:
         self.current = 0.0
 
 
-class Worker:
+class Worker(Stopping):
     """Run jobs of one lease backend until stopped by a signal, --burst or --max-jobs."""
 
     def __init__(
@@ -486,492 +475,6 @@ class Worker:
             self._done.put((claim, outcome))
         self.waker.wake()
 
-    # -- settling: the owner's writes --------------------------------------------------
-
-    def _settle(self, *, hold_acks: bool = False) -> list[tuple[Claim, Outcome]]:
-        """Write what the handlers came back with: an outbox of (claim, outcome), those just
-        returned and those a database outage left unsent. The acks go out in one statement,
-        then the fails and releases one by one; should the database fail meanwhile, what
-        was not written stays in the outbox for the next call. A claim whose write went
-        through is settled (claims.py), so nothing is sent twice. With ``hold_acks`` the
-        acks are returned, finishing but unsent, for the next claim to carry."""
-        outbox, self._unsent = self._unsent, []
-        while True:
-            try:
-                outbox.append(self._done.get_nowait())
-            except queue.Empty:
-                break
-        writes = [(c, o) for c, o in outbox if self._to_write(c, o)]
-        oks = [(c, o) for c, o in writes if o.kind is Kind.OK]
-        others = [(c, o) for c, o in writes if o.kind is not Kind.OK]
-        try:
-            if oks and not hold_acks:
-                others += self._acks(oks)
-            for claim, outcome in others:
-                self._write(claim, outcome)
-        except DB_ERRORS as e:
-            # A refused ack's failure replaces its ack (the later pair wins).
-            unsent = {id(c): (c, o) for c, o in [*oks, *others] if c.state == FINISHING}
-            for claim, _ in unsent.values():
-                claim.finish_failed()
-            self._unsent = list(unsent.values())
-            self._db_trouble("acknowledge", e)
-            return []
-        return oks if hold_acks else []
-
-    def _to_write(self, claim: Claim, outcome: Outcome) -> bool:
-        """Whether ``outcome`` still needs a write by this worker; the claim then finishing."""
-        if outcome.kind is Kind.ACKED or claim.state == ACKED:
-            # Not to be released at shutdown: the job is done. (ACKED with another outcome:
-            # the handler acknowledged its job, then raised or was stopped.)
-            claim.handler_acked = True
-            self.book.forget(claim)
-            logger.debug(
-                "Acked job=%s fence=%s worker=%s in the handler's fenced transaction",
-                claim.pk,
-                claim.job.fence,
-                self.worker_id,
-                extra=claim_fields(claim.job, self.worker_id, "acked"),
-            )
-            return False
-        if outcome.kind is not Kind.LOST and (claim.begin_finish() or claim.state == FINISHING):
-            return True
-        self._discard(claim, outcome)
-        return False
-
-    def _acks(self, oks: list[tuple[Claim, Outcome]]) -> list[tuple[Claim, Outcome]]:
-        """Acknowledge ``oks``; the failures to record instead of the results the database
-        refused. Database trouble raises; anything else drops the unwritten claims."""
-        try:
-            return self._ack_or_refuse(oks)
-        except DB_ERRORS:
-            raise
-        except Exception as e:  # noqa: BLE001 -- one claim must not stop the worker
-            for claim, _ in oks:
-                if claim.state == FINISHING:
-                    self._drop(claim, "acknowledge", e)
-            return []
-
-    def _write(self, claim: Claim, outcome: Outcome) -> None:
-        """Fail the attempt, or release the job (STOPPED); database trouble raises."""
-        try:
-            if outcome.kind is Kind.STOPPED:
-                # Its process died of the stop (a signal to the whole process group or
-                # cgroup): the job goes back to pending, the attempt not counted.
-                self._release(claim, "; its handler process died while the worker was stopping")
-            else:
-                self._fail_or_minimal(claim, outcome)
-        except DB_ERRORS:
-            raise
-        except Exception as e:  # noqa: BLE001 -- one claim must not stop the worker
-            doing = "release" if outcome.kind is Kind.STOPPED else "record the failure of"
-            self._drop(claim, doing, e)
-
-    def _forget(self, claim: Claim) -> None:
-        """Its write went through (or it is given up): settled, and no longer held."""
-        claim.settle()
-        self.book.forget(claim)
-
-    def _drop(self, claim: Claim, doing: str, error: Exception) -> None:
-        """Let go of a claim whose write failed on something other than the database (a
-        row holding what no verb can read, a bug): its lease runs out and the next claim
-        records the attempt as expired, so that one claim never stops the worker."""
-        self._forget(claim)
-        logger.error(
-            "Could not %s job=%s fence=%s worker=%s error=%s: %s; dropping the "
-            "claim, whose lease runs out",
-            doing,
-            claim.pk,
-            claim.job.fence,
-            self.worker_id,
-            class_path(type(error)),
-            first_line(error),
-            exc_info=error,
-            extra=claim_fields(claim.job, self.worker_id, "dropped", error=class_path(type(error))),
-        )
-
-    def _discard(self, claim: Claim, outcome: Outcome) -> None:
-        self.book.forget(claim)
-        if claim.state == RELEASING:
-            logger.info(
-                "Handler of job=%s fence=%s worker=%s has stopped; its job is to be released",
-                claim.pk,
-                claim.job.fence,
-                self.worker_id,
-                extra=claim_fields(claim.job, self.worker_id, "handler_stopped"),
-            )
-            return
-        logger.warning(
-            "Discarded result of job=%s fence=%s worker=%s: the claim was lost (%s)",
-            claim.pk,
-            claim.job.fence,
-            self.worker_id,
-            claim.lost_reason or "handler stopped on LeaseLost",
-            extra=claim_fields(claim.job, self.worker_id, "discarded"),
-        )
-
-    def _ack(self, oks: list[tuple[Claim, Outcome]]) -> None:
-        manager = self.Job.objects.using(self.database)
-        if len(oks) == 1:
-            claim, outcome = oks[0]
-            acked = {claim.pk} if manager.ack(claim.job, outcome.result) else set()
-        else:
-            acked = manager.ack_many([(c.job, o.result) for c, o in oks])
-        self._acked(oks, acked)
-
-    def _acked(self, oks: list[tuple[Claim, Outcome]], acked: set[Any]) -> None:
-        """The acks of ``oks`` went through: settle each, logged as acked (-v 2: Django's
-        ``state=SUCCESSFUL`` line came first) or rejected (a warning)."""
-        for claim, _ in oks:
-            self._forget(claim)
-            if claim.pk in acked:
-                logger.debug(
-                    "Acked job=%s fence=%s worker=%s",
-                    claim.pk,
-                    claim.job.fence,
-                    self.worker_id,
-                    extra=claim_fields(claim.job, self.worker_id, "acked"),
-                )
-            else:
-                logger.warning(
-                    "Ack rejected job=%s fence=%s worker=%s: the claim was lost "
-                    "before the ack; result discarded",
-                    claim.pk,
-                    claim.job.fence,
-                    self.worker_id,
-                    extra=claim_fields(claim.job, self.worker_id, "ack_rejected"),
-                )
-
-    def _fail(self, claim: Claim, outcome: Outcome) -> None:
-        unrunnable = outcome.kind is Kind.UNRUNNABLE
-        ok = self.Job.objects.using(self.database).fail(
-            claim.job,
-            exception_class_path=outcome.exception_class_path,
-            message=outcome.message,
-            traceback=outcome.traceback,
-            # The delay before the next attempt is the job's own retry ladder (query.py).
-            retry=outcome.retryable and not unrunnable,
-            kind=FailureKind.UNRUNNABLE if unrunnable else FailureKind.EXCEPTION,
-        )
-        self._forget(claim)
-        if ok:
-            logger.info(
-                "Failed job=%s fence=%s worker=%s error=%s: %s",
-                claim.pk,
-                claim.job.fence,
-                self.worker_id,
-                outcome.exception_class_path or outcome.kind.value,
-                outcome.message,
-                extra=claim_fields(
-                    claim.job,
-                    self.worker_id,
-                    "failed",
-                    error=outcome.exception_class_path or outcome.kind.value,
-                ),
-            )
-        else:
-            logger.warning(
-                "Fail rejected job=%s fence=%s worker=%s: the claim was lost first",
-                claim.pk,
-                claim.job.fence,
-                self.worker_id,
-                extra=claim_fields(claim.job, self.worker_id, "fail_rejected"),
-            )
-
-    def _ack_or_refuse(self, oks: list[tuple[Claim, Outcome]]) -> list[tuple[Claim, Outcome]]:
-        """Acknowledge ``oks`` in one statement. A batch the database refuses (a DataError,
-        a constraint) is sent again one by one; a single result it refuses fails that
-        attempt instead: returned, for the caller to record. Connection trouble raises."""
-        try:
-            self._ack(oks)
-            return []
-        except DB_ERRORS as e:
-            if not self._refused(e, oks[0][0] if len(oks) == 1 else None):
-                raise
-            if len(oks) > 1:
-                logger.warning(
-                    "Ack of %d jobs refused worker=%s error=%s; acknowledging them one by one",
-                    len(oks),
-                    self.worker_id,
-                    first_line(e),
-                    extra={
-                        "event": "batch_ack_refused",
-                        "worker": self.worker_id,
-                        "error": first_line(e),
-                    },
-                )
-                return [failed for ok in oks for failed in self._ack_or_refuse([ok])]
-            claim = oks[0][0]
-            logger.warning(
-                "Ack refused job=%s fence=%s worker=%s error=%s; failing the attempt instead",
-                claim.pk,
-                claim.job.fence,
-                self.worker_id,
-                first_line(e),
-                extra=claim_fields(claim.job, self.worker_id, "ack_refused", error=first_line(e)),
-            )
-            claim.write_strikes = 0
-            return [(claim, _refusal(e, "the database refused the result"))]
-
-    def _fail_or_minimal(self, claim: Claim, outcome: Outcome) -> None:
-        """Record the failed attempt. Should the database refuse the record, a minimal one
-        in ASCII ends the attempt; should it refuse that too, the claim is dropped and its
-        lease runs out (the next claim records the attempt as expired)."""
-        try:
-            self._fail(claim, outcome)
-            return
-        except DB_ERRORS as e:
-            if not self._refused(e, claim):
-                raise
-            logger.warning(
-                "Failure record refused job=%s fence=%s worker=%s error=%s; "
-                "recording a minimal one",
-                claim.pk,
-                claim.job.fence,
-                self.worker_id,
-                first_line(e),
-                extra=claim_fields(
-                    claim.job, self.worker_id, "failure_refused", error=first_line(e)
-                ),
-            )
-            minimal = replace(
-                outcome,
-                traceback="",
-                exception_class_path=ascii_text(outcome.exception_class_path, CLASS_PATH_LIMIT),
-                message=ascii_text(
-                    f"the database refused the failure record "
-                    f"({class_path(type(e))}: {first_line(e)}); the message "
-                    f"began: {outcome.message[:500]}",
-                    MESSAGE_LIMIT,
-                ),
-            )
-        try:
-            self._fail(claim, minimal)
-        except DB_ERRORS as e:
-            if not self._refused(e, claim):
-                raise
-            self._forget(claim)
-            logger.error(
-                "Could not record the failure of job=%s fence=%s worker=%s: the "
-                "database refused even a minimal record (%s); dropping the claim, "
-                "whose lease runs out",
-                claim.pk,
-                claim.job.fence,
-                self.worker_id,
-                first_line(e),
-                extra=claim_fields(
-                    claim.job, self.worker_id, "failure_dropped", error=first_line(e)
-                ),
-            )
-
-    def _refused(self, error: Exception, claim: Claim | None = None) -> bool:
-        """Whether the database refused an owner's write itself, so that sending it again
-        cannot help: an error other than a connection's, or (for one claim's write) the
-        same write failing WRITE_STRIKES times over a connection that still answers, as
-        MySQL reports a string its character set cannot hold. Anything else, lock waits and
-        deadlocks included, is an outage: sent again after a pause, however long it lasts."""
-        if refused_by_database(error):
-            return True
-        if not isinstance(error, OperationalError):
-            return False
-        kind = error_kind(error)
-        if kind is not None:
-            return kind == "refusal"
-        if not self._connection_answers():
-            return False
-        if claim is None:
-            return True  # several jobs in one statement: send them one by one
-        claim.write_strikes += 1
-        return claim.write_strikes >= WRITE_STRIKES
-
-    def _connection_answers(self) -> bool:
-        connection = connections[self.database]
-        try:
-            return connection.connection is not None and connection.is_usable()
-        except Exception:  # noqa: BLE001 -- a connection that cannot say is not answering
-            return False
-
-    # -- stopping ----------------------------------------------------------------------
-
-    def _shutdown(self) -> int:
-        """Let handlers finish within the grace; then tell the rest to stop, mark the worker
-        stopped and release their jobs, in that order: every other write comes first, so a
-        handler the process cannot kill (a thread) runs on after its job is released only
-        until the process exits, right after. 1 if a vital thread died, else 0."""
-        dead = self._dead_thread()
-        if dead is not None:
-            self._log_death(dead)
-        elif self.stop_request.stopping:
-            logger.info(
-                "Stopping on %s worker=%s: claiming nothing more; %d running, waiting up to %gs",
-                self.stop_request.signal_name,
-                self.worker_id,
-                len(self.book),
-                self.grace,
-                extra={
-                    "event": "stopping",
-                    "worker": self.worker_id,
-                    "signal": self.stop_request.signal_name,
-                },
-            )
-        deadline = time.monotonic() + (0 if dead else self.grace)
-        while self.book and not self.stop_request.hurry and time.monotonic() < deadline:
-            self._settle()
-            self._release_unconnected()
-            if (dead := self._dead_thread()) is not None:
-                # No renewals any more (or no watch on them): release now.
-                self._log_death(dead)
-                break
-            if self.book:
-                self.waker.wait(min(self.poll, max(deadline - time.monotonic(), 0.0)))
-        self._settle()
-        unfinished = self._tell_to_stop()
-        self._settle_before_exit()
-        self._call_until_done(
-            "mark stopped",
-            lambda: self.WorkerProcess.objects.using(self.database).stopped(self.worker_id),
-        )
-        self._release_all(unfinished)
-        logger.info(
-            "Worker stopped worker=%s",
-            self.worker_id,
-            extra={"event": "stopped", "worker": self.worker_id},
-        )
-        return 0 if dead is None else 1
-
-    def _log_death(self, thread: VitalThread) -> None:
-        consequence = (
-            "its claims are no longer renewed"
-            if thread is self.heartbeat
-            else "lost leases are no longer noticed"
-        )
-        logger.error(
-            "The %s thread died worker=%s: %s; claiming nothing more, releasing %d "
-            "claim(s) and exiting with status 1",
-            thread.role,
-            self.worker_id,
-            consequence,
-            len(self.book),
-            extra={"event": "thread_died", "worker": self.worker_id, "role": thread.role},
-        )
-
-    def _tell_to_stop(self) -> list[Claim]:
-        """Tell the unfinished handlers their claims are going, as a lost claim does
-        (LeaseLost, cancellation of async handlers), and wait a moment for them to return;
-        in process isolation their children are killed at once. Return those claims.
-        A claim whose handler already came back keeps its outcome, to be written: a job
-        that succeeded must not be released to run again."""
-        while True:
-            try:
-                self._unsent.append(self._done.get_nowait())
-            except queue.Empty:
-                break
-        produced = {id(c) for c, _ in self._unsent}
-        # A handler that acknowledged its job itself and runs on is told too; its job
-        # is done, not released (_release_all).
-        claims = [
-            c
-            for c in self.book.all()
-            if id(c) not in produced and (c.begin_release() or c.stop_acked())
-        ]
-        if not claims:
-            return []
-        notice = 3 * KILL_GRACE_SECONDS if self.isolation == "process" else RELEASE_NOTICE_SECONDS
-        deadline = time.monotonic() + notice
-        for claim in claims:
-            claim.exited.wait(max(deadline - time.monotonic(), 0.0))
-        # A job its handler acknowledged is done whatever the handler does now: not released,
-        # so not named here.
-        running = [c.pk for c in claims if not c.exited.is_set() and not c.acked]
-        if running:
-            logger.warning(
-                "Handlers of jobs %s still running worker=%s; releasing them anyway: "
-                "they end with this process",
-                ",".join(map(str, running)),
-                self.worker_id,
-                extra={"event": "handlers_running", "worker": self.worker_id, "jobs": running},
-            )
-        return claims
-
-    def _settle_before_exit(self, tries: int = 5) -> None:
-        """Write the outcomes the handlers came back with, retried through database trouble
-        as a release is; one never sent leaves its job claimed until the lease ends."""
-        for _ in range(tries):
-            self._settle()
-            if not self._unsent or self.stop_request.hurry:
-                break
-        for claim, _ in self._unsent:
-            self.book.forget(claim)
-            logger.error(
-                "Could not write the outcome of job=%s fence=%s worker=%s: the database is "
-                "unreachable; the job is claimable again when its lease ends",
-                claim.pk,
-                claim.job.fence,
-                self.worker_id,
-                extra=claim_fields(claim.job, self.worker_id, "outcome_unsent"),
-            )
-        self._unsent = []
-
-    def _release_all(self, claims: list[Claim]) -> None:
-        for claim in claims:
-            if claim.acked:
-                continue  # its handler acknowledged it meanwhile, in fenced(ack=True)
-            if self._call_until_done("release", lambda c=claim: self._release(c)) is None:
-                self.book.forget(claim)
-                logger.error(
-                    "Could not release job=%s fence=%s worker=%s: the database is "
-                    "unreachable; the job is claimable again when its lease ends",
-                    claim.pk,
-                    claim.job.fence,
-                    self.worker_id,
-                    extra=claim_fields(claim.job, self.worker_id, "release_failed"),
-                )
-
-    def _release(self, claim: Claim, why: str = "") -> bool:
-        """Give the job back to pending, the attempt not counted; raise on database trouble."""
-        released = self.Job.objects.using(self.database).release(claim.job)
-        self._forget(claim)
-        if released:
-            logger.info(
-                "Released job=%s fence=%s worker=%s: back to pending, attempt not counted%s",
-                claim.pk,
-                claim.job.fence,
-                self.worker_id,
-                why,
-                extra=claim_fields(claim.job, self.worker_id, "released"),
-            )
-        else:
-            logger.warning(
-                "Release rejected job=%s fence=%s worker=%s: the claim was already lost",
-                claim.pk,
-                claim.job.fence,
-                self.worker_id,
-                extra=claim_fields(claim.job, self.worker_id, "release_rejected"),
-            )
-        return released
-
-    def _call_until_done(self, what: str, call: Any, tries: int = 5) -> Any:
-        """Retry ``call`` through database trouble a few times; None if it never went."""
-        for _ in range(tries):
-            try:
-                return call()
-            except DB_ERRORS as e:
-                if refused_by_database(e):
-                    logger.error(
-                        "The database refused %s worker=%s error=%s",
-                        what,
-                        self.worker_id,
-                        first_line(e),
-                        extra={
-                            "event": "db_refused",
-                            "worker": self.worker_id,
-                            "error": first_line(e),
-                        },
-                    )
-                    return None
-                self._db_trouble(what, e, wait=not self.stop_request.hurry)
-        return None
-
     # -- plumbing ----------------------------------------------------------------------
 
     def _register(self) -> bool:
@@ -1047,12 +550,3 @@ class Worker:
             connections[self.database].close()
         if wait:
             self.waker.wait(delay)
-
-
-def _refusal(error: Exception, what: str) -> Outcome:
-    """The failed outcome of a write the database refused: its error class and message."""
-    return Outcome(
-        Kind.ERROR,
-        exception_class_path=class_path(type(error)),
-        message=storable_text(f"{what}: {error}", MESSAGE_LIMIT),
-    )

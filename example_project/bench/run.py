@@ -234,8 +234,15 @@ class System:
 
             return f"django-leases {version('django-leases')} (Django {version('Django')})"
         other = "asyncpg" if self.kind == "pgqueuer-asyncpg" else "Django"
+        # One word per distribution, "-" for one not installed (PgQueuer's psycopg
+        # environment has no Django): a missing one used to blank them all.
         code = (
-            "from importlib.metadata import version as v; "
+            "from importlib.metadata import version, PackageNotFoundError\n"
+            "def v(name):\n"
+            "    try:\n"
+            "        return version(name)\n"
+            "    except PackageNotFoundError:\n"
+            "        return '-'\n"
             f"print(v({PEER_DIST[self.kind]!r}), v({other!r}), v('psycopg'))"
         )
         out = subprocess.run(

@@ -559,10 +559,11 @@ def cmd_plan(a: argparse.Namespace) -> None:
     django.setup()
     from django.db import connection, transaction
 
+    from django_leases.claiming import ClaimVerbs
+    from django_leases.lease_statements import pg_sql
     from django_leases.models import Job
-    from django_leases.query import JobQuerySet, _pg_sql
 
-    sql = _pg_sql(JobQuerySet._PG_CLAIM, Job, connection.alias)
+    sql = pg_sql(ClaimVerbs._PG_CLAIM, Job, connection.alias)
     statement = connection.ops.compose_sql(
         sql, {"worker": "scale-plan", "queues": ["default"], "limit": 10, "lease": None}
     )

@@ -1,0 +1,206 @@
+"""Stopping: the grace, the notice to handlers still running, the last writes and the
+releases, in that order (a mixin of Worker, on top of its settling).
+
+Every other write comes first, so a handler the process cannot kill (a thread) runs on
+after its job is released only until the process exits, right after.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..storable import first_line
+from .child import KILL_GRACE_SECONDS
+from .claims import Claim
+from .dberrors import DB_ERRORS, refused_by_database
+from .logs import claim_fields
+from .settling import Settling
+
+if TYPE_CHECKING:
+    from ..models import WorkerProcess as WorkerProcessModel
+    from .heartbeat import Heartbeat
+    from .shutdown import StopRequest
+    from .vital import VitalThread
+    from .waker import Waker
+
+logger = logging.getLogger("django_leases.worker")
+
+# How long thread-isolated handlers told to stop at release may take to return before
+# their jobs are released anyway (a thread cannot be killed; it ends with the process).
+RELEASE_NOTICE_SECONDS = 1.0
+
+
+class Stopping(Settling):
+    """Worker's shutdown: what run() does once the loop has ended."""
+
+    if TYPE_CHECKING:
+        WorkerProcess: type[WorkerProcessModel]
+        grace: float
+        poll: float
+        isolation: str
+        heartbeat: Heartbeat
+        stop_request: StopRequest
+        waker: Waker
+
+        def _dead_thread(self) -> VitalThread | None: ...
+
+        def _release_unconnected(self) -> None: ...
+
+    def _shutdown(self) -> int:
+        """Let handlers finish within the grace; then tell the rest to stop, mark the worker
+        stopped and release their jobs, in that order: every other write comes first, so a
+        handler the process cannot kill (a thread) runs on after its job is released only
+        until the process exits, right after. 1 if a vital thread died, else 0."""
+        dead = self._dead_thread()
+        if dead is not None:
+            self._log_death(dead)
+        elif self.stop_request.stopping:
+            logger.info(
+                "Stopping on %s worker=%s: claiming nothing more; %d running, waiting up to %gs",
+                self.stop_request.signal_name,
+                self.worker_id,
+                len(self.book),
+                self.grace,
+                extra={
+                    "event": "stopping",
+                    "worker": self.worker_id,
+                    "signal": self.stop_request.signal_name,
+                },
+            )
+        deadline = time.monotonic() + (0 if dead else self.grace)
+        while self.book and not self.stop_request.hurry and time.monotonic() < deadline:
+            self._settle()
+            self._release_unconnected()
+            if (dead := self._dead_thread()) is not None:
+                # No renewals any more (or no watch on them): release now.
+                self._log_death(dead)
+                break
+            if self.book:
+                self.waker.wait(min(self.poll, max(deadline - time.monotonic(), 0.0)))
+        self._settle()
+        unfinished = self._tell_to_stop()
+        self._settle_before_exit()
+        self._call_until_done(
+            "mark stopped",
+            lambda: self.WorkerProcess.objects.using(self.database).stopped(self.worker_id),
+        )
+        self._release_all(unfinished)
+        logger.info(
+            "Worker stopped worker=%s",
+            self.worker_id,
+            extra={"event": "stopped", "worker": self.worker_id},
+        )
+        return 0 if dead is None else 1
+
+    def _log_death(self, thread: VitalThread) -> None:
+        consequence = (
+            "its claims are no longer renewed"
+            if thread is self.heartbeat
+            else "lost leases are no longer noticed"
+        )
+        logger.error(
+            "The %s thread died worker=%s: %s; claiming nothing more, releasing %d "
+            "claim(s) and exiting with status 1",
+            thread.role,
+            self.worker_id,
+            consequence,
+            len(self.book),
+            extra={"event": "thread_died", "worker": self.worker_id, "role": thread.role},
+        )
+
+    def _tell_to_stop(self) -> list[Claim]:
+        """Tell the unfinished handlers their claims are going, as a lost claim does
+        (LeaseLost, cancellation of async handlers), and wait a moment for them to return;
+        in process isolation their children are killed at once. Return those claims.
+        A claim whose handler already came back keeps its outcome, to be written: a job
+        that succeeded must not be released to run again."""
+        while True:
+            try:
+                self._unsent.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        produced = {id(c) for c, _ in self._unsent}
+        # A handler that acknowledged its job itself and runs on is told too; its job
+        # is done, not released (_release_all).
+        claims = [
+            c
+            for c in self.book.all()
+            if id(c) not in produced and (c.begin_release() or c.stop_acked())
+        ]
+        if not claims:
+            return []
+        notice = 3 * KILL_GRACE_SECONDS if self.isolation == "process" else RELEASE_NOTICE_SECONDS
+        deadline = time.monotonic() + notice
+        for claim in claims:
+            claim.exited.wait(max(deadline - time.monotonic(), 0.0))
+        # A job its handler acknowledged is done whatever the handler does now: not released,
+        # so not named here.
+        running = [c.pk for c in claims if not c.exited.is_set() and not c.acked]
+        if running:
+            logger.warning(
+                "Handlers of jobs %s still running worker=%s; releasing them anyway: "
+                "they end with this process",
+                ",".join(map(str, running)),
+                self.worker_id,
+                extra={"event": "handlers_running", "worker": self.worker_id, "jobs": running},
+            )
+        return claims
+
+    def _settle_before_exit(self, tries: int = 5) -> None:
+        """Write the outcomes the handlers came back with, retried through database trouble
+        as a release is; one never sent leaves its job claimed until the lease ends."""
+        for _ in range(tries):
+            self._settle()
+            if not self._unsent or self.stop_request.hurry:
+                break
+        for claim, _ in self._unsent:
+            self.book.forget(claim)
+            logger.error(
+                "Could not write the outcome of job=%s fence=%s worker=%s: the database is "
+                "unreachable; the job is claimable again when its lease ends",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                extra=claim_fields(claim.job, self.worker_id, "outcome_unsent"),
+            )
+        self._unsent = []
+
+    def _release_all(self, claims: list[Claim]) -> None:
+        for claim in claims:
+            if claim.acked:
+                continue  # its handler acknowledged it meanwhile, in fenced(ack=True)
+            if self._call_until_done("release", lambda c=claim: self._release(c)) is None:
+                self.book.forget(claim)
+                logger.error(
+                    "Could not release job=%s fence=%s worker=%s: the database is "
+                    "unreachable; the job is claimable again when its lease ends",
+                    claim.pk,
+                    claim.job.fence,
+                    self.worker_id,
+                    extra=claim_fields(claim.job, self.worker_id, "release_failed"),
+                )
+
+    def _call_until_done(self, what: str, call: Any, tries: int = 5) -> Any:
+        """Retry ``call`` through database trouble a few times; None if it never went."""
+        for _ in range(tries):
+            try:
+                return call()
+            except DB_ERRORS as e:
+                if refused_by_database(e):
+                    logger.error(
+                        "The database refused %s worker=%s error=%s",
+                        what,
+                        self.worker_id,
+                        first_line(e),
+                        extra={
+                            "event": "db_refused",
+                            "worker": self.worker_id,
+                            "error": first_line(e),
+                        },
+                    )
+                    return None
+                self._db_trouble(what, e, wait=not self.stop_request.hurry)
+        return None
