@@ -1,6 +1,7 @@
 """The job record, its failure history and the worker processes that hold leases.
 
-Models know nothing of workers: every transition is a JobQuerySet verb (query.py).
+Models know nothing of workers: every transition is a JobQuerySet verb (query.py and
+the mixins it is composed from).
 """
 
 from __future__ import annotations

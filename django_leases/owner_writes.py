@@ -3,7 +3,8 @@
 Each is an UPDATE filtered on id, claim token and state; its rowcount is the answer (1:
 still the owner, 0: the claim is lost, and nothing is written). On PostgreSQL the renewal
 of every held claim and a batch of acks are single UPDATE ... RETURNING statements beside
-the portable ORM verb whose predicates they must agree with, and the acks of the handlers
+the portable ORM verb whose predicates they must agree with (one round trip for many
+claims), and the acks of the handlers
 that just finished ride with the worker's next woken claim (``ack_and_claim_rows()``).
 """
 

@@ -29,7 +29,7 @@ from .states import JobState
 if TYPE_CHECKING:
     from .models import Job
 
-__all__ = ["ClaimRef", "ClaimedJob", "JobQuerySet"]
+__all__ = ["ClaimRef", "ClaimedJob", "EnqueueOptions", "JobQuerySet"]
 
 
 class JobQuerySet(OperatorVerbs, PruneVerbs, OwnerVerbs, models.QuerySet["Job"]):

@@ -121,3 +121,32 @@ def test_a_callable_with_no_signature_to_read_is_left_to_the_call():
     """max has no signature inspect can read: no refusal ahead of the call, which decides."""
     assert fits.signature_of(max) is None
     assert fits.misfit(max, False, [], {"nonsense": 1}) is None
+
+
+class Unhashable:
+    """A callable that cannot be a key (``__hash__ = None``, as a class defining ``__eq__``
+    alone has): a project's handler object, say."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other):
+        return self is other
+
+    def __call__(self, a, b=2, *, c):
+        return a
+
+
+def test_an_unhashable_callable_is_answered_every_time_and_never_kept():
+    """(6) A callable that cannot be a key of fits' tables is bound at each call, as bind
+    answers it, whatever the shape; nothing of it is kept (the lookups' TypeError is
+    caught, not raised to the caller)."""
+    handler = Unhashable()
+    for table in (fits._signatures, fits._keywords, fits._shapes):
+        table.clear()
+    calls = [([1], {"c": 3}), ([], {"c": 3}), ([1, 2, 3], {"c": 3}), ([1], {"x": 1, "c": 3})]
+    for args, kwargs in calls * 2:
+        assert fits.misfit(handler, False, args, kwargs) == bind_says(handler, False, args, kwargs)
+        assert fits.misfit(handler, True, args, kwargs) == bind_says(handler, True, args, kwargs)
+    assert fits.misfit(handler, False, [], {"c": 3}) is not None  # the check can refuse
+    assert str(fits.signature_of(handler)) == "(a, b=2, *, c)"
+    assert (fits._signatures, fits._keywords, fits._shapes) == ({}, {}, {})

@@ -37,7 +37,7 @@ SETTLED = "settled"
 
 
 class Kind(enum.Enum):
-    """What became of a handler, and so which write its job gets (loop.py's outbox)."""
+    """What became of a handler, and so which write its job gets (settling.py's outbox)."""
 
     OK = "ok"  # returned: ack with the result
     ACKED = "acked"  # acknowledged itself in fenced(ack=True): nothing left to write
@@ -108,7 +108,7 @@ class Claim:
         # Set by the executor: the child process, in process isolation.
         self.process: Any = None
         # Times this claim's ack or fail failed over a connection that still answered
-        # (loop.py: enough of them and the write counts as refused, not as an outage).
+        # (settling.py: enough of them and the write counts as refused, not as an outage).
         self.write_strikes = 0
         self.exited = threading.Event()
         # Its outcome said the handler acknowledged the job (in process isolation the

@@ -4,7 +4,7 @@ An owner's write that fails because the connection broke, the server went away o
 or statement timed out is an outage: the same statement goes again once the database
 answers. Any other database error (DataError, IntegrityError, ProgrammingError, ...) is the
 database refusing that statement, which no retry changes: the worker ends the attempt
-instead (loop.py), or it would retry a poison write forever.
+instead (settling.py), or it would retry a poison write forever.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def refused_by_database(error: BaseException) -> bool:
 
 def error_kind(error: BaseException) -> str | None:
     """ "outage" or "refusal" as the driver's error code under ``error`` tells; None for a
-    code not known here (loop.py then counts strikes)."""
+    code not known here (settling.py then counts strikes)."""
     cause = error.__cause__
     sqlstate = getattr(cause, "sqlstate", None)
     if isinstance(sqlstate, str):

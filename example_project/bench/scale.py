@@ -353,7 +353,7 @@ def machine_busy() -> tuple[float, float]:
     return t.user + t.system + t.nice + getattr(t, "softirq", 0) + getattr(t, "irq", 0), t.iowait
 
 
-# How each owner's statement of query.py starts or what it alone says (a regex), to find it
+# How each owner's statement (claiming.py, owner_writes.py) starts or what it alone says (a regex), to find it
 # in pg_stat_statements, whose text keeps the layout but not the constants.
 STATEMENTS = {
     "claim": r"^\s*WITH due AS",
@@ -540,7 +540,7 @@ def curve_table(result: dict) -> str:
 
 
 def claim_plan(db: str) -> dict:
-    """The plan of the claim statement claim() sends (rendered by query.py), and its
+    """The plan of the claim statement claim() sends (rendered by claiming.py), and its
     EXPLAIN ANALYZE in a transaction that is rolled back."""
     out = subprocess.run(
         [sys.executable, str(Path(__file__)), "plan"],
