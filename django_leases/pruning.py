@@ -6,8 +6,9 @@ failures and effects are deleted, a schedule run record is unlinked, a schedule'
 kept (prune never writes to a schedule row). A project's own models, by their ``on_delete``:
 
 - ``PROTECT``, ``RESTRICT`` (even where Django would let a cascade through), and
-  ``DO_NOTHING`` under a foreign key constraint, on a job or on its failures and effects:
-  the job is kept (and left out of ``prunable()``) until nothing of the kind points at it;
+  ``DO_NOTHING`` under a foreign key constraint, on a job, on its failures and effects, or
+  on the row of a project's subclass of Job: the job is kept (and left out of
+  ``prunable()``) until nothing of the kind points at it;
 - ``CASCADE``, ``SET_NULL``, ``SET_DEFAULT``, ``SET(...)``, on a job or on its failures and
   effects: those jobs go in batches of their own, where Django's collector applies the
   ``on_delete`` to the project's rows (their signals sent; none for the jobs, as ever). A job
@@ -31,7 +32,7 @@ a job it cannot delete.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.apps import apps
 from django.db import IntegrityError, connections, models, router, transaction
@@ -285,7 +286,7 @@ class PruneVerbs(_VerbsBase):
             job = self.model._meta.concrete_model or self.model
             collector = _ProjectRowsCollector(job, using=db, origin=None)
             # The project's rows on the history are reached through the history's.
-            direct = [rel for via, rel in self._project_references(db)[0] if via is None]
+            direct = [rel for hop, rel in self._project_references(db)[0] if hop is None]
             for rel in direct + histories:
                 linked = rel.related_model._base_manager.using(db).filter(
                     **{f"{rel.field.name}__in": doomed}
@@ -358,45 +359,47 @@ class PruneVerbs(_VerbsBase):
     def _pointing_sql(self, db: str) -> list[str]:
         """The same as _pointed_at_by_projects(), as SQL for a job aliased ``j``."""
         quote = connections[db].ops.quote_name
+        job_id = quote(str(self.model._meta.pk.column))  # a subclass row's key holds it
         followed, keeping = self._project_references(db)
         sql = []
-        for via, rel in followed + keeping:
+        for hop, rel in followed + keeping:
             pointer = quote(rel.related_model._meta.db_table)
             column = f"r.{quote(rel.field.column)}"
-            if via is None:
+            if hop is None:
                 target = f"j.{quote(rel.field.target_field.column)}"
                 sql.append(f"SELECT 1 FROM {pointer} r WHERE {column} = {target}")
             else:
-                history = quote(via.related_model._meta.db_table)
+                between = quote(hop.model._meta.db_table)
                 sql.append(
-                    f"SELECT 1 FROM {history} h JOIN {pointer} r"
+                    f"SELECT 1 FROM {between} h JOIN {pointer} r"
                     f" ON {column} = h.{quote(rel.field.target_field.column)}"
-                    f" WHERE h.{quote(via.field.column)} = j.{quote(via.field.target_field.column)}"
+                    f" WHERE h.{quote(hop.key.column)} = j.{job_id}"
                 )
         return sql
 
     def _project_references(self, db: str) -> tuple[list[Any], list[Any]]:
-        """Other apps' relations pointing at a job, or at its failures and effects (rows
-        this app deletes with it), each as (None or this app's relation to that history,
-        theirs), from models the routers place on ``db``: (those the collector follows,
-        those that keep their jobs). Relations the database follows itself, or that
-        nothing holds to, are in neither."""
+        """Other apps' relations pointing at a job, at its failures and effects (rows this
+        app deletes with it), or at a project's subclass of Job, each as (None or the
+        _Hop between the job and the model pointed at, the relation), from models the
+        routers place on ``db``: (those the collector follows, those that keep their
+        jobs). Relations the database follows itself, or that nothing holds to, are in
+        neither; so are a subclass's relations to follow, which the collector reaches
+        through the subclass's own link to its job."""
         followed: list[Any] = []
         keeping: list[Any] = []
+        # A proxy's relations are its concrete model's.
+        job = self.model._meta.concrete_model or self.model
         histories = [r for r in self._own_references() if r.on_delete is models.CASCADE]
-        job = (
-            self.model._meta.concrete_model or self.model
-        )  # a proxy's relations are its concrete model's
-        for via in [None, *histories]:
-            for rel in _project_relations(job if via is None else via.related_model, db):
-                if rel.on_delete in _KEEPING or (
-                    rel.on_delete is models.DO_NOTHING
-                    and rel.field.db_constraint
-                    and _made_here(db, rel.related_model)  # so its constraint too
-                ):
-                    keeping.append((via, rel))
+        for hop in [None, *(_Hop(r.related_model, r.field) for r in histories)]:
+            for rel in _project_relations(job if hop is None else hop.model, db):
+                if _keeps(rel, db):
+                    keeping.append((hop, rel))
                 elif _to_follow(rel):
-                    followed.append((via, rel))
+                    followed.append((hop, rel))
+        for sub in _subclasses(job, db):
+            for rel in _project_relations(sub, db, own=job._meta.app_label):
+                if _keeps(rel, db):
+                    keeping.append((_Hop(sub, sub._meta.pk), rel))
         return followed, keeping
 
     def _schedules(self) -> Any:
@@ -498,20 +501,46 @@ class PruneVerbs(_VerbsBase):
         return n, last
 
 
-def _project_relations(model: Any, db: str) -> list[Any]:
-    """Other apps' foreign keys and one-to-one fields pointing at ``model`` (hidden ones and
-    many-to-many tables included) from models the routers place on ``db``; not a
-    ForeignObject, which has no column of its own."""
-    meta = model._meta
+def _project_relations(model: Any, db: str, own: str | None = None) -> list[Any]:
+    """Foreign keys and one-to-one fields pointing at ``model`` (hidden ones and
+    many-to-many tables included) from models of apps other than ``own`` (by default,
+    ``model``'s) that the routers place on ``db``; not a ForeignObject, which has no
+    column of its own."""
+    own = own or model._meta.app_label
     return [
         rel
-        for rel in meta.get_fields(include_hidden=True)
+        # Not those to a parent (a subclass of Job would repeat the job's).
+        for rel in model._meta.get_fields(include_parents=False, include_hidden=True)
         if isinstance(rel, models.ForeignObjectRel)
         and (rel.one_to_many or rel.one_to_one)
-        and rel.related_model._meta.app_label != meta.app_label
+        and rel.related_model._meta.app_label != own
         and isinstance(rel.field, models.ForeignKey)
         and router.allow_migrate_model(db, rel.related_model)
     ]
+
+
+def _subclasses(model: Any, db: str) -> list[Any]:
+    """A project's subclasses of ``model`` by multi-table inheritance, and theirs, that
+    the routers place on ``db``: each row's primary key is its job's."""
+    found = []
+    for rel in model._meta.get_fields(include_parents=False, include_hidden=True):
+        if (
+            isinstance(rel, models.OneToOneRel)
+            and rel.parent_link
+            and router.allow_migrate_model(db, rel.related_model)
+        ):
+            found += [rel.related_model, *_subclasses(rel.related_model, db)]
+    return found
+
+
+def _keeps(rel: Any, db: str) -> bool:
+    """Whether ``rel`` keeps the row it points at: PROTECT, RESTRICT, or DO_NOTHING under
+    a foreign key constraint Django made (not from an unmanaged model such as a view)."""
+    return rel.on_delete in _KEEPING or (
+        rel.on_delete is models.DO_NOTHING
+        and rel.field.db_constraint
+        and _made_here(db, rel.related_model)
+    )
 
 
 def _made_here(db: str, model: Any) -> bool:
@@ -528,6 +557,15 @@ def _to_follow(rel: Any) -> bool:
         and rel.on_delete is not models.DO_NOTHING
         and not isinstance(rel.on_delete, _DATABASE_ON_DELETE)
     )
+
+
+class _Hop(NamedTuple):
+    """A table between a job and a project's row pointing at it: one of this app's
+    histories (failures, effects) or a project's subclass of Job; ``key`` is its field
+    holding the job's id."""
+
+    model: Any
+    key: Any
 
 
 class _ProjectRowsCollector(Collector):
@@ -621,15 +659,15 @@ def _with_database_cascades(gone: set[Any]) -> set[Any]:
 
 def _pointed_at(db: str, references: list[tuple[Any, Any]]) -> Q:
     """The jobs the rows of ``references`` point at, as a condition (empty: none); a
-    reference is (None, a relation to the job) or (this app's relation to the job's
-    history, a relation to that history)."""
+    reference is (None, a relation to the job) or (a _Hop, a relation to the hop's
+    model)."""
     condition = Q()
-    for via, rel in references:
+    for hop, rel in references:
         name = rel.field.name
         rows = rel.related_model._base_manager.using(db).filter(**{f"{name}__isnull": False})
         pointed = Q(**{f"{rel.field_name}__in": rows.values(name)})
-        if via is not None:
-            history = via.related_model._base_manager.using(db).filter(pointed)
-            pointed = Q(**{f"{via.field_name}__in": history.values(via.field.name)})
+        if hop is not None:
+            between = hop.model._base_manager.using(db).filter(pointed)
+            pointed = Q(pk__in=between.values(hop.key.name))
         condition |= pointed
     return condition

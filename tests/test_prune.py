@@ -25,12 +25,14 @@ from django_leases.states import FailureKind, JobState
 from tests.reportapp.models import (
     Approval,
     Audit,
+    BillingHold,
     BillingJob,
     FailureAudit,
     FailureNote,
     FailureTicket,
     Invoice,
     JobDigest,
+    PriorityAudit,
     PriorityBillingJob,
     ProjectJob,
     Report,
@@ -466,3 +468,38 @@ def test_prune_through_a_proxy_and_of_a_projects_subclasses_of_job():
     assert list(BillingJob.objects.values_list("customer", flat=True)) == ["young"]
     assert not PriorityBillingJob.objects.exists()
     assert not Report.objects.exists() and not JobFailure.objects.exists()
+
+
+def test_prune_keeps_a_job_whose_subclass_row_a_projects_model_holds():
+    """Invariant 3: a project's model that protects the row of its subclass of Job
+    (PROTECT on BillingJob), or points under a constraint at the row of a subclass of
+    that (DO_NOTHING on PriorityBillingJob), keeps the job as one pointing at Job does:
+    left out of prunable() (counted before, and tried again at every run), never sent to
+    a DELETE (before, the collector's DELETE of the subclass row was sent, and refused by
+    the database). Once nothing holds them, both go with their subclass rows."""
+    billed = BillingJob.objects.create(task_path=TASK, args=[1, 2], customer="acme")
+    urgent = PriorityBillingJob.objects.create(task_path=TASK, args=[1, 2], customer="vip")
+    Job.objects.filter(pk__in=[billed.pk, urgent.pk]).update(
+        state=JobState.SUCCEEDED, finished_at=Now() - timedelta(days=21)
+    )
+    keepers = [
+        BillingHold.objects.create(billing=billed),
+        PriorityAudit.objects.create(billing=urgent),
+    ]
+    assert not Job.objects.all().prunable(14).exists()
+
+    with CaptureQueriesContext(connection) as sent:
+        assert Job.objects.all().prune(14) == 0
+    changes = [q["sql"] for q in sent.captured_queries if q["sql"].startswith(("DELETE", "UPDATE"))]
+    assert changes == []
+    assert set(PriorityBillingJob.objects.values_list("pk", flat=True)) == {urgent.pk}
+    assert set(BillingJob.objects.values_list("pk", flat=True)) == {billed.pk, urgent.pk}
+
+    for keeper in keepers:
+        keeper.delete()
+    assert set(Job.objects.all().prunable(14).values_list("pk", flat=True)) == {
+        billed.pk,
+        urgent.pk,
+    }
+    assert Job.objects.all().prune(14) == 2
+    assert not Job.objects.exists() and not BillingJob.objects.exists()

@@ -118,3 +118,17 @@ class PriorityBillingJob(BillingJob):
     """A subclass of the project's subclass of Job: its rows go with their jobs too."""
 
     level = models.PositiveSmallIntegerField(default=1)
+
+
+class BillingHold(models.Model):
+    """Protects a project's subclass of Job (PROTECT on BillingJob): the job under it is
+    kept, and left out of prunable()."""
+
+    billing = models.ForeignKey(BillingJob, on_delete=models.PROTECT, related_name="+")
+
+
+class PriorityAudit(models.Model):
+    """Points at a subclass of a subclass of Job with DO_NOTHING under a constraint: the
+    database would refuse its row's delete, so the job is kept."""
+
+    billing = models.ForeignKey(PriorityBillingJob, on_delete=models.DO_NOTHING, related_name="+")
