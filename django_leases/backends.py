@@ -13,14 +13,8 @@ from django.tasks.signals import task_enqueued
 
 from . import conf, registry
 from .conf import LeaseOptions
-from .enqueue import (
-    EnqueueOptions,
-    JobFields,
-    check_task_options,
-    checked_arguments,
-    insert_job_row,
-    insert_job_rows,
-)
+from .enqueue import insert_job_row, insert_job_rows
+from .enqueue_options import EnqueueOptions, JobFields, check_task_options, checked_arguments
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
 from .fits import misfit, signature_of
 from .states import FailureKind, JobState, LeaseLostPolicy

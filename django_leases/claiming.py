@@ -27,8 +27,7 @@ from django.db.models.functions import Now
 
 from . import conf
 from .deadlocks import retry_deadlock_victims
-from .enqueue import on_postgresql
-from .lease_statements import checked_lease, lease_end_by_job, pg_answer, pg_sql
+from .lease_statements import checked_lease, lease_end_by_job, on_postgresql, pg_answer, pg_sql
 from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
 
 if TYPE_CHECKING:

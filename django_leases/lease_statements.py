@@ -1,6 +1,7 @@
 """What the claim and the owner's writes are built from: the lease a caller may ask for,
 the lease's end on the database clock, and PostgreSQL's statement templates rendered for a
-model's tables and run.
+model's tables and run; with enqueue's, the vendor test, JSON parameters and a time on the
+database clock.
 
 Every timestamp written comes from the database clock (``Now()``, or
 ``statement_timestamp()``, what Now() compiles to on PostgreSQL); no datetime computed in
@@ -10,6 +11,7 @@ Python is ever compared with a lease.
 from __future__ import annotations
 
 import functools
+import json
 import uuid
 from collections.abc import Iterable
 from datetime import timedelta
@@ -17,11 +19,26 @@ from typing import Any, Protocol
 
 from django.apps import apps
 from django.db import connections
-from django.db.models import Case, When
+from django.db.models import Case, Value, When
+from django.db.models.functions import Now
 
 from . import conf
-from .enqueue import after_now
 from .states import FailureKind, JobState, LeaseLostPolicy
+
+
+def on_postgresql(db: str) -> bool:
+    """Whether ``db`` takes the single-statement PostgreSQL paths."""
+    return connections[db].vendor == "postgresql"
+
+
+def json_param(value: Any) -> str | None:
+    """``value`` as the JSON text a ``::jsonb`` parameter takes (None stays NULL)."""
+    return None if value is None else json.dumps(value)
+
+
+def after_now(interval: timedelta) -> Any:
+    """Now() + ``interval``: a time on the database clock."""
+    return Now() + Value(interval)
 
 
 class ClaimRef(Protocol):

@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from .conf import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
-from .enqueue import TASK_PATH_LENGTH
+from .enqueue_options import TASK_PATH_LENGTH
 from .query import JobQuerySet
 from .schedule_query import RunKind, ScheduleQuerySet, ScheduleRunQuerySet
 from .schedules import NAME_LENGTH as SCHEDULE_NAME_LENGTH

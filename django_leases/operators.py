@@ -19,7 +19,8 @@ from django.db.models.functions import Now
 
 from . import conf
 from .deadlocks import retry_deadlock_victims
-from .enqueue import after_now, checked_seconds
+from .enqueue_options import checked_seconds
+from .lease_statements import after_now
 from .states import ACTIVE_STATES, DeadReason, JobState
 
 if TYPE_CHECKING:

@@ -21,13 +21,14 @@ from django.db.models.functions import Now
 from . import conf
 from .claiming import _DUE_CLAIM_CTES, _ROW_RETURNING, ClaimedJob, ClaimVerbs, _claimed_rows
 from .deadlocks import retry_deadlock_victims
-from .enqueue import json_param, on_postgresql
 from .jsonsafe import ensure_json
 from .lease_statements import (
     ClaimRef,
     checked_lease,
+    json_param,
     lease_end,
     lease_end_by_job,
+    on_postgresql,
     pg_answer,
     pg_ids,
     pg_sql,

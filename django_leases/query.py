@@ -19,7 +19,8 @@ from django.db.models import Case, Q, Value, When
 from django.db.models.functions import Now
 
 from .claiming import ClaimedJob
-from .enqueue import EnqueueOptions, check_queue, checked_arguments, insert_job, insert_jobs
+from .enqueue import insert_job, insert_jobs
+from .enqueue_options import EnqueueOptions, check_queue, checked_arguments
 from .lease_statements import ClaimRef
 from .operators import OperatorVerbs
 from .owner_writes import OwnerVerbs

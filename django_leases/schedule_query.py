@@ -20,7 +20,8 @@ from django.db import connections, models, router, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Now
 
-from .enqueue import JobFields, insert_job
+from .enqueue import insert_job
+from .enqueue_options import JobFields
 from .exceptions import DuplicateJob, InvalidSchedule
 from .schedules import Periodic, ScheduleSpec, first_tick, plan
 from .states import ACTIVE_STATES

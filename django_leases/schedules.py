@@ -185,7 +185,7 @@ def check_periodic(p: Periodic) -> None:
         _fail("args", f"must be a list, got {shown(p.args)}")
     if not isinstance(p.kwargs, Mapping):
         _fail("kwargs", f"must be a dict, got {shown(p.kwargs)}")
-    from .enqueue import checked_arguments
+    from .enqueue_options import checked_arguments
 
     try:
         checked_arguments(list(p.args), dict(p.kwargs))

@@ -26,6 +26,7 @@ DATA = {
     "django_leases.operators",
     "django_leases.pruning",
     "django_leases.enqueue",
+    "django_leases.enqueue_options",
     "django_leases.worker_registry",
     "django_leases.states",
     "django_leases.conf",
@@ -197,6 +198,7 @@ def test_enqueue_and_operators_stand_below_query():
     on the claim, which never imports them."""
     for module in (
         "django_leases.enqueue",
+        "django_leases.enqueue_options",
         "django_leases.claiming",
         "django_leases.owner_writes",
         "django_leases.lease_statements",
@@ -208,6 +210,11 @@ def test_enqueue_and_operators_stand_below_query():
     assert "django_leases.owner_writes" not in GRAPH["django_leases.claiming"]
     assert "django_leases.claiming" in GRAPH["django_leases.owner_writes"]
     assert "django_leases.models" not in GRAPH["django_leases.enqueue"]
+    assert "django_leases.models" not in GRAPH["django_leases.enqueue_options"]
+    # Checking options writes nothing: the insert paths build on the checks, never the
+    # reverse.
+    assert "django_leases.enqueue" not in GRAPH["django_leases.enqueue_options"]
+    assert "django_leases.enqueue_options" in GRAPH["django_leases.enqueue"]
 
 
 def test_every_module_is_on_the_layout_page():

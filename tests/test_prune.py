@@ -17,7 +17,7 @@ from django.db.models.functions import Now
 from django.db.models.signals import post_delete
 from django.test.utils import CaptureQueriesContext, override_settings
 
-from django_leases.enqueue import EnqueueOptions
+from django_leases.enqueue_options import EnqueueOptions
 from django_leases.models import Job, JobEffect, JobFailure, Schedule, ScheduleRun
 from django_leases.schedule_query import RunKind
 from django_leases.schedules import Periodic, ScheduleSpec

@@ -191,7 +191,7 @@ def test_the_postgresql_insert_writes_the_row_the_orm_writes(options):
 @pytest.mark.parametrize("options", [o for o in OPTIONS if "unique_key" not in o])
 def test_the_postgresql_bulk_insert_writes_the_rows_bulk_create_writes(options):
     fields = inserts.EnqueueOptions(**options).check(TASK)
-    calls = inserts._checked_calls([([i, *ARGS], {**KWARGS, "i": i}) for i in range(5)])
+    calls = inserts.checked_calls([([i, *ARGS], {**KWARGS, "i": i}) for i in range(5)])
 
     def rows_of(jobs):
         return [stored(j.pk, options) for j in jobs]

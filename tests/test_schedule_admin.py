@@ -10,7 +10,7 @@ import pytest
 from django.db.models import F
 from django.db.models.functions import Now
 
-from django_leases.enqueue import EnqueueOptions
+from django_leases.enqueue_options import EnqueueOptions
 from django_leases.models import Job, Schedule, ScheduleRun
 from django_leases.schedules import Periodic, ScheduleSpec
 

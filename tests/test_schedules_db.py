@@ -12,7 +12,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.test import override_settings
 
-from django_leases.enqueue import EnqueueOptions
+from django_leases.enqueue_options import EnqueueOptions
 from django_leases.models import Job, Schedule, ScheduleRun
 from django_leases.schedules import Periodic, ScheduleSpec, declared_schedules
 from django_leases.states import JobState

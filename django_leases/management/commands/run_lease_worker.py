@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf
-from ...enqueue import checked_text
+from ...enqueue_options import checked_text
 from ...exceptions import InvalidLeaseOption
 
 
