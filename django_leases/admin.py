@@ -1,9 +1,10 @@
 """The admin: claimed, expired and stalled jobs at a glance, and safe actions on them.
 
-Pages only read. Every change an operator asks for goes through a JobQuerySet verb, a
-conditional UPDATE (or DELETE) whose rowcount is reported back, so the message says what
-really changed, not what was asked for. Ages and countdowns are differences between two
-database-clock values (``db_now`` is annotated as Now()), never the web server's clock.
+Pages only read. Every change an operator asks for goes through a JobQuerySet verb
+(admin_actions.py), whose rowcount is reported back. What the job list shows and filters
+by is in admin_lists.py; the workers page in worker_admin.py, the schedules page in
+schedule_admin.py, both registered by importing them here. Ages and countdowns are
+differences between two database-clock values, never the web server's clock.
 """
 
 from __future__ import annotations
@@ -11,206 +12,43 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from django.contrib import admin, messages
-from django.contrib.admin.views.main import ChangeList
-from django.core.paginator import Paginator
-from django.db.models import F, QuerySet
+from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
 from django.urls import reverse
-from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.text import smart_split, unescape_string_literal
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
-from . import conf
+from .admin_actions import JobActions
+from .admin_lists import (
+    EMPTY,
+    LeaseAdminPaginator,
+    LeaseFilter,
+    QueueFilter,
+    TaskFilter,
+    age_seconds,
+    heartbeat_seconds,
+    lease_text,
+)
 from .durations import duration_text
 from .models import Job, WorkerProcess
 from .schedule_admin import ScheduleAdmin, made_by
 from .states import JobState
+from .worker_admin import WorkerProcessAdmin
 
 if TYPE_CHECKING:
-    from typing import TypedDict
-
-    from django.utils.functional import _StrOrPromise
-    from django_stubs_ext import WithAnnotations
-
+    from .admin_lists import ListedJob
     from .query import JobQuerySet
-    from .worker_registry import WorkerQuerySet
 
-    class _LeaseStatus(TypedDict):
-        """What JobQuerySet.with_lease_status() annotates."""
-
-        db_now: datetime
-        lease_status: str | None
-
-    class _WorkerStatus(TypedDict):
-        """What WorkerQuerySet.with_status() annotates."""
-
-        db_now: datetime
-        looks_gone: bool
-
-    # The rows the admin's lists show (get_queryset annotates them).
-    ListedJob = WithAnnotations[Job, _LeaseStatus]
-    ListedWorker = WithAnnotations[WorkerProcess, _WorkerStatus]
-
-    # Generic in django-stubs, plain classes at run time.
-    _JobPaginatorBase = Paginator[Job]
+    # Generic in django-stubs, a plain class at run time.
     _JobAdminBase = admin.ModelAdmin[Job]
-    _WorkerAdminBase = admin.ModelAdmin[WorkerProcess]
 else:
-    _JobPaginatorBase = Paginator
-    _JobAdminBase = _WorkerAdminBase = admin.ModelAdmin
-
-EMPTY = "—"
-
-
-def heartbeat_seconds() -> float:
-    """The renewal period of the first lease backend: "stalled" means two of them missed."""
-    return conf.get_options().heartbeat_seconds
-
-
-def _age(now: datetime, then: datetime | None) -> float | None:
-    return None if then is None else (now - then).total_seconds()
-
-
-def lease_text(job: ListedJob, period: float) -> str:
-    """Say where the claim stands: "expires in 42 s", "expired 3 min ago", "stalled: …"."""
-    status = getattr(job, "lease_status", None)
-    if status is None or job.lease_expires_at is None:
-        return EMPTY
-    now = job.db_now
-    if status == "expired":
-        return f"expired {duration_text(_age(now, job.lease_expires_at) or 0)} ago"
-    remaining = duration_text((job.lease_expires_at - now).total_seconds())
-    if status == "stalled":
-        silent = _age(now, job.heartbeat_at)
-        if silent is not None and silent > 2 * period:
-            return f"stalled: no heartbeat for {duration_text(silent)}"
-        return f"stalled: worker gone, expires in {remaining}"
-    return f"expires in {remaining}"
-
-
-class LeaseAdminPaginator(_JobPaginatorBase):
-    """Count exactly up to ``exact_limit`` rows and estimate beyond.
-
-    COUNT(*) over a million jobs costs more than the rest of the page together. A bounded
-    count is cheap (it stops at the limit), and past it the planner's estimate is good
-    enough to number pages; ``is_estimate`` lets the template say "about". An estimate
-    below what was just counted is known wrong (the planner misjudges columns that go
-    together, such as a claimed state and its lease, or a substring search): then the
-    count is ``exact_limit`` + 1 and ``is_lower_bound`` lets the template say "more than".
-    """
-
-    exact_limit = 10_000
-    is_estimate = False
-    is_lower_bound = False
-
-    @cached_property
-    def count(self) -> int:
-        qs = self.object_list
-        if not isinstance(qs, QuerySet):
-            return len(qs)
-        bounded = qs.order_by().values("pk")[: self.exact_limit + 1].count()
-        if bounded <= self.exact_limit:
-            return bounded
-        # The paginator of JobAdmin: its object_list is the admin's JobQuerySet.
-        estimate = cast("JobQuerySet", qs).estimated_count()
-        if estimate is None:
-            return qs.count()
-        if estimate < bounded:
-            self.is_lower_bound = True
-            return bounded
-        self.is_estimate = True
-        return estimate
-
-    def get_elided_page_range(
-        self, number: int | float | str = 1, *, on_each_side: int = 3, on_ends: int = 2
-    ) -> Iterator[str | int]:
-        """Past the bound, links only to the pages of the rows counted: a page an estimate
-        promises may not exist, and OFFSET reads every row it skips (3.5 s for page 100,000
-        of 5,100,000 jobs). A page typed in the address still opens."""
-        page = self.validate_number(number)
-        counted = Paginator(range(self.exact_limit + 1), self.per_page)
-        if (self.is_estimate or self.is_lower_bound) and page <= counted.num_pages:
-            return counted.get_elided_page_range(page, on_each_side=on_each_side, on_ends=on_ends)
-        return super().get_elided_page_range(page, on_each_side=on_each_side, on_ends=on_ends)
-
-
-class CensusFilter(admin.SimpleListFilter):
-    """Offer the values present in the table, read from the per-request census (one GROUP BY)
-    instead of a SELECT DISTINCT over every job."""
-
-    field = ""
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        values = {row[self.field] for row in model_admin.census(request)}
-        values.update(self.extra_values())
-        return [(v, v) for v in sorted(values)]
-
-    def extra_values(self) -> set[str]:
-        return set()
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        if self.value():
-            return queryset.filter(**{self.field: self.value()})
-        return None
-
-
-class QueueFilter(CensusFilter):
-    title = _("queue")
-    parameter_name = "queue"
-    field = "queue_name"
-
-    def extra_values(self) -> set[str]:
-        from django.conf import settings
-        from django.db import router
-
-        # Only backends whose jobs live where the admin reads them (DATABASE_ROUTERS).
-        database = router.db_for_read(Job)
-        queues: set[str] = set()
-        for alias in conf.lease_backend_aliases():
-            params = settings.TASKS[alias]
-            if (params.get("OPTIONS") or {}).get("DATABASE", "default") == database:
-                queues.update(params.get("QUEUES", []))
-        return queues
-
-
-class TaskFilter(CensusFilter):
-    title = _("task")
-    parameter_name = "task"
-    field = "task_path"
-
-
-class LeaseFilter(admin.SimpleListFilter):
-    """The lease predicates of query.py, on the database clock."""
-
-    title = _("lease")
-    parameter_name = "lease"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [
-            ("claimed", _("claimed (lease valid)")),
-            ("expired", _("expired (claimed, lease passed)")),
-            ("stalled", _("stalled (lease valid, renewals stopped or worker gone)")),
-        ]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        value = self.value()
-        jobs = cast("JobQuerySet", queryset)  # JobAdmin's own queryset
-        if value == "claimed":
-            return jobs.lease_valid()
-        if value == "expired":
-            return jobs.expired()
-        if value == "stalled":
-            return jobs.stalled_claims(heartbeat_seconds())
-        return None
+    _JobAdminBase = admin.ModelAdmin
 
 
 def _pretty_json(value: Any) -> str:
@@ -242,25 +80,10 @@ LEASE_FIELDS = (
 )
 
 
-# What an action can change; a job whose values differ afterwards is logged as changed.
-_WATCHED = ("state", "available_at", "lease_expires_at", "claim_token")
-
-
-def _watched(job: Job) -> tuple[Any, ...]:
-    return tuple(getattr(job, name) for name in _WATCHED)
-
-
-def after_count(selection: JobQuerySet, verb: str) -> int:
-    """Selected jobs a verb had to leave in place: for requeue, the dead or cancelled jobs
-    still dead or cancelled afterwards (their unique key is held by an active job)."""
-    if verb == "requeue":
-        return selection.filter(state__in=[JobState.DEAD, JobState.CANCELLED]).count()
-    return 0
-
-
 @admin.register(Job)
-class JobAdmin(_JobAdminBase):
-    """Jobs, read-only; operator actions call the conditional verbs of JobQuerySet."""
+class JobAdmin(JobActions, _JobAdminBase):
+    """Jobs, read-only; operator actions (JobActions) call the conditional verbs of
+    JobQuerySet."""
 
     list_display = [
         "id",
@@ -457,7 +280,7 @@ class JobAdmin(_JobAdminBase):
     def heartbeat_age(self, job: ListedJob) -> str:
         if job.state != JobState.CLAIMED or job.heartbeat_at is None:
             return EMPTY
-        return f"{duration_text(_age(job.db_now, job.heartbeat_at) or 0)} ago"
+        return f"{duration_text(age_seconds(job.db_now, job.heartbeat_at) or 0)} ago"
 
     @admin.display(description=_("due"))
     def due(self, job: ListedJob) -> str:
@@ -468,11 +291,11 @@ class JobAdmin(_JobAdminBase):
         wait = (job.available_at - job.db_now).total_seconds()
         return f"in {duration_text(wait)}" if wait > 0 else "now"
 
-    @admin.display(description=_("args"))
     @admin.display(description=_("made by schedule"))
     def made_by_schedule(self, job: Job) -> str:
         return made_by(job)
 
+    @admin.display(description=_("args"))
     def args_pretty(self, job: Job) -> str:
         return _pretty_json(job.args)
 
@@ -494,186 +317,6 @@ class JobAdmin(_JobAdminBase):
             "admin/django_leases/job/error_history.html",
             {"failures": list(job.failures.order_by("attempt", "id"))},
         )
-
-    # -- actions: each calls one verb, reports its rowcount and logs what changed --------
-
-    def _act(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[Job],
-        verb: Callable[[JobQuerySet], int],
-        done: str,
-        not_eligible: str,
-        *,
-        waiting: str = "",
-    ) -> None:
-        # Rebuild the selection without the list's annotations, so the verb's statement is
-        # the plain conditional UPDATE operators.py wrote.
-        selection = Job.objects.filter(pk__in=queryset.values("pk"))
-        before = {job.pk: job for job in selection.only("task_path", *_WATCHED)}
-        changed = verb(selection)
-        after = {job.pk: job for job in Job.objects.filter(pk__in=before).only(*_WATCHED)}
-        self._log(
-            request,
-            [
-                job
-                for pk, job in before.items()
-                if pk not in after or _watched(after[pk]) != _watched(job)
-            ],
-            done,
-            after,
-        )
-        total = len(before)
-        # Jobs the verb left alone for a reason of their own (a held unique key), counted
-        # apart from the ineligible ones.
-        held = after_count(selection, waiting) if waiting else 0
-        message = f"{changed} of {total} {done}"
-        skipped = total - changed - held
-        if skipped > 0:
-            message += "; " + ngettext("%(n)d was %(why)s", "%(n)d were %(why)s", skipped) % {
-                "n": skipped,
-                "why": not_eligible,
-            }
-        if held > 0:
-            message += "; " + ngettext(
-                "%(n)d stays: another active job holds its unique key",
-                "%(n)d stay: other active jobs hold their unique keys",
-                held,
-            ) % {"n": held}
-        self.message_user(
-            request, message + ".", messages.SUCCESS if skipped + held <= 0 else messages.WARNING
-        )
-
-    def _log(
-        self, request: HttpRequest, changed: list[Job], done: str, after: dict[Any, Job]
-    ) -> None:
-        """One admin log entry per job the action changed (deletion for a purged one)."""
-        from django.contrib.admin.models import CHANGE, DELETION, LogEntry
-
-        for flag, jobs in (
-            (CHANGE, [j for j in changed if j.pk in after]),
-            (DELETION, [j for j in changed if j.pk not in after]),
-        ):
-            if jobs:
-                # single_object is known at run time only; django-stubs types it by literal.
-                LogEntry.objects.log_actions(  # type: ignore[call-overload]
-                    user_id=request.user.pk,
-                    queryset=jobs,
-                    action_flag=flag,
-                    change_message=f"{done.capitalize()} by the admin action.",
-                    single_object=len(jobs) == 1,
-                )
-
-    def _confirmation(
-        self, request: HttpRequest, queryset: QuerySet[Job], action: str, question: _StrOrPromise
-    ) -> Any:
-        """Django's delete_selected pattern: the first POST shows what the action would
-        touch and asks (this page); the second (post=yes) gets None and acts."""
-        from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-        from django.template.response import TemplateResponse
-
-        if request.POST.get("post") == "yes":
-            return None
-        jobs = list(Job.objects.filter(pk__in=queryset.values("pk")).order_by("-id")[:100])
-        return TemplateResponse(
-            request,
-            "admin/django_leases/job/action_confirmation.html",
-            {
-                **self.admin_site.each_context(request),
-                "opts": self.model._meta,
-                "title": _("Are you sure?"),
-                "question": question,
-                "action": action,
-                "jobs": jobs,
-                "total": queryset.count(),
-                "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
-                "action_checkbox_name": ACTION_CHECKBOX_NAME,
-                "select_across": request.POST.get("select_across", "0"),
-            },
-        )
-
-    @admin.action(
-        description=_("Retry now: make selected pending jobs due"), permissions=["change"]
-    )
-    def retry_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
-        self._act(request, queryset, lambda qs: qs.retry_now(), "made due now", "not pending")
-
-    @admin.action(description=_("Requeue selected dead or cancelled jobs"), permissions=["change"])
-    def requeue(self, request: HttpRequest, queryset: JobQuerySet) -> None:
-        self._act(
-            request,
-            queryset,
-            lambda qs: qs.requeue(),
-            "requeued",
-            "no longer dead or cancelled",
-            waiting="requeue",
-        )
-
-    @admin.action(description=_("Cancel selected pending or claimed jobs"), permissions=["change"])
-    def cancel(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
-        if asking := self._confirmation(
-            request,
-            queryset,
-            "cancel",
-            _(
-                "Cancel these jobs? A running handler is told to stop at its next renewal, "
-                "and its result is discarded."
-            ),
-        ):
-            return asking
-        self._act(
-            request, queryset, lambda qs: qs.cancel(), "cancelled", "no longer pending or claimed"
-        )
-        return None
-
-    @admin.action(
-        description=_("Expire selected stalled claims now (their worker is gone)"),
-        permissions=["change"],
-    )
-    def expire_stalled(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
-        if asking := self._confirmation(
-            request,
-            queryset,
-            "expire_stalled",
-            _(
-                "End these stalled leases now? Another worker may claim the jobs at once; if "
-                "their worker is in fact alive, both run them."
-            ),
-        ):
-            return asking
-        period = heartbeat_seconds()
-        self._act(
-            request,
-            queryset,
-            lambda qs: qs.expire_stalled_now(period),
-            "expired",
-            "not stalled claims",
-        )
-        return None
-
-    @admin.action(
-        description=_("Purge selected finished jobs (succeeded or cancelled)"),
-        permissions=["change"],
-    )
-    def purge_finished(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
-        if asking := self._confirmation(
-            request,
-            queryset,
-            "purge_finished",
-            _(
-                "Delete these finished jobs, their results and their failure history? "
-                "This cannot be undone."
-            ),
-        ):
-            return asking
-        self._act(
-            request,
-            queryset,
-            lambda qs: qs.purge_finished(),
-            "purged",
-            "not succeeded or cancelled",
-        )
-        return None
 
     # -- the lease advisor: manage.py lease_report as a page ---------------------------
 
@@ -737,93 +380,10 @@ def _days(value: str | None) -> float | None:
     return days if math.isfinite(days) and 0 < days <= 3650 else 7.0
 
 
-class WorkerChangeList(ChangeList):
-    """The workers of a page, each with the claims it holds (``claims``: held, expired),
-    counted for the whole page in one grouped statement."""
-
-    def get_results(self, request: HttpRequest) -> None:
-        super().get_results(request)
-        workers = list(self.result_list)  # evaluated here, the template reads the same rows
-        held = Job.objects.claims_per_worker(w.worker_id for w in workers)
-        for worker in workers:
-            # An attribute of the listed row, as an annotation would be.
-            worker.claims = held.get(worker.worker_id, (0, 0))
-
-
-@admin.register(WorkerProcess)
-class WorkerProcessAdmin(_WorkerAdminBase):
-    """Worker processes as they last reported themselves, with the claims they hold."""
-
-    list_display = [
-        "worker_id",
-        "hostname",
-        "pid",
-        "queue_list",
-        "started_at",
-        "last_seen",
-        "claims",
-        "status",
-    ]
-    search_fields = ["worker_id", "hostname"]
-    # Running workers first, then the most recently stopped.
-    ordering = [F("stopped_at").desc(nulls_first=True), "-last_seen_at"]
-    show_full_result_count = False
-    readonly_fields = [
-        "worker_id",
-        "hostname",
-        "pid",
-        "queues",
-        "started_at",
-        "last_seen_at",
-        "stopped_at",
-    ]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: WorkerProcess | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: WorkerProcess | None = None) -> bool:
-        return False
-
-    def get_queryset(self, request: HttpRequest) -> WorkerQuerySet:
-        # WorkerProcess's default manager is a WorkerQuerySet's.
-        return cast("WorkerQuerySet", super().get_queryset(request)).with_status(
-            heartbeat_seconds()
-        )
-
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[WorkerChangeList]:
-        return WorkerChangeList
-
-    @admin.display(description=_("queues"))
-    def queue_list(self, worker: WorkerProcess) -> str:
-        return ", ".join(map(str, worker.queues or [])) or EMPTY
-
-    @admin.display(description=_("last seen"), ordering="last_seen_at")
-    def last_seen(self, worker: ListedWorker) -> str:
-        return f"{duration_text(_age(worker.db_now, worker.last_seen_at) or 0)} ago"
-
-    @admin.display(description=_("claims held"))
-    def claims(self, worker: WorkerProcess) -> str:
-        held, expired = getattr(worker, "claims", (0, 0))  # set by WorkerChangeList
-        if not held:
-            return "0"
-        url = reverse("admin:django_leases_job_changelist")
-        query = urlencode({"claimed_by": worker.worker_id, "state__exact": JobState.CLAIMED})
-        label = f"{held} ({expired} expired)" if expired else str(held)
-        return format_html('<a href="{}?{}">{}</a>', url, query, label)
-
-    @admin.display(description=_("status"))
-    def status(self, worker: ListedWorker) -> str:
-        now = worker.db_now
-        if worker.stopped_at is not None:
-            text = f"gone: stopped {duration_text(_age(now, worker.stopped_at) or 0)} ago"
-        elif worker.looks_gone:
-            text = f"gone: not seen for {duration_text(_age(now, worker.last_seen_at) or 0)}"
-        else:
-            return format_html('<span class="leases-worker-alive">{}</span>', "alive")
-        return format_html('<span class="leases-worker-gone">{}</span>', text)
-
-
-__all__ = ["JobAdmin", "ScheduleAdmin", "WorkerProcessAdmin"]
+__all__ = [
+    "JobAdmin",
+    "LeaseAdminPaginator",
+    "ScheduleAdmin",
+    "WorkerProcessAdmin",
+    "heartbeat_seconds",
+]

@@ -20,7 +20,8 @@ from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_leases.admin import JobAdmin, LeaseAdminPaginator
+from django_leases.admin import JobAdmin
+from django_leases.admin_lists import LeaseAdminPaginator
 from django_leases.durations import duration_text
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
@@ -401,6 +402,25 @@ def test_detail_shows_pretty_json_error_history_and_timestamps(admin_client):
     assert "w1" in failures[0] and "w2" in failures[1] and "Lease expired" in failures[1]
     for label in ("Enqueued at", "First claimed at", "Last claimed at", "Finished at"):
         assert label in page
+
+
+def test_detail_labels_each_shown_value_with_its_own_name(admin_client):
+    """Invariant 6: what the page shows of a caller's arguments is labelled as such (the
+    schedule's link was labelled "Args" and the arguments "Args pretty" before)."""
+    job = Job.objects.enqueue(TASK, [1], {"b": 2})
+    page = admin_client.get(f"/admin/django_leases/job/{job.pk}/change/").content.decode()
+    labels = re.findall(r"<label>([^<]*):</label>", page)
+    for label in (
+        "Made by schedule",
+        "Args",
+        "Kwargs",
+        "Lease",
+        "Checkpoint cursor",
+        "Result",
+        "Failed attempts",
+    ):
+        assert labels.count(label) == 1, (label, labels)
+    assert not [label for label in labels if "pretty" in label.lower()], labels
 
 
 def test_detail_is_read_only_and_cannot_be_posted(admin_client):

@@ -53,6 +53,10 @@ STATEMENTS = {
 CALLERS = (
     "django_leases.worker",
     "django_leases.admin",
+    "django_leases.admin_lists",
+    "django_leases.admin_actions",
+    "django_leases.worker_admin",
+    "django_leases.schedule_admin",
     "django_leases.backends",
     "django_leases.management",
 )
@@ -178,8 +182,18 @@ def test_the_worker_speaks_to_the_database_only_through_the_manager(module):
     assert {t for t in imported if _under(t, ("django.db.models",))} == set()
 
 
-def test_the_admin_reads_models_and_calls_verbs():
-    imported = GRAPH["django_leases.admin"]
+ADMIN = (
+    "django_leases.admin",
+    "django_leases.admin_lists",
+    "django_leases.admin_actions",
+    "django_leases.worker_admin",
+    "django_leases.schedule_admin",
+)
+
+
+@pytest.mark.parametrize("module", ADMIN)
+def test_the_admin_reads_models_and_calls_verbs(module):
+    imported = GRAPH[module]
     assert {
         t
         for t in imported

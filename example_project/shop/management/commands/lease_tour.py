@@ -34,7 +34,7 @@ from django.db.models import Count, Q
 from django.db.models.functions import Now
 from django.test import Client
 
-from django_leases.admin import heartbeat_seconds
+from django_leases.admin_lists import heartbeat_seconds
 from django_leases.durations import duration_text
 from django_leases.models import Job, JobEffect, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState

@@ -1,0 +1,227 @@
+"""The job list's actions. Each calls one JobQuerySet verb, a conditional UPDATE (or
+DELETE) whose rowcount is reported back, so the message says what really changed, not
+what was asked for, and logs an entry for each job it changed; those that stop or delete
+a job ask first, as Django's delete_selected does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from .admin_lists import heartbeat_seconds
+from .models import Job
+from .states import JobState
+
+if TYPE_CHECKING:
+    from django.utils.functional import _StrOrPromise
+
+    from .query import JobQuerySet
+
+    # For the type checker the mixin is the ModelAdmin it is mixed into.
+    _JobAdminBase = admin.ModelAdmin[Job]
+else:
+    _JobAdminBase = object
+
+# What an action can change; a job whose values differ afterwards is logged as changed.
+_WATCHED = ("state", "available_at", "lease_expires_at", "claim_token")
+
+
+def _watched(job: Job) -> tuple[Any, ...]:
+    return tuple(getattr(job, name) for name in _WATCHED)
+
+
+def after_count(selection: JobQuerySet, verb: str) -> int:
+    """Selected jobs a verb had to leave in place: for requeue, the dead or cancelled jobs
+    still dead or cancelled afterwards (their unique key is held by an active job)."""
+    if verb == "requeue":
+        return selection.filter(state__in=[JobState.DEAD, JobState.CANCELLED]).count()
+    return 0
+
+
+class JobActions(_JobAdminBase):
+    """The actions of JobAdmin (a mixin of its ModelAdmin)."""
+
+    def _act(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Job],
+        verb: Callable[[JobQuerySet], int],
+        done: str,
+        not_eligible: str,
+        *,
+        waiting: str = "",
+    ) -> None:
+        # Rebuild the selection without the list's annotations, so the verb's statement is
+        # the plain conditional UPDATE operators.py wrote.
+        selection = Job.objects.filter(pk__in=queryset.values("pk"))
+        before = {job.pk: job for job in selection.only("task_path", *_WATCHED)}
+        changed = verb(selection)
+        after = {job.pk: job for job in Job.objects.filter(pk__in=before).only(*_WATCHED)}
+        self._log(
+            request,
+            [
+                job
+                for pk, job in before.items()
+                if pk not in after or _watched(after[pk]) != _watched(job)
+            ],
+            done,
+            after,
+        )
+        total = len(before)
+        # Jobs the verb left alone for a reason of their own (a held unique key), counted
+        # apart from the ineligible ones.
+        held = after_count(selection, waiting) if waiting else 0
+        message = f"{changed} of {total} {done}"
+        skipped = total - changed - held
+        if skipped > 0:
+            message += "; " + ngettext("%(n)d was %(why)s", "%(n)d were %(why)s", skipped) % {
+                "n": skipped,
+                "why": not_eligible,
+            }
+        if held > 0:
+            message += "; " + ngettext(
+                "%(n)d stays: another active job holds its unique key",
+                "%(n)d stay: other active jobs hold their unique keys",
+                held,
+            ) % {"n": held}
+        self.message_user(
+            request, message + ".", messages.SUCCESS if skipped + held <= 0 else messages.WARNING
+        )
+
+    def _log(
+        self, request: HttpRequest, changed: list[Job], done: str, after: dict[Any, Job]
+    ) -> None:
+        """One admin log entry per job the action changed (deletion for a purged one)."""
+        from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+
+        for flag, jobs in (
+            (CHANGE, [j for j in changed if j.pk in after]),
+            (DELETION, [j for j in changed if j.pk not in after]),
+        ):
+            if jobs:
+                # single_object is known at run time only; django-stubs types it by literal.
+                LogEntry.objects.log_actions(  # type: ignore[call-overload]
+                    user_id=request.user.pk,
+                    queryset=jobs,
+                    action_flag=flag,
+                    change_message=f"{done.capitalize()} by the admin action.",
+                    single_object=len(jobs) == 1,
+                )
+
+    def _confirmation(
+        self, request: HttpRequest, queryset: QuerySet[Job], action: str, question: _StrOrPromise
+    ) -> Any:
+        """Django's delete_selected pattern: the first POST shows what the action would
+        touch and asks (this page); the second (post=yes) gets None and acts."""
+        from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+        from django.template.response import TemplateResponse
+
+        if request.POST.get("post") == "yes":
+            return None
+        jobs = list(Job.objects.filter(pk__in=queryset.values("pk")).order_by("-id")[:100])
+        return TemplateResponse(
+            request,
+            "admin/django_leases/job/action_confirmation.html",
+            {
+                **self.admin_site.each_context(request),
+                "opts": self.model._meta,
+                "title": _("Are you sure?"),
+                "question": question,
+                "action": action,
+                "jobs": jobs,
+                "total": queryset.count(),
+                "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
+                "select_across": request.POST.get("select_across", "0"),
+            },
+        )
+
+    @admin.action(
+        description=_("Retry now: make selected pending jobs due"), permissions=["change"]
+    )
+    def retry_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
+        self._act(request, queryset, lambda qs: qs.retry_now(), "made due now", "not pending")
+
+    @admin.action(description=_("Requeue selected dead or cancelled jobs"), permissions=["change"])
+    def requeue(self, request: HttpRequest, queryset: JobQuerySet) -> None:
+        self._act(
+            request,
+            queryset,
+            lambda qs: qs.requeue(),
+            "requeued",
+            "no longer dead or cancelled",
+            waiting="requeue",
+        )
+
+    @admin.action(description=_("Cancel selected pending or claimed jobs"), permissions=["change"])
+    def cancel(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
+        if asking := self._confirmation(
+            request,
+            queryset,
+            "cancel",
+            _(
+                "Cancel these jobs? A running handler is told to stop at its next renewal, "
+                "and its result is discarded."
+            ),
+        ):
+            return asking
+        self._act(
+            request, queryset, lambda qs: qs.cancel(), "cancelled", "no longer pending or claimed"
+        )
+        return None
+
+    @admin.action(
+        description=_("Expire selected stalled claims now (their worker is gone)"),
+        permissions=["change"],
+    )
+    def expire_stalled(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
+        if asking := self._confirmation(
+            request,
+            queryset,
+            "expire_stalled",
+            _(
+                "End these stalled leases now? Another worker may claim the jobs at once; if "
+                "their worker is in fact alive, both run them."
+            ),
+        ):
+            return asking
+        period = heartbeat_seconds()
+        self._act(
+            request,
+            queryset,
+            lambda qs: qs.expire_stalled_now(period),
+            "expired",
+            "not stalled claims",
+        )
+        return None
+
+    @admin.action(
+        description=_("Purge selected finished jobs (succeeded or cancelled)"),
+        permissions=["change"],
+    )
+    def purge_finished(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
+        if asking := self._confirmation(
+            request,
+            queryset,
+            "purge_finished",
+            _(
+                "Delete these finished jobs, their results and their failure history? "
+                "This cannot be undone."
+            ),
+        ):
+            return asking
+        self._act(
+            request,
+            queryset,
+            lambda qs: qs.purge_finished(),
+            "purged",
+            "not succeeded or cancelled",
+        )
+        return None
