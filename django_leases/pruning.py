@@ -359,7 +359,7 @@ class PruneVerbs(_VerbsBase):
     def _pointing_sql(self, db: str) -> list[str]:
         """The same as _pointed_at_by_projects(), as SQL for a job aliased ``j``."""
         quote = connections[db].ops.quote_name
-        job_id = quote(str(self.model._meta.pk.column))  # a subclass row's key holds it
+        job_id = quote(str(self.model._meta.pk.column))  # a hop's key holds it
         followed, keeping = self._project_references(db)
         sql = []
         for hop, rel in followed + keeping:
@@ -396,10 +396,10 @@ class PruneVerbs(_VerbsBase):
                     keeping.append((hop, rel))
                 elif _to_follow(rel):
                     followed.append((hop, rel))
-        for sub in _subclasses(job, db):
+        for sub, link in _subclasses(job, job._meta.pk, db):
             for rel in _project_relations(sub, db, own=job._meta.app_label):
                 if _keeps(rel, db):
-                    keeping.append((_Hop(sub, sub._meta.pk), rel))
+                    keeping.append((_Hop(sub, link), rel))
         return followed, keeping
 
     def _schedules(self) -> Any:
@@ -519,17 +519,22 @@ def _project_relations(model: Any, db: str, own: str | None = None) -> list[Any]
     ]
 
 
-def _subclasses(model: Any, db: str) -> list[Any]:
-    """A project's subclasses of ``model`` by multi-table inheritance, and theirs, that
-    the routers place on ``db``: each row's primary key is its job's."""
+def _subclasses(model: Any, key: Any, db: str) -> list[tuple[Any, Any]]:
+    """A project's subclasses of ``model`` by multi-table inheritance, and theirs, that the
+    routers place on ``db``, each with its field holding the job's id: its link to the
+    parent, where that link holds the parent's ``key`` (the job's id). A subclass below
+    one with a primary key of its own links to that key, not to the job's id: it is left
+    to the collector (such a job is counted by prunable(), and kept by prune())."""
     found = []
     for rel in model._meta.get_fields(include_parents=False, include_hidden=True):
         if (
             isinstance(rel, models.OneToOneRel)
             and rel.parent_link
+            and rel.field.target_field == key
             and router.allow_migrate_model(db, rel.related_model)
         ):
-            found += [rel.related_model, *_subclasses(rel.related_model, db)]
+            found += [(rel.related_model, rel.field)]
+            found += _subclasses(rel.related_model, rel.field, db)
     return found
 
 

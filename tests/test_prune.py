@@ -32,6 +32,8 @@ from tests.reportapp.models import (
     FailureTicket,
     Invoice,
     JobDigest,
+    LedgerHold,
+    LedgerJob,
     PriorityAudit,
     PriorityBillingJob,
     ProjectJob,
@@ -472,34 +474,42 @@ def test_prune_through_a_proxy_and_of_a_projects_subclasses_of_job():
 
 def test_prune_keeps_a_job_whose_subclass_row_a_projects_model_holds():
     """Invariant 3: a project's model that protects the row of its subclass of Job
-    (PROTECT on BillingJob), or points under a constraint at the row of a subclass of
-    that (DO_NOTHING on PriorityBillingJob), keeps the job as one pointing at Job does:
-    left out of prunable() (counted before, and tried again at every run), never sent to
-    a DELETE (before, the collector's DELETE of the subclass row was sent, and refused by
-    the database). Once nothing holds them, both go with their subclass rows."""
+    (PROTECT on BillingJob, and on LedgerJob, whose primary key is its own, not the
+    job's id), or points under a constraint at the row of a subclass of that (DO_NOTHING
+    on PriorityBillingJob), keeps the job as one pointing at Job does: left out of
+    prunable() (counted before, and tried again at every run), never sent to a DELETE
+    (before, the collector's DELETE of the subclass row was sent, and refused by the
+    database), and on PostgreSQL left out of the one-statement batch itself, which is
+    never sent again (a batch the foreign keys refuse is). Once nothing holds them, they
+    go with their subclass rows."""
     billed = BillingJob.objects.create(task_path=TASK, args=[1, 2], customer="acme")
     urgent = PriorityBillingJob.objects.create(task_path=TASK, args=[1, 2], customer="vip")
-    Job.objects.filter(pk__in=[billed.pk, urgent.pk]).update(
+    ledger = LedgerJob.objects.create(task_path=TASK, args=[1, 2], code="L-7")
+    jobs = {billed.pk, urgent.pk, ledger.job_ptr_id}
+    Job.objects.filter(pk__in=jobs).update(
         state=JobState.SUCCEEDED, finished_at=Now() - timedelta(days=21)
     )
     keepers = [
         BillingHold.objects.create(billing=billed),
         PriorityAudit.objects.create(billing=urgent),
+        LedgerHold.objects.create(ledger=ledger),
     ]
     assert not Job.objects.all().prunable(14).exists()
 
     with CaptureQueriesContext(connection) as sent:
         assert Job.objects.all().prune(14) == 0
-    changes = [q["sql"] for q in sent.captured_queries if q["sql"].startswith(("DELETE", "UPDATE"))]
-    assert changes == []
+    statements = [q["sql"].strip() for q in sent.captured_queries]
+    assert [sql for sql in statements if sql.startswith(("DELETE", "UPDATE"))] == []
+    batches = [sql for sql in statements if sql.startswith("WITH doomed")]
+    assert len(batches) == len(set(batches)), batches  # one per state, none sent again
+    assert bool(batches) == (connection.vendor == "postgresql")
     assert set(PriorityBillingJob.objects.values_list("pk", flat=True)) == {urgent.pk}
     assert set(BillingJob.objects.values_list("pk", flat=True)) == {billed.pk, urgent.pk}
+    assert list(LedgerJob.objects.values_list("code", flat=True)) == ["L-7"]
 
     for keeper in keepers:
         keeper.delete()
-    assert set(Job.objects.all().prunable(14).values_list("pk", flat=True)) == {
-        billed.pk,
-        urgent.pk,
-    }
-    assert Job.objects.all().prune(14) == 2
+    assert set(Job.objects.all().prunable(14).values_list("pk", flat=True)) == jobs
+    assert Job.objects.all().prune(14) == 3
     assert not Job.objects.exists() and not BillingJob.objects.exists()
+    assert not LedgerJob.objects.exists()

@@ -132,3 +132,16 @@ class PriorityAudit(models.Model):
     database would refuse its row's delete, so the job is kept."""
 
     billing = models.ForeignKey(PriorityBillingJob, on_delete=models.DO_NOTHING, related_name="+")
+
+
+class LedgerJob(Job):
+    """A subclass of Job with a primary key of its own: its link to the job (``job_ptr``)
+    is not its key, and its key is not a job's id."""
+
+    code = models.CharField(max_length=20, primary_key=True)
+
+
+class LedgerHold(models.Model):
+    """Protects a LedgerJob by its own key: the job under it is kept."""
+
+    ledger = models.ForeignKey(LedgerJob, on_delete=models.PROTECT, related_name="+")
