@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
 from django.utils import timezone
@@ -180,7 +181,7 @@ class EnqueueOptions:
         return JobFields(
             task_path,
             self.queue_name,
-            self.priority,
+            cast(int, _whole_priority(self.priority)),
             cast(float, lease),
             cast(int, attempts),
             retry,
@@ -198,11 +199,7 @@ class EnqueueOptions:
 
         queue, priority, key = self.queue_name, self.priority, self.unique_key
         checked_text("queue_name", queue, 100)
-        if (
-            isinstance(priority, bool)
-            or not isinstance(priority, int)
-            or not -100 <= priority <= 100
-        ):
+        if _whole_priority(priority) is None:
             raise InvalidLeaseOption(
                 "priority", f"must be a whole number from -100 to 100, got {shown(priority)}"
             )
@@ -221,6 +218,18 @@ class EnqueueOptions:
             )
         if key is not None:
             checked_text("unique_key", key, 200)
+
+
+def _whole_priority(priority: Any) -> int | None:
+    """``priority`` as the int stored, if it is a whole number from -100 to 100 (5.0 too,
+    as Django's validate_task accepts it); else None. Not a bool."""
+    if isinstance(priority, bool) or not isinstance(priority, int | float | Decimal):
+        return None
+    try:
+        whole = int(priority)
+    except (ValueError, OverflowError):  # NaN, infinities
+        return None
+    return whole if whole == priority and -100 <= whole <= 100 else None
 
 
 def check_task_options(task: Any) -> None:

@@ -102,7 +102,9 @@ def _bind(func: Any, takes_context: bool, args: list[Any], kwargs: Any) -> str |
 
 
 def _read(func: Any) -> inspect.Signature | None:
+    # The signature of what is called: a decorator's wrapper, not the function it wraps
+    # (functools.wraps points at it), whose arguments the wrapper may add or take away.
     try:
-        return inspect.signature(func)
+        return inspect.signature(func, follow_wrapped=False)
     except (TypeError, ValueError):
         return None

@@ -168,6 +168,10 @@ def test_arguments_that_would_not_round_trip_are_refused_naming_them(call, named
         # choices and ladders
         ({"priority": 101}, "priority"),
         ({"priority": True}, "priority"),
+        ({"priority": 2.5}, "priority"),
+        ({"priority": float("nan")}, "priority"),
+        ({"priority": float("inf")}, "priority"),
+        ({"priority": "5"}, "priority"),
         ({"retry": {"delays": 5}}, "retry"),
         ({"retry": [1e12]}, "retry"),
     ],
@@ -180,6 +184,18 @@ def test_options_out_of_range_are_refused_naming_them(options, named):
         lambda: Job.objects.enqueue(task_path, [1, 2], **options), InvalidLeaseOption, named
     )
     assert error.option.startswith(named)
+
+
+def test_a_whole_number_priority_given_as_a_float_is_taken_as_django_takes_it():
+    """(6) Django's validate_task accepts a priority of 5.0 (a whole number); so do the
+    manager and the backend, which store it as the int 5 (before: "must be a whole
+    number ..., got 5.0" at enqueue, after Task.using() had accepted it)."""
+    job = Job.objects.enqueue(TASK, [1, 2], priority=5.0)
+    assert Job.objects.values_list("priority", flat=True).get(pk=job.pk) == 5
+    result = echo.using(priority=-7.0).enqueue()
+    stored = Job.objects.values_list("priority", flat=True).get(pk=int(result.id))
+    assert stored == -7 and type(stored) is int
+    assert echo.get_result(result.id).task.priority == -7
 
 
 @override_settings(TASKS=STRICT_TASKS)
@@ -571,7 +587,7 @@ def test_property_enqueue_many_is_all_or_nothing(calls, options):
 backend_options = st.fixed_dictionaries(
     {},
     optional={
-        "priority": st.integers(-150, 150),
+        "priority": st.one_of(st.integers(-150, 150), st.integers(-150, 150).map(float)),
         "queue_name": st.sampled_from(["default", "emails", "nope"]),
         "run_after": times,
     },

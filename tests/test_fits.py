@@ -6,6 +6,7 @@ that does not fit is refused, whichever calls of other shapes came before it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 from hypothesis import given
@@ -150,3 +151,33 @@ def test_an_unhashable_callable_is_answered_every_time_and_never_kept():
     assert fits.misfit(handler, False, [], {"c": 3}) is not None  # the check can refuse
     assert str(fits.signature_of(handler)) == "(a, b=2, *, c)"
     assert (fits._signatures, fits._keywords, fits._shapes) == ({}, {}, {})
+
+
+def with_client(func):
+    """A decorator that passes its function's first argument itself."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        return func("client", *args, **kwargs)
+
+    return wrapper
+
+
+@with_client
+def sync_user(client, user_id):
+    return client, user_id
+
+
+def test_a_decorated_function_is_answered_by_what_is_called_not_what_it_wraps():
+    """(6) A decorator's wrapper is what a worker calls: a call fits it (and then its own
+    call of the function), not the signature functools.wraps points at. Before, a call
+    of sync_user(5) was refused ("missing a required argument: 'user_id'") though it runs
+    under Django's own backends."""
+    assert fits.misfit(sync_user, False, [5], {}) is None
+    assert sync_user(5) == ("client", 5)
+
+    @functools.wraps(sync_user)
+    def strict(user_id):
+        return user_id
+
+    assert "user_id" in fits.misfit(strict, False, [], {})

@@ -27,8 +27,10 @@ from tests.testapp.models import Effect
 from tests.testapp.tasks import (
     async_add,
     async_nap,
+    async_orm_thread,
     boom,
     bulk_add,
+    injected,
     note,
     record,
     signalled,
@@ -217,6 +219,31 @@ def test_an_async_task_longer_than_its_lease_keeps_its_claim(workers):
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == 1 and result.attempts == 1
     stop(w)
+
+
+def test_an_async_tasks_orm_calls_run_on_its_own_handler_slot(workers):
+    """(6) As under Django's Task.call() (async_to_sync), an async handler's sync_to_async
+    calls, the async ORM's included, run on the job's own handler thread, whose
+    connection the worker tidies after each job. Before, asyncio.run() sent every async
+    handler's ORM calls to one thread shared by all of them: queued behind each other,
+    on a connection nothing closed once it broke."""
+    results = [async_orm_thread.enqueue(f"orm-{n}") for n in range(4)]
+    w = workers.start("orm-w", *FAST, "--concurrency", "4", "--burst")
+    assert w.wait_exit(SETTLE) == 0
+    names = [finished(r).return_value for r in results]
+    assert all(r.status == TaskResultStatus.SUCCESSFUL for r in results), names
+    assert all(name.startswith("leases-handler-") for name in names), names
+
+
+def test_a_task_whose_decorator_gives_an_argument_is_called_as_its_wrapper_is(workers):
+    """(6) A call is checked against what the worker calls, a decorator's wrapper, not
+    the function functools.wraps points at: injected.enqueue(5) is taken and runs, as
+    under Django's own backends (before, InvalidTask: "missing a required argument")."""
+    result = injected.enqueue(5)
+    w = workers.start("wrapped-w", *FAST, "--burst")
+    assert w.wait_exit(SETTLE) == 0
+    assert finished(result).status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "client:5"
 
 
 # -- 5. per-task options honoured by a worker --------------------------------------------

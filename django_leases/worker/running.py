@@ -17,6 +17,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
@@ -132,7 +133,10 @@ def _run(
             args = [context, *args]
         _send(task_started, task, started)
         if inspect.iscoroutinefunction(task.func):
-            result = asyncio.run(_run_async(task.func, args, kwargs, link))
+            # As Django's Task.call() runs it: the handler's sync_to_async calls (the
+            # async ORM's) come back to this slot thread and its own connection, which
+            # is tidied after each job, not to one thread shared by every handler.
+            result = async_to_sync(_run_async)(task.func, args, kwargs, link)
         else:
             result = task.func(*args, **kwargs)
     # Whatever the handler raises, BaseException included (SystemExit, KeyboardInterrupt,

@@ -245,6 +245,42 @@ async def async_add(a: int, b: int) -> dict:
 
 
 @task
+async def async_orm_thread(key: str) -> str:
+    """An async handler's ORM call (Django's async ORM, sync_to_async underneath): counts
+    the effects of ``key`` and answers the name of the thread the count ran on."""
+    import threading
+
+    from asgiref.sync import sync_to_async
+
+    from .models import Effect
+
+    def count() -> str:
+        Effect.objects.filter(key=key).count()
+        return threading.current_thread().name
+
+    await Effect.objects.filter(key=key).acount()
+    return await sync_to_async(count)()
+
+
+def _with_client(func: Any) -> Any:
+    """A project's decorator that passes its function's first argument itself."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func("client", *args, **kwargs)
+
+    return wrapper
+
+
+@task
+@_with_client
+def injected(client: str, user_id: int) -> str:
+    """Called as injected.enqueue(5): its decorator gives ``client``."""
+    return f"{client}:{user_id}"
+
+
+@task
 async def async_nap(seconds: float) -> int:
     """Sleep past several heartbeat periods without blocking the worker; return the fence."""
     import asyncio
