@@ -13,7 +13,7 @@ from django.tasks.signals import task_enqueued
 
 from . import conf, registry
 from .conf import LeaseOptions
-from .enqueue import insert_job_row, insert_job_rows
+from .enqueue import insert_job_row, insert_job_rows, insert_or_merge_job
 from .enqueue_options import EnqueueOptions, JobFields, check_task_options, checked_arguments
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
 from .fits import misfit, signature_of
@@ -161,9 +161,18 @@ class LeaseBackend(BaseTaskBackend):
             fields = self._job_fields(task)
             args, kwargs = checked_arguments(args, kwargs)
             _check_fits(task, args, kwargs)
-            row = insert_job_row(Job, self.database, fields, args, kwargs)
+            if fields.on_duplicate == "merge" and fields.unique_key is not None:
+                job, merged = insert_or_merge_job(Job, self.database, fields, args, kwargs)
+                row = job.pk, job.enqueued_at, job.args, job.kwargs
+            else:
+                row, merged = insert_job_row(Job, self.database, fields, args, kwargs), False
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
+        if merged:
+            # Nothing was enqueued: the job holding the key, as it stands (running, say,
+            # and of another task if that one holds the key), and no task_enqueued.
+            holder = task if job.task_path == task.module_path else self._task_of(job)
+            return cast("TaskResult[P, R]", self._to_result(job, holder))
         result = self._enqueued_result(task, *row)
         task_enqueued.send(type(self), task_result=result)
         return result

@@ -65,23 +65,31 @@ def insert_job(
 ) -> Job:
     """Insert one job of checked ``fields`` and JSON-safe arguments (see JobQuerySet.enqueue);
     a held unique key is refused (DuplicateJob) or merged per ``fields.on_duplicate``."""
+    return insert_or_merge_job(model, db, fields, args, kwargs)[0]
+
+
+def insert_or_merge_job(
+    model: type[Job], db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]
+) -> tuple[Job, bool]:
+    """insert_job(), answering (the job, whether it is the job that held the unique key,
+    merged into: as it is, running or not, and no new job)."""
     with migrated(model, db):
         return _insert_job(model, db, fields, args, kwargs)
 
 
 def _insert_job(
     model: type[Job], db: str, fields: JobFields, args: list[Any], kwargs: dict[str, Any]
-) -> Job:
+) -> tuple[Job, bool]:
     insert = _pg_insert_one if on_postgresql(db) else _insert_one
     if fields.unique_key is None:
         # Without a unique key there is no conflict: the insert always answers a job.
-        return cast("Job", insert(model, db, fields, args, kwargs))
+        return cast("Job", insert(model, db, fields, args, kwargs)), False
     from .exceptions import DuplicateJob
 
     for _ in range(3):
         job = insert(model, db, fields, args, kwargs)
         if job is not None:
-            return job
+            return job, False
         # The key is held; unless its holder finished in the meantime, that is the answer.
         holder = (
             model._default_manager.using(db)
@@ -90,7 +98,7 @@ def _insert_job(
         )
         if holder is not None:
             if fields.on_duplicate == "merge":
-                return holder
+                return holder, True
             raise DuplicateJob(fields.unique_key, holder.pk)
     raise IntegrityError(f"unique_key {fields.unique_key!r} kept conflicting; try again")
 

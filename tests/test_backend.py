@@ -397,6 +397,35 @@ def test_using_lease_gives_django_tasks_jobs_a_deadline_a_max_age_and_merging():
             add.using_lease(**bad)
 
 
+def test_an_enqueue_merged_into_the_job_holding_its_key_answers_that_job_as_it_stands():
+    """(6) With on_duplicate="merge" nothing is enqueued when another job holds the key:
+    the result is that job as it stands (running, claimed by its worker, with its own
+    arguments; of the task that enqueued it), and no task_enqueued is sent. Before, the
+    result said READY with the caller's task, and task_enqueued was sent again."""
+    from tests.testapp.tasks import echo
+
+    sent = []
+
+    def enqueued(sender, task_result, **kwargs):
+        sent.append(task_result.id)
+
+    first = add.using_lease(unique_key="nightly", on_duplicate="merge").enqueue(2, 2)
+    [claimed] = Job.objects.claim("merge-w", ["default"])
+    assert str(claimed.pk) == first.id
+    task_enqueued.connect(enqueued)
+    try:
+        again = add.using_lease(unique_key="nightly", on_duplicate="merge").enqueue(3, 3)
+        other = echo.using_lease(unique_key="nightly", on_duplicate="merge").enqueue("x")
+    finally:
+        task_enqueued.disconnect(enqueued)
+    assert sent == []
+    for result in (again, other):
+        assert result.id == first.id and result.status == TaskResultStatus.RUNNING
+        assert result.args == [2, 2] and result.worker_ids == ["merge-w"]
+        assert result.task.module_path == add.module_path and result.started_at is not None
+    assert Job.objects.filter(unique_key="nightly").count() == 1
+
+
 # -- issue 15.1: the task read back is the task enqueued ---------------------------------
 
 
