@@ -36,6 +36,7 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
         for problem in validate_options(options)
     ]
     messages.extend(_schedule_messages(alias, options))
+    messages.extend(_time_zone_messages(alias))
     if any(m.id == "django_leases.E010" for m in messages):
         return messages
     if not messages:
@@ -69,6 +70,26 @@ def _schedule_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+def _time_zone_messages(alias: str) -> list[checks.CheckMessage]:
+    """With USE_TZ = False a job can still be enqueued and run, but no time a caller gives
+    (run_after, deadline) is taken: say so before an enqueue refuses one."""
+    from django.conf import settings
+
+    from .enqueue_options import USE_TZ_NEEDED
+
+    if settings.USE_TZ:
+        return []
+    return [
+        checks.Warning(
+            f"TASKS[{alias!r}]: run_after and deadline {USE_TZ_NEEDED}; such an enqueue "
+            "raises InvalidTask.",
+            hint="Set USE_TZ = True (Django's default).",
+            obj=f"TASKS[{alias!r}]",
+            id="django_leases.W003",
+        )
+    ]
 
 
 def _shared_retention_messages(alias: str, mine: LeaseOptions) -> list[checks.CheckMessage]:

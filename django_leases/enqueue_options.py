@@ -26,12 +26,23 @@ if TYPE_CHECKING:
     from .models import Job
 
 
+# Why a time given with USE_TZ = False is refused (enqueue) and warned of (check W003).
+USE_TZ_NEEDED = (
+    "needs USE_TZ = True: with USE_TZ = False, Django stores no aware datetime, and a naive "
+    "one names no instant to compare with the database clock"
+)
+
+
 def _aware(name: str, value: Any) -> datetime:
     """``value`` in UTC, if it is an aware datetime within what every supported database
     stores (conf.EARLIEST_TIME to conf.LATEST_TIME: MySQL's DATETIME range), else
     InvalidLeaseOption."""
+    from django.conf import settings
+
     from .exceptions import InvalidLeaseOption
 
+    if not settings.USE_TZ:
+        raise InvalidLeaseOption(name, USE_TZ_NEEDED)
     if not isinstance(value, datetime) or timezone.is_naive(value):
         raise InvalidLeaseOption(name, f"must be an aware datetime, got {shown(value)}")
     try:

@@ -144,6 +144,33 @@ def test_backends_sharing_a_database_with_different_retentions_are_warned_about(
     assert messages["short"] == messages["same"] == messages["apart"] == []
 
 
+@pytest.mark.django_db
+def test_use_tz_false_is_warned_of_and_a_time_given_is_refused_naming_it():
+    """(6) With USE_TZ = False no time a caller gives can be taken (Django stores no aware
+    datetime then, and a naive one names no instant on the database clock): the backend
+    is warned of (W003), and an enqueue with run_after raises InvalidTask naming it and
+    USE_TZ, never the database adapter's ValueError (an aware time) or "must be an aware
+    datetime" for Django's own timezone.now() (before). A job without one still goes."""
+    from datetime import UTC, datetime, timedelta
+
+    from django.tasks.exceptions import InvalidTask
+    from django.utils import timezone
+
+    from tests.testapp.tasks import add
+
+    options = {"RETENTION_DAYS": 7}
+    before = check_backend("default", options)
+    assert "django_leases.W003" not in {m.id for m in before}
+    with override_settings(USE_TZ=False):
+        [warning] = [m for m in check_backend("default", options) if m not in before]
+        assert isinstance(warning, Warning) and warning.id == "django_leases.W003"
+        assert "USE_TZ" in warning.msg
+        for when in (timezone.now(), datetime(2030, 1, 1, tzinfo=UTC)):
+            with pytest.raises(InvalidTask, match="run_after: needs USE_TZ = True"):
+                add.using(run_after=when + timedelta(minutes=5)).enqueue(1, 2)
+        assert add.enqueue(1, 2).id
+
+
 def run_in_project_without_the_app(*command: str) -> subprocess.CompletedProcess:
     """``command`` (python arguments) in a project whose TASKS use the lease backend but
     whose INSTALLED_APPS lack 'django_leases' (tests/testapp/no_app_settings.py)."""
