@@ -297,10 +297,10 @@ class LeaseBackend(BaseTaskBackend):
         """The task ``job`` names, found where a worker finds it (each app's tasks module
         and TASK_MODULES, never the row's own path); an UndeclaredTask stand-in when the
         project declares no such task, so the result can still be read."""
-        task = registry.lookup(self.alias, job.task_path)
+        task = registry.runnable(self.alias, job.task_path, job.queue_name)
         if task is None:
             registry.discover()
-            task = registry.lookup(self.alias, job.task_path)
+            task = registry.runnable(self.alias, job.task_path, job.queue_name)
         if task is None:
             return UndeclaredTask(
                 path=job.task_path,

@@ -41,6 +41,31 @@ def lookup(alias: str, task_path: str) -> Task[..., Any] | None:
     return _declared.get(alias, {}).get(task_path)
 
 
+def runnable(alias: str, task_path: str, queue_name: str) -> Task[..., Any] | None:
+    """The task a worker of ``alias`` runs for a job of ``task_path`` in ``queue_name``:
+    the one declared for ``alias``, else one declared for another lease backend and sent
+    here with ``Task.using(backend=alias)``, which declares it for ``alias`` only in the
+    process that called it. That one is moved to ``alias`` (its results and signals are
+    this backend's) and declared for it; None if it is declared nowhere, or ``alias``
+    refuses it."""
+    from dataclasses import replace
+
+    from django.tasks.exceptions import InvalidTask
+
+    task = lookup(alias, task_path)
+    if task is not None:
+        return task
+    with _lock:
+        elsewhere = [t[task_path] for a, t in sorted(_declared.items()) if task_path in t]
+    if not elsewhere:
+        return None
+    try:
+        # Validated by the backend of ``alias``, which declares it there.
+        return replace(elsewhere[0], backend=alias, queue_name=queue_name)
+    except InvalidTask:
+        return None
+
+
 def declared(alias: str) -> list[str]:
     return sorted(_declared.get(alias, {}))
 

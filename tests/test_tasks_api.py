@@ -25,6 +25,7 @@ from django_leases.exceptions import LeaseLost
 from django_leases.models import Job
 from tests.testapp.models import Effect
 from tests.testapp.tasks import (
+    add,
     async_add,
     async_nap,
     async_orm_thread,
@@ -328,6 +329,33 @@ def test_a_bulk_enqueue_on_the_backends_own_database_is_run_by_its_worker(worker
     w = workers.start("queue-bulk", *FAST, "--backend", "queue")
     assert [finished(r).return_value for r in results] == [2 * i for i in range(12)]
     stop(w)
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "queue"])
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_task_sent_to_another_backend_with_using_is_run_by_that_backends_worker(
+    workers, isolation
+):
+    """Task.using(backend=...) is Django's way to send a task to another backend: add,
+    declared for "default", sent to "queue", is run by the "queue" worker, its results
+    that backend's (before: the worker, which had it declared for "default" only, ended
+    the job dead as an UnknownTask). A path declared for no backend still ends dead."""
+    from django.tasks import TaskResultStatus as Status
+
+    sent = add.using(backend="queue", queue_name="bulk")
+    result = sent.enqueue(20, 22)
+    stray = Job.objects.db_manager("queue").enqueue(
+        "tests.testapp.tasks.not_a_task", [], None, queue_name="bulk"
+    )
+    w = workers.start(
+        f"using-{isolation}", *FAST, "--backend", "queue", "--isolation", isolation, "--burst"
+    )
+    assert w.wait_exit(SETTLE) == 0
+    assert finished(result).status == Status.SUCCESSFUL and result.return_value == 42
+    assert result.worker_ids == [f"using-{isolation}"] and result.backend == "queue"
+    assert sent.get_result(result.id).status == Status.SUCCESSFUL
+    stray.refresh_from_db()
+    assert stray.state == "dead"
 
 
 # -- 9. the enqueue-on-commit pattern the docs recommend ---------------------------------

@@ -134,7 +134,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
     if orphaned():
         end_orphaned(0)
     registry.discover()
-    task = registry.lookup(payload["alias"], payload["task_path"])
+    task = registry.runnable(payload["alias"], payload["task_path"], payload["queue_name"])
     if orphaned():
         end_orphaned(0)
     refused = connect_before_handler(payload["database"]) if payload.get("connect_first") else None

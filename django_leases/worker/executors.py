@@ -149,6 +149,7 @@ class ProcessExecutor(_Slots):
         payload = {
             "alias": self._alias,
             "task_path": job.task_path,
+            "queue_name": job.queue_name,
             "args": job.args,
             "kwargs": job.kwargs,
             "job_id": job.pk,

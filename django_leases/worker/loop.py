@@ -296,7 +296,7 @@ class Worker(Stopping):
             )
         if settle:
             self._settled_at = started
-        tasks = [registry.lookup(self.alias, job.task_path) for job in jobs]
+        tasks = [registry.runnable(self.alias, j.task_path, j.queue_name) for j in jobs]
         results = self._results_at_start([j for j, t in zip(jobs, tasks, strict=True) if t])
         for job, task in zip(jobs, tasks, strict=True):
             self._claimed += 1
