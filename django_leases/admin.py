@@ -315,7 +315,8 @@ class JobAdmin(JobActions, _JobAdminBase):
     def error_history(self, job: Job) -> str:
         return render_to_string(
             "admin/django_leases/job/error_history.html",
-            {"failures": list(job.failures.order_by("attempt", "id"))},
+            # In the order they happened: a requeue numbers the attempts from 1 again.
+            {"failures": list(job.failures.order_by("id"))},
         )
 
     # -- the lease advisor: manage.py lease_report as a page ---------------------------

@@ -334,9 +334,15 @@ class LeaseBackend(BaseTaskBackend):
         self, job: Any, task: Any, failures: list[Any] | None = None
     ) -> TaskResult[..., Any]:
         if failures is None:
-            failures = list(job.failures.all()) if job.pk and job.attempts else []
+            # A requeued job has its attempts back at 0, and its failures still.
+            claimed_before = job.attempts or job.started_at is not None
+            failures = list(job.failures.all()) if job.pk and claimed_before else []
+        # In the order they happened: a requeue numbers the attempts from 1 again.
+        failures = sorted(failures, key=lambda f: f.pk)
         worker_ids = [f.worker_id for f in failures]
-        if job.attempts > len(failures) and job.claimed_by:
+        # The current or last claim is one more attempt unless it failed: each failure
+        # carries the fence of its claim, and each claim has a fence of its own.
+        if job.attempts and job.claimed_by and all(f.fence != job.fence for f in failures):
             worker_ids.append(job.claimed_by)
         result: TaskResult[..., Any] = TaskResult(
             task=_as_enqueued(task, job),

@@ -426,6 +426,41 @@ def test_an_enqueue_merged_into_the_job_holding_its_key_answers_that_job_as_it_s
     assert Job.objects.filter(unique_key="nightly").count() == 1
 
 
+def test_a_requeued_jobs_result_counts_every_attempt_in_the_order_they_happened():
+    """Django's TaskResult: worker_ids is the worker of each attempt in order, attempts is
+    their count, errors[-1] the latest error. An operator's requeue starts the job's own
+    count again (attempts 0, the next failure numbered 1 again): before, the waiting job
+    read with no errors, the run after it left its worker out of worker_ids, and the
+    errors came ordered by attempt number, the latest not last."""
+    result = add.using_lease(max_attempts=2).enqueue(1, 2)
+
+    def attempt(worker, message=None):
+        [claim] = Job.objects.claim(worker, ["default"])
+        if message is not None:
+            assert Job.objects.fail(
+                claim, exception_class_path="builtins.ValueError", message=message
+            )
+            Job.objects.filter(pk=claim.pk).retry_now()
+
+    attempt("w1", "first")
+    attempt("w2", "second")
+    assert Job.objects.get(pk=int(result.id)).state == JobState.DEAD
+    assert Job.objects.filter(pk=int(result.id)).requeue() == 1
+    waiting = add.get_result(result.id)
+    assert waiting.status == TaskResultStatus.READY
+    assert waiting.worker_ids == ["w1", "w2"] and len(waiting.errors) == 2
+    attempt("w3")
+    running = add.get_result(result.id)
+    assert running.status == TaskResultStatus.RUNNING
+    assert running.worker_ids == ["w1", "w2", "w3"] and running.attempts == 3
+    [claim] = Job.objects.filter(pk=int(result.id))
+    assert Job.objects.fail(claim, exception_class_path="builtins.KeyError", message="third")
+    failed = add.get_result(result.id)
+    assert failed.worker_ids == ["w1", "w2", "w3"] and len(failed.errors) == 3
+    assert failed.errors[-1].exception_class_path == "builtins.KeyError"
+    assert [e.exception_class_path for e in failed.errors[:2]] == ["builtins.ValueError"] * 2
+
+
 # -- issue 15.1: the task read back is the task enqueued ---------------------------------
 
 
