@@ -36,11 +36,11 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
         for problem in validate_options(options)
     ]
     messages.extend(_schedule_messages(alias, options))
-    messages.extend(_time_zone_messages(alias))
     if any(m.id == "django_leases.E010" for m in messages):
         return messages
     if not messages:
         messages.extend(_shared_retention_messages(alias, LeaseOptions.from_dict(options)))
+    messages.extend(_time_zone_messages(alias))
     database = options.get("DATABASE", "default") if isinstance(options, dict) else "default"
     messages.extend(check_database(alias, database))
     return messages

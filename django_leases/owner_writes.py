@@ -328,12 +328,14 @@ class OwnerVerbs(ClaimVerbs):
 
     @retry_deadlock_victims
     def release(self, claim: ClaimRef) -> bool:
-        """Give the job back to pending at once without counting the attempt."""
+        """Give the job back to pending at once without counting the attempt (nor its
+        worker: claimed_by cleared, so no TaskResult names it among the attempts)."""
         return (
             self._owned(claim).update(
                 state=JobState.PENDING,
                 available_at=Now(),
                 attempts=F("attempts") - 1,
+                claimed_by="",
                 claim_token=None,
                 lease_expires_at=None,
             )

@@ -25,6 +25,9 @@ _lock = threading.Lock()
 # that shop/tasks.py imports is declared in every worker, though its own module is not one
 # discover() names.
 _declared_by_discovery: dict[str, str] = {}
+# Tasks a worker runs for another backend's declaration (runnable()), by (alias, path,
+# queue): apart from _declared.
+_moved: dict[tuple[str, str, str], Task[..., Any]] = {}
 _discovering = threading.local()
 
 
@@ -44,26 +47,41 @@ def lookup(alias: str, task_path: str) -> Task[..., Any] | None:
 def runnable(alias: str, task_path: str, queue_name: str) -> Task[..., Any] | None:
     """The task a worker of ``alias`` runs for a job of ``task_path`` in ``queue_name``:
     the one declared for ``alias``, else one declared for another lease backend and sent
-    here with ``Task.using(backend=alias)``, which declares it for ``alias`` only in the
-    process that called it. That one is moved to ``alias`` (its results and signals are
-    this backend's) and declared for it; None if it is declared nowhere, or ``alias``
-    refuses it."""
-    from dataclasses import replace
-
-    from django.tasks.exceptions import InvalidTask
-
+    here with ``Task.using(backend=alias)`` (which declares it for ``alias`` only in the
+    process that called it), moved to ``alias`` and the job's queue so that its results
+    and signals are this backend's. A moved task is kept apart, never declared: lookup()
+    and the schedules still see only what each backend declares."""
     task = lookup(alias, task_path)
     if task is not None:
         return task
+    key = (alias, task_path, queue_name)
     with _lock:
+        moved = _moved.get(key)
         elsewhere = [t[task_path] for a, t in sorted(_declared.items()) if task_path in t]
-    if not elsewhere:
-        return None
-    try:
-        # Validated by the backend of ``alias``, which declares it there.
-        return replace(elsewhere[0], backend=alias, queue_name=queue_name)
-    except InvalidTask:
-        return None
+    if moved is not None or not elsewhere:
+        return moved
+    moved = _moved_to(elsewhere[0], alias, queue_name)
+    with _lock:
+        if len(_moved) >= 1024:  # paths from rows: bounded
+            _moved.clear()
+        return _moved.setdefault(key, moved)
+
+
+def _moved_to(task: Task[..., Any], alias: str, queue_name: str) -> Task[..., Any]:
+    """A copy of ``task`` on backend ``alias`` and queue ``queue_name``, without its
+    schedules (those of the backend it was declared for). Not validated again: the job
+    was enqueued with these, and a worker of ``alias`` serves the queue. Field by field:
+    copy.copy() would make a Task anew, validated and declared for its own backend."""
+    from dataclasses import fields
+
+    moved = object.__new__(type(task))
+    for field in fields(task):
+        object.__setattr__(moved, field.name, getattr(task, field.name))
+    object.__setattr__(moved, "backend", alias)
+    object.__setattr__(moved, "queue_name", queue_name)
+    if hasattr(moved, "schedule"):
+        object.__setattr__(moved, "schedule", None)
+    return moved
 
 
 def declared(alias: str) -> list[str]:

@@ -461,6 +461,23 @@ def test_a_requeued_jobs_result_counts_every_attempt_in_the_order_they_happened(
     assert [e.exception_class_path for e in failed.errors[:2]] == ["builtins.ValueError"] * 2
 
 
+def test_a_claim_given_back_unfinished_is_no_attempt_of_the_result():
+    """A release (a worker's stop) does not count the attempt, and names no worker:
+    claimed_by is cleared with it. Before, a job that failed once, then was claimed and
+    released, read with the releasing worker among worker_ids (attempts 2)."""
+    result = add.enqueue(1, 2)
+    [claim] = Job.objects.claim("w1", ["default"])
+    assert Job.objects.fail(claim, exception_class_path="builtins.ValueError", message="x")
+    Job.objects.filter(pk=claim.pk).retry_now()
+    [claim] = Job.objects.claim("w2", ["default"])
+    assert add.get_result(result.id).worker_ids == ["w1", "w2"]
+    assert Job.objects.release(claim)
+    back = add.get_result(result.id)
+    assert back.status == TaskResultStatus.READY
+    assert back.worker_ids == ["w1"] and back.attempts == 1
+    assert Job.objects.get(pk=claim.pk).claimed_by == ""
+
+
 # -- issue 15.1: the task read back is the task enqueued ---------------------------------
 
 

@@ -169,6 +169,14 @@ def test_use_tz_false_is_warned_of_and_a_time_given_is_refused_naming_it():
             with pytest.raises(InvalidTask, match="run_after: needs USE_TZ = True"):
                 add.using(run_after=when + timedelta(minutes=5)).enqueue(1, 2)
         assert add.enqueue(1, 2).id
+        # Beside the other warnings, not instead of them.
+        tasks = {
+            "long": {"BACKEND": BACKEND, "OPTIONS": {"RETENTION_DAYS": 30}},
+            "short": {"BACKEND": BACKEND, "OPTIONS": {"RETENTION_DAYS": 7}},
+        }
+        with override_settings(TASKS=tasks):
+            found = {m.id for m in check_backend("long", tasks["long"]["OPTIONS"])}
+        assert {"django_leases.W002", "django_leases.W003"} <= found
 
 
 def run_in_project_without_the_app(*command: str) -> subprocess.CompletedProcess:

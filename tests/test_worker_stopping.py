@@ -15,7 +15,7 @@ import pytest
 from django_leases.models import JobFailure, WorkerProcess
 from django_leases.states import JobState
 from tests.testapp.models import Effect
-from tests.testapp.tasks import add, mortal, record, stubborn
+from tests.testapp.tasks import add, astubborn, mortal, record, stubborn
 from tests.worker_helpers import FAST, job_of, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -75,20 +75,24 @@ def test_sigterm_to_the_whole_process_group_finishes_or_releases_process_isolate
     assert phases("group-long") == ["start"] and phases("group-mortal") == ["start"]
 
 
+@pytest.mark.parametrize("deaf_task", [stubborn, astubborn], ids=["sync", "async"])
 def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_worker_stopped(
-    workers,
+    workers, deaf_task
 ):
     """At the end of --grace, thread-isolated handlers are told to stop as on a lost claim,
     the worker row is marked stopped, and only then are the jobs released, right before the
     process exits: a handler that ignores the notice runs on after its release only until
-    the exit (4). Both jobs are back to pending with the attempt not counted (3)."""
+    the exit (4), an async one blocking its event loop too (before, the process waited
+    for its loop's thread, asgiref's, and ran the released job on). Both jobs are back to
+    pending with the attempt not counted (3)."""
     coop = record.enqueue("order-coop", first_seconds=60)
-    deaf = stubborn.enqueue("order-deaf", seconds=8)
+    deaf = deaf_task.enqueue("order-deaf", seconds=30)
     a = workers.start("order-a", "--concurrency", "2", "--grace", "1", *FAST)
     wait_for(lambda: phases("order-coop") and phases("order-deaf"), 20, "both handlers")
     signalled = time.monotonic()
     a.signal(signal.SIGTERM)
-    assert a.wait_exit(30) == 0
+    # Long before the deaf handler's 30 s are up.
+    assert a.wait_exit(15) == 0
     log = a.log()
     stopped_at = WorkerProcess.objects.get(worker_id="order-a").stopped_at
     for result in (coop, deaf):
@@ -113,7 +117,7 @@ def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_w
     assert 0 <= deaf_released < stopped, log[-3000:]
     [running] = a.events("handlers_running", worker="order-a")
     assert running["jobs"] == [int(deaf.id)]
-    # The deaf handler ended with the process: its 8 s sleep never got to the "done" effect.
+    # The deaf handler ended with the process: its sleep never got to the "done" effect.
     wait_for(lambda: time.monotonic() - signalled > 9, 15, "the deaf handler's sleep to pass")
     assert phases("order-deaf") == ["start"] and phases("order-coop") == ["start"]
     assert not JobFailure.objects.exists()

@@ -134,7 +134,13 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
     if orphaned():
         end_orphaned(0)
     registry.discover()
-    task = registry.runnable(payload["alias"], payload["task_path"], payload["queue_name"])
+    # No queue_name from a worker started before an upgrade: only what it declares.
+    queue_name = payload.get("queue_name")
+    task = (
+        registry.lookup(payload["alias"], payload["task_path"])
+        if queue_name is None
+        else registry.runnable(payload["alias"], payload["task_path"], queue_name)
+    )
     if orphaned():
         end_orphaned(0)
     refused = connect_before_handler(payload["database"]) if payload.get("connect_first") else None

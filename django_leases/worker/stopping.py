@@ -36,6 +36,12 @@ RELEASE_NOTICE_SECONDS = 1.0
 class Stopping(Settling):
     """Worker's shutdown: what run() does once the loop has ended."""
 
+    # Set when a handler told to stop was still running at the end of its notice: the
+    # process must end at once after run() (run_lease_worker does), or a thread Python
+    # waits for at exit (an async handler's event loop, asgiref's) keeps it running the
+    # released job.
+    handlers_left_running = False
+
     if TYPE_CHECKING:
         WorkerProcess: type[WorkerProcessModel]
         grace: float
@@ -136,6 +142,7 @@ class Stopping(Settling):
         deadline = time.monotonic() + notice
         for claim in claims:
             claim.exited.wait(max(deadline - time.monotonic(), 0.0))
+        self.handlers_left_running = not all(c.exited.is_set() for c in claims)
         # A job its handler acknowledged is done whatever the handler does now: not released,
         # so not named here.
         running = [c.pk for c in claims if not c.exited.is_set() and not c.acked]

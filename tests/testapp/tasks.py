@@ -70,6 +70,22 @@ def stubborn(key: str, seconds: float) -> dict:
 
 
 @task
+async def astubborn(key: str, seconds: float) -> dict:
+    """An async handler deaf to cancellation: it blocks its own event loop, so the
+    cancellation a lost claim sends is never delivered until it returns."""
+    import time
+
+    from asgiref.sync import sync_to_async
+
+    from django_leases.api import current_job
+
+    await sync_to_async(_effect)(key, "start")
+    time.sleep(seconds)
+    await sync_to_async(_effect)(key, "done")
+    return {"fence": current_job().fence}
+
+
+@task
 def ack_then_linger(key: str, seconds: float) -> None:
     """Acknowledge the job in its own fenced transaction, then go on (say, cleaning up) for
     ``seconds``, stopping at once should it be told its claim is lost."""

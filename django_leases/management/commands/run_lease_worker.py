@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -160,6 +161,14 @@ class Command(BaseCommand):
             _require_connections(kwargs)
         worker = Worker(**kwargs)
         status = worker.run()
+        if worker.handlers_left_running:
+            # They end with this process, as the handlers_running line said: at once, not
+            # when Python has joined every thread (an async handler's event loop runs on
+            # one it waits for).
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
         if status:
             sys.exit(status)
 
