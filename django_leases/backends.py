@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, cast
 
 from django.tasks import Task, TaskResult, TaskResultStatus
@@ -92,7 +91,11 @@ def _as_enqueued(task: Any, job: Any) -> Any:
         job.run_after,
     ):
         return task
-    return replace(task, queue_name=job.queue_name, priority=job.priority, run_after=job.run_after)
+    # Not replace(): a Task made anew is validated and declared, and this copy describes
+    # one job, not what the backend runs.
+    return registry.copied_task(
+        task, queue_name=job.queue_name, priority=job.priority, run_after=job.run_after
+    )
 
 
 def _check_schedule_option(task: Any) -> None:

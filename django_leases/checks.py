@@ -36,11 +36,12 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
         for problem in validate_options(options)
     ]
     messages.extend(_schedule_messages(alias, options))
+    time_zone = _time_zone_messages(alias)  # beside any other message, never in their stead
     if any(m.id == "django_leases.E010" for m in messages):
-        return messages
+        return messages + time_zone
     if not messages:
         messages.extend(_shared_retention_messages(alias, LeaseOptions.from_dict(options)))
-    messages.extend(_time_zone_messages(alias))
+    messages.extend(time_zone)
     database = options.get("DATABASE", "default") if isinstance(options, dict) else "default"
     messages.extend(check_database(alias, database))
     return messages

@@ -70,18 +70,24 @@ def runnable(alias: str, task_path: str, queue_name: str) -> Task[..., Any] | No
 def _moved_to(task: Task[..., Any], alias: str, queue_name: str) -> Task[..., Any]:
     """A copy of ``task`` on backend ``alias`` and queue ``queue_name``, without its
     schedules (those of the backend it was declared for). Not validated again: the job
-    was enqueued with these, and a worker of ``alias`` serves the queue. Field by field:
-    copy.copy() would make a Task anew, validated and declared for its own backend."""
+    was enqueued with these, and a worker of ``alias`` serves the queue."""
+    changes: dict[str, Any] = {"backend": alias, "queue_name": queue_name}
+    if hasattr(task, "schedule"):
+        changes["schedule"] = None
+    return copied_task(task, **changes)
+
+
+def copied_task(task: Task[..., Any], **changes: Any) -> Task[..., Any]:
+    """``task`` with ``changes``, field by field, neither validated nor declared:
+    dataclasses.replace() and copy.copy() make a Task anew, which its backend validates
+    and declares, so a copy describing one job (its queue, priority, run_after) would
+    become what the backend runs for every job of the path."""
     from dataclasses import fields
 
-    moved = object.__new__(type(task))
+    copy = object.__new__(type(task))
     for field in fields(task):
-        object.__setattr__(moved, field.name, getattr(task, field.name))
-    object.__setattr__(moved, "backend", alias)
-    object.__setattr__(moved, "queue_name", queue_name)
-    if hasattr(moved, "schedule"):
-        object.__setattr__(moved, "schedule", None)
-    return moved
+        object.__setattr__(copy, field.name, changes.get(field.name, getattr(task, field.name)))
+    return copy
 
 
 def declared(alias: str) -> list[str]:

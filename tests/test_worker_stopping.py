@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from django_leases.models import JobFailure, WorkerProcess
+from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import JobState
 from tests.testapp.models import Effect
 from tests.testapp.tasks import add, astubborn, mortal, record, stubborn
@@ -121,6 +121,23 @@ def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_w
     wait_for(lambda: time.monotonic() - signalled > 9, 15, "the deaf handler's sleep to pass")
     assert phases("order-deaf") == ["start"] and phases("order-coop") == ["start"]
     assert not JobFailure.objects.exists()
+
+
+def test_a_handler_whose_claim_was_lost_before_the_stop_ends_with_the_process(workers):
+    """(4) An async handler deaf to cancellation (it blocks its own event loop) whose job
+    an operator cancelled runs on, its claim lost, when SIGTERM comes: the worker waits
+    out its grace and ends, the handler with it, as for one told to stop at the end of
+    the grace. Before, Python waited at exit for the handler's event-loop thread
+    (asgiref's), 30 s here."""
+    deaf = astubborn.enqueue("lost-deaf", seconds=30)
+    a = workers.start("lost-a", "--grace", "1", *FAST)
+    wait_for(lambda: phases("lost-deaf"), 20, "the handler to start")
+    assert Job.objects.filter(pk=int(deaf.id)).cancel() == 1
+    wait_for(lambda: a.events("lost", worker="lost-a"), 20, "the claim to be seen lost")
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(15) == 0  # long before the handler's 30 s are up
+    assert phases("lost-deaf") == ["start"]
+    assert job_of(deaf).state == JobState.CANCELLED
 
 
 # How an ack sets the result column: quoted as the database quotes names (the ORM's ack),

@@ -40,6 +40,8 @@ class _Slots:
     def __init__(self, size: int, done: Done, name: str) -> None:
         self._queue: queue.SimpleQueue[tuple[Claim, Any] | None] = queue.SimpleQueue()
         self._done = done
+        self._running = 0
+        self._running_lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
             for i in range(size)
@@ -57,6 +59,8 @@ class _Slots:
                 return
             claim, task = item
             outcome: Outcome | None = None
+            with self._running_lock:
+                self._running += 1
             try:
                 try:
                     outcome = self.execute(claim, task)
@@ -75,6 +79,8 @@ class _Slots:
                 )
             finally:
                 claim.exited.set()
+                with self._running_lock:
+                    self._running -= 1
                 self._done(
                     claim,
                     outcome
@@ -84,6 +90,12 @@ class _Slots:
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         raise NotImplementedError
+
+    def running(self) -> int:
+        """How many handlers are running now, whatever became of their claims (lost,
+        replaced, released)."""
+        with self._running_lock:
+            return self._running
 
     def new_flags(self) -> tuple[Any, Any]:
         """The lost flag and the renewal stamp of a new claim."""

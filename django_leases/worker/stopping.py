@@ -42,6 +42,12 @@ class Stopping(Settling):
     # released job.
     handlers_left_running = False
 
+    def left_handlers_running(self) -> bool:
+        """Whether a handler still runs now that run() has returned: told to stop and
+        deaf to it, or one whose claim was lost or taken before the stop."""
+        executor = getattr(self, "executor", None)
+        return self.handlers_left_running or (executor is not None and executor.running() > 0)
+
     if TYPE_CHECKING:
         WorkerProcess: type[WorkerProcessModel]
         grace: float

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -160,15 +161,12 @@ class Command(BaseCommand):
         if kwargs["connect_handlers"]:
             _require_connections(kwargs)
         worker = Worker(**kwargs)
-        status = worker.run()
-        if worker.handlers_left_running:
-            # They end with this process, as the handlers_running line said: at once, not
-            # when Python has joined every thread (an async handler's event loop runs on
-            # one it waits for).
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)
+        status = 1
+        try:
+            status = worker.run()
+        finally:
+            if worker.left_handlers_running():
+                _end_now(status)
         if status:
             sys.exit(status)
 
@@ -259,6 +257,18 @@ def _option_help(name: str, default: str) -> str:
     """An option's --help: what the backend's OPTIONS say of it (conf.OPTIONS), and its
     value there, which is the default here."""
     return f"{conf.OPTIONS[name].help.removesuffix('.')} (default: {name}, {default})."
+
+
+def _end_now(status: int) -> None:
+    """End the process at once, handlers still running with it (as the handlers_running
+    line said), not when Python has joined every thread: an async handler's event loop
+    runs on one it waits for (asgiref's). Logs flushed, connections closed first."""
+    from django.db import connections
+
+    for finish in (connections.close_all, logging.shutdown, sys.stdout.flush, sys.stderr.flush):
+        with contextlib.suppress(Exception):
+            finish()
+    os._exit(status)
 
 
 def _require_ready_database(database: str) -> None:
