@@ -316,7 +316,7 @@ class JobAdmin(JobActions, _JobAdminBase):
         return render_to_string(
             "admin/django_leases/job/error_history.html",
             # In the order they happened: a requeue numbers the attempts from 1 again.
-            {"failures": list(job.failures.order_by("id"))},
+            {"failures": list(job.failures.all())},
         )
 
     # -- the lease advisor: manage.py lease_report as a page ---------------------------

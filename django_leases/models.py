@@ -156,7 +156,8 @@ class JobFailure(models.Model):
     class Meta:
         verbose_name = _("job failure")
         verbose_name_plural = _("job failures")
-        ordering = ["job", "attempt", "id"]
+        # In the order they happened: a requeue numbers the attempts from 1 again.
+        ordering = ["job", "id"]
 
     def __str__(self) -> str:
         return f"job {self.job_id} attempt {self.attempt}: {self.kind}"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -29,11 +31,31 @@ _declared_by_discovery: dict[str, str] = {}
 # queue): apart from _declared.
 _moved: dict[tuple[str, str, str], Task[..., Any]] = {}
 _discovering = threading.local()
+_copying = threading.local()
+
+
+@contextmanager
+def copying() -> Iterator[None]:
+    """While a task is copied with ``Task.using()``: the copy is validated, and declared
+    only if its path is declared for no lease backend yet. ``nightly.using(backend="bulk")``
+    sends jobs to "bulk" (runnable() serves them there); declared, the copy would also be
+    "bulk"'s task, and its workers would tick ``nightly``'s schedule a second time."""
+    outer = getattr(_copying, "active", False)
+    _copying.active = True
+    try:
+        yield
+    finally:
+        _copying.active = outer
 
 
 def declare(alias: str, task: Task[..., Any]) -> None:
-    """Remember ``task`` as runnable by the backend ``alias`` (the first declaration wins)."""
+    """Remember ``task`` as runnable by the backend ``alias`` (the first declaration wins;
+    a copy made by ``Task.using()`` declares nothing where its path is declared)."""
     with _lock:
+        if getattr(_copying, "active", False) and any(
+            task.module_path in tasks for tasks in _declared.values()
+        ):
+            return
         _declared.setdefault(alias, {}).setdefault(task.module_path, task)
         root = getattr(_discovering, "module", None)
         if root is not None:
@@ -46,11 +68,11 @@ def lookup(alias: str, task_path: str) -> Task[..., Any] | None:
 
 def runnable(alias: str, task_path: str, queue_name: str) -> Task[..., Any] | None:
     """The task a worker of ``alias`` runs for a job of ``task_path`` in ``queue_name``:
-    the one declared for ``alias``, else one declared for another lease backend and sent
-    here with ``Task.using(backend=alias)`` (which declares it for ``alias`` only in the
-    process that called it), moved to ``alias`` and the job's queue so that its results
-    and signals are this backend's. A moved task is kept apart, never declared: lookup()
-    and the schedules still see only what each backend declares."""
+    the one declared for ``alias``, else one declared for another lease backend (sent here
+    with ``Task.using(backend=alias)``, or enqueued by path on this backend's database),
+    moved to ``alias`` and the job's queue so that its results and signals are this
+    backend's. A moved task is kept apart, never declared: lookup() and the schedules
+    still see only what each backend declares."""
     task = lookup(alias, task_path)
     if task is not None:
         return task

@@ -12,7 +12,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from django_leases import registry
-from django_leases.models import Job
+from django_leases.models import Job, JobFailure
 from django_leases.states import JobState
 from tests.testapp.tasks import add, send_receipt
 
@@ -459,6 +459,11 @@ def test_a_requeued_jobs_result_counts_every_attempt_in_the_order_they_happened(
     assert failed.worker_ids == ["w1", "w2", "w3"] and len(failed.errors) == 3
     assert failed.errors[-1].exception_class_path == "builtins.KeyError"
     assert [e.exception_class_path for e in failed.errors[:2]] == ["builtins.ValueError"] * 2
+    # The failures' own order, which the admin's history and bulk reads use too.
+    [loaded] = Job.objects.with_failures([int(result.id)])
+    in_order = ["first", "second", "third"]
+    assert [f.message for f in loaded.failures.all()] == in_order
+    assert [f.message for f in JobFailure.objects.filter(job=loaded)] == in_order
 
 
 def test_a_claim_given_back_unfinished_is_no_attempt_of_the_result():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -89,7 +88,6 @@ def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_w
     deaf = deaf_task.enqueue("order-deaf", seconds=30)
     a = workers.start("order-a", "--concurrency", "2", "--grace", "1", *FAST)
     wait_for(lambda: phases("order-coop") and phases("order-deaf"), 20, "both handlers")
-    signalled = time.monotonic()
     a.signal(signal.SIGTERM)
     # Long before the deaf handler's 30 s are up.
     assert a.wait_exit(15) == 0
@@ -117,20 +115,21 @@ def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_w
     assert 0 <= deaf_released < stopped, log[-3000:]
     [running] = a.events("handlers_running", worker="order-a")
     assert running["jobs"] == [int(deaf.id)]
-    # The deaf handler ended with the process: its sleep never got to the "done" effect.
-    wait_for(lambda: time.monotonic() - signalled > 9, 15, "the deaf handler's sleep to pass")
+    # The deaf handler ended with the process (gone within 15 s of its 30): no "done".
     assert phases("order-deaf") == ["start"] and phases("order-coop") == ["start"]
     assert not JobFailure.objects.exists()
 
 
-def test_a_handler_whose_claim_was_lost_before_the_stop_ends_with_the_process(workers):
+def test_a_handler_whose_claim_was_lost_before_the_stop_ends_with_the_process(workers, tmp_path):
     """(4) An async handler deaf to cancellation (it blocks its own event loop) whose job
     an operator cancelled runs on, its claim lost, when SIGTERM comes: the worker waits
     out its grace and ends, the handler with it, as for one told to stop at the end of
     the grace. Before, Python waited at exit for the handler's event-loop thread
-    (asgiref's), 30 s here."""
+    (asgiref's), 30 s here. The project's exit hooks still run (an error tracker's
+    flush; before: skipped by the immediate exit)."""
+    mark = tmp_path / "atexit"
     deaf = astubborn.enqueue("lost-deaf", seconds=30)
-    a = workers.start("lost-a", "--grace", "1", *FAST)
+    a = workers.start("lost-a", "--grace", "1", *FAST, env_extra={"LEASES_ATEXIT_MARK": str(mark)})
     wait_for(lambda: phases("lost-deaf"), 20, "the handler to start")
     assert Job.objects.filter(pk=int(deaf.id)).cancel() == 1
     wait_for(lambda: a.events("lost", worker="lost-a"), 20, "the claim to be seen lost")
@@ -138,6 +137,7 @@ def test_a_handler_whose_claim_was_lost_before_the_stop_ends_with_the_process(wo
     assert a.wait_exit(15) == 0  # long before the handler's 30 s are up
     assert phases("lost-deaf") == ["start"]
     assert job_of(deaf).state == JobState.CANCELLED
+    assert mark.read_text() == "ran", a.log()[-2000:]
 
 
 # How an ack sets the result column: quoted as the database quotes names (the ORM's ack),

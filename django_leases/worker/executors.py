@@ -66,6 +66,10 @@ class _Slots:
                     outcome = self.execute(claim, task)
                 except BaseException as e:  # noqa: BLE001 -- a slot must never die silently
                     outcome = _worker_error(e, "while running the handler")
+                finally:
+                    # The handler is done: a stop need not end the process at once for it.
+                    with self._running_lock:
+                        self._running -= 1
                 claim.exited.set()
                 # Before the outcome goes out: a transaction the handler left open may hold
                 # the lock on the row the main loop is about to ack or fail.
@@ -79,8 +83,6 @@ class _Slots:
                 )
             finally:
                 claim.exited.set()
-                with self._running_lock:
-                    self._running -= 1
                 self._done(
                     claim,
                     outcome

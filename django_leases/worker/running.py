@@ -44,7 +44,8 @@ def unrunnable(job: Any, task: Any, alias: str) -> tuple[str, str] | None:
     """(exception class path, message) when ``job`` cannot be run as ``task``; else None."""
     if task is None:
         return UNKNOWN_TASK, (
-            f"{job.task_path!r} is not a task declared for backend {alias!r}; its dotted path is "
+            f"{job.task_path!r} is not a task declared for backend {alias!r} (nor for another "
+            "lease backend); its dotted path is "
             "never imported on a row's say-so. If it is a @task, declare it in an installed "
             f"app's tasks module or list its module in TASKS[{alias!r}]['OPTIONS']['TASK_MODULES'], "
             "then restart the workers and requeue the job."

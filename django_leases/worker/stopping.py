@@ -36,17 +36,13 @@ RELEASE_NOTICE_SECONDS = 1.0
 class Stopping(Settling):
     """Worker's shutdown: what run() does once the loop has ended."""
 
-    # Set when a handler told to stop was still running at the end of its notice: the
-    # process must end at once after run() (run_lease_worker does), or a thread Python
-    # waits for at exit (an async handler's event loop, asgiref's) keeps it running the
-    # released job.
-    handlers_left_running = False
-
-    def left_handlers_running(self) -> bool:
-        """Whether a handler still runs now that run() has returned: told to stop and
-        deaf to it, or one whose claim was lost or taken before the stop."""
+    def handlers_running(self) -> bool:
+        """Whether a handler still runs now that run() has returned: told to stop and deaf
+        to it, or one whose claim was lost or taken before the stop. The process must then
+        end at once (run_lease_worker does), or a thread Python waits for at exit (an async
+        handler's event loop, asgiref's) keeps it running a released job."""
         executor = getattr(self, "executor", None)
-        return self.handlers_left_running or (executor is not None and executor.running() > 0)
+        return executor is not None and executor.running() > 0
 
     if TYPE_CHECKING:
         WorkerProcess: type[WorkerProcessModel]
@@ -148,7 +144,6 @@ class Stopping(Settling):
         deadline = time.monotonic() + notice
         for claim in claims:
             claim.exited.wait(max(deadline - time.monotonic(), 0.0))
-        self.handlers_left_running = not all(c.exited.is_set() for c in claims)
         # A job its handler acknowledged is done whatever the handler does now: not released,
         # so not named here.
         running = [c.pk for c in claims if not c.exited.is_set() and not c.acked]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import sys
+import traceback
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -161,12 +163,15 @@ class Command(BaseCommand):
         if kwargs["connect_handlers"]:
             _require_connections(kwargs)
         worker = Worker(**kwargs)
-        status = 1
         try:
             status = worker.run()
-        finally:
-            if worker.left_handlers_running():
-                _end_now(status)
+        except BaseException:
+            if worker.handlers_running():
+                traceback.print_exc()  # what Python would print, before ending at once
+                _end_now(1)
+            raise
+        if worker.handlers_running():
+            _end_now(status)
         if status:
             sys.exit(status)
 
@@ -262,10 +267,18 @@ def _option_help(name: str, default: str) -> str:
 def _end_now(status: int) -> None:
     """End the process at once, handlers still running with it (as the handlers_running
     line said), not when Python has joined every thread: an async handler's event loop
-    runs on one it waits for (asgiref's). Logs flushed, connections closed first."""
+    runs on one it waits for (asgiref's). Connections closed and the project's exit hooks
+    run first (atexit: logging's flush, an error tracker's); the wait is in threading's
+    own shutdown, which comes before them and is skipped."""
     from django.db import connections
 
-    for finish in (connections.close_all, logging.shutdown, sys.stdout.flush, sys.stderr.flush):
+    for finish in (
+        connections.close_all,
+        atexit._run_exitfuncs,
+        logging.shutdown,
+        sys.stdout.flush,
+        sys.stderr.flush,
+    ):
         with contextlib.suppress(Exception):
             finish()
     os._exit(status)
