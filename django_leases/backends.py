@@ -137,18 +137,13 @@ class LeaseBackend(BaseTaskBackend):
         return cast(str, self.options.get("DATABASE", "default"))
 
     def validate_task(self, task: Any) -> None:
-        """Django calls this for each Task made for this backend (by @task, and by each
-        ``using()`` copy): checked, then declared (registry.declare)."""
-        self._check_task(task)
-        registry.declare(self.alias, task)
-
-    def _check_task(self, task: Any) -> None:
         super().validate_task(task)
         try:
             check_task_options(task)
         except InvalidLeaseOption as e:
             raise InvalidTask(f"{task.module_path}: {e}") from e
         _check_schedule_option(task)
+        registry.declare(self.alias, task)
 
     def job_fields(self, task: Any) -> JobFields:
         """What a job of ``task`` gets, checked: what the scheduled ticks enqueue with."""
@@ -190,7 +185,7 @@ class LeaseBackend(BaseTaskBackend):
         Job = _job_model(self.alias)
 
         if getattr(task, "unique_key", None) is not None:
-            self._check_task(task)
+            self.validate_task(task)
             raise InvalidTask(f"Cannot enqueue {task.module_path} in bulk with a unique_key")
         try:
             rows = insert_job_rows(
@@ -210,14 +205,14 @@ class LeaseBackend(BaseTaskBackend):
 
     def _job_fields(self, task: Any) -> JobFields:
         """What a job of ``task`` gets (the task's options, else its queue's, else the
-        backend's), checked, as validate_task() checks it. Tasks are frozen, so both are done once
+        backend's), checked, after validate_task(). Tasks are frozen, so both are done once
         per task and backend; a task that cannot be hashed (a list as retry) is checked on
         every enqueue."""
         try:
             return self._checked_tasks[task]
         except (KeyError, TypeError):
             pass
-        self._check_task(task)  # checked again, not declared: an enqueue declares nothing
+        self.validate_task(task)
         self._check_discovered(task)
         fields = self._job_options(task).check(task.module_path)
         try:

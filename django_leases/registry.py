@@ -11,8 +11,6 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -31,35 +29,22 @@ _declared_by_discovery: dict[str, str] = {}
 # queue): apart from _declared.
 _moved: dict[tuple[str, str, str], Task[..., Any]] = {}
 _discovering = threading.local()
-_copying = threading.local()
-
-
-@contextmanager
-def copying() -> Iterator[None]:
-    """While a task is copied with ``Task.using()``: the copy is validated, and declared
-    only if its path is declared for no lease backend yet. ``nightly.using(backend="bulk")``
-    sends jobs to "bulk" (runnable() serves them there); declared, the copy would also be
-    "bulk"'s task, and its workers would tick ``nightly``'s schedule a second time."""
-    outer = getattr(_copying, "active", False)
-    _copying.active = True
-    try:
-        yield
-    finally:
-        _copying.active = outer
 
 
 def declare(alias: str, task: Task[..., Any]) -> None:
-    """Remember ``task`` as runnable by the backend ``alias`` (the first declaration wins;
-    a copy made by ``Task.using()`` declares nothing where its path is declared)."""
+    """Remember ``task`` as runnable by the backend ``alias``: the first declaration of a
+    path wins, for every lease backend. Each copy of a task (``using()``,
+    ``using_lease()``, a pickle's) is validated, and so reaches here; a copy sent to
+    another backend (``nightly.using(backend="bulk")``) must not become "bulk"'s task,
+    or "bulk"'s workers would tick nightly's schedule a second time. Its jobs still run
+    there, through runnable()."""
     with _lock:
-        if getattr(_copying, "active", False) and any(
-            task.module_path in tasks for tasks in _declared.values()
-        ):
-            return
-        _declared.setdefault(alias, {}).setdefault(task.module_path, task)
         root = getattr(_discovering, "module", None)
         if root is not None:
             _declared_by_discovery.setdefault(task.module_path, root)
+        if any(task.module_path in tasks for tasks in _declared.values()):
+            return
+        _declared.setdefault(alias, {})[task.module_path] = task
 
 
 def lookup(alias: str, task_path: str) -> Task[..., Any] | None:

@@ -51,30 +51,6 @@ class LeaseTask(_TaskBase):
     # tick exactly once (docs/periodic.md).
     schedule: Any = None
 
-    def using(
-        self,
-        *,
-        priority: int | None = None,
-        queue_name: str | None = None,
-        run_after: datetime | None = None,
-        backend: str | None = None,
-    ) -> LeaseTask:
-        """Django's ``using()``; the copy declares nothing where the task is declared
-        (registry.copying)."""
-        from . import registry
-
-        with registry.copying():
-            return cast(
-                LeaseTask,
-                _TaskBase.using(
-                    self,
-                    priority=priority,
-                    queue_name=queue_name,
-                    run_after=run_after,
-                    backend=backend,
-                ),
-            )
-
     def enqueue_many(self, calls: Any) -> list[Any]:
         """Enqueue one job per ``(args, kwargs)`` pair in bulk INSERTs, in the caller's
         transaction; nothing is written if any call's arguments are refused."""

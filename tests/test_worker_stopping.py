@@ -172,3 +172,24 @@ def test_an_outcome_the_database_never_took_is_not_released_at_a_stop(workers):
     assert not a.events("released"), log[-3000:]
     [unsent] = a.events("outcome_unsent", job_id=int(result.id))
     assert unsent["worker"] == "unsent-a"
+
+
+def test_a_handler_waking_the_loop_after_it_closed_writes_into_no_file_opened_since(tmp_path):
+    """A handler's thread may finish, and wake the main loop, after run() closed the
+    loop's pipe (while the process ends: the project's exit hooks run then). Its byte must
+    not land in whatever file or socket took the pipe's descriptor numbers since (before:
+    both were closed, and the next files opened got them)."""
+    from django_leases.worker.waker import Waker
+
+    waker = Waker()
+    waker.close()
+    paths = [tmp_path / "log-a", tmp_path / "log-b"]
+    files = [p.open("wb", buffering=0) for p in paths]
+    try:
+        waker.wake()
+        waker.close()  # twice: the second closes nothing of anyone else's
+        files[0].write(b"x")
+    finally:
+        for f in files:
+            f.close()
+    assert [p.read_bytes() for p in paths] == [b"x", b""]

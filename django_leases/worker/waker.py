@@ -18,6 +18,7 @@ class Waker:
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
+        self._closed = False
 
     def wake(self) -> None:
         # A full pipe already holds a wake-up; a closed one means the loop is gone.
@@ -37,6 +38,21 @@ class Waker:
         return True
 
     def close(self) -> None:
-        for fd in (self._read, self._write):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        """Close the read end; the write end is pointed at /dev/null and closed only with
+        this object. A handler's thread may still wake() after the loop is gone (at exit):
+        a closed number could by then be a file or socket opened since, and get the byte."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(OSError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self._write)
+            finally:
+                os.close(null)
+        with contextlib.suppress(OSError):
+            os.close(self._read)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._write)

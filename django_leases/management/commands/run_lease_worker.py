@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -264,21 +265,24 @@ def _option_help(name: str, default: str) -> str:
     return f"{conf.OPTIONS[name].help.removesuffix('.')} (default: {name}, {default})."
 
 
+# How long the project's exit hooks may take when the worker ends at once.
+EXIT_HOOKS_SECONDS = 5.0
+
+
 def _end_now(status: int) -> None:
     """End the process at once, handlers still running with it (as the handlers_running
     line said), not when Python has joined every thread: an async handler's event loop
-    runs on one it waits for (asgiref's). Connections closed and the project's exit hooks
-    run first (atexit: logging's flush, an error tracker's); the wait is in threading's
-    own shutdown, which comes before them and is skipped."""
+    runs on one it waits for (asgiref's). Connections are closed and the exit hooks run
+    first (atexit: logging's flush, an error tracker's), for EXIT_HOOKS_SECONDS at most:
+    multiprocessing's own hook joins handler children, which a stop does not end."""
     from django.db import connections
 
-    for finish in (
-        connections.close_all,
-        atexit._run_exitfuncs,
-        logging.shutdown,
-        sys.stdout.flush,
-        sys.stderr.flush,
-    ):
+    with contextlib.suppress(Exception):
+        connections.close_all()
+    hooks = threading.Thread(target=atexit._run_exitfuncs, name="leases-exit-hooks", daemon=True)
+    hooks.start()
+    hooks.join(EXIT_HOOKS_SECONDS)
+    for finish in (logging.shutdown, sys.stdout.flush, sys.stderr.flush):
         with contextlib.suppress(Exception):
             finish()
     os._exit(status)
