@@ -27,19 +27,24 @@ Whatever the database still refuses (a row reached through a database-level casc
 something holds to, a reference committed while the batch ran) sends the batch again, then a
 job at a time: a job refused then is kept for this run, the others go. Prune never stops at
 a job it cannot delete.
+
+What points at a job is read in prune_references.py; what would be refused is found in
+prune_refusals.py.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Q, Value
-from django.db.models.deletion import Collector, ProtectedError, RestrictedError
+from django.db.models.deletion import ProtectedError, RestrictedError
 from django.db.models.functions import Now
 
+from .prune_references import Hop, keeps, pointed_at, project_relations, subclasses, to_follow
+from .prune_refusals import ProjectRowsCollector, check_foreign_keys_now, refuse_restricted
 from .states import TERMINAL_STATES, JobState
 
 if TYPE_CHECKING:
@@ -50,9 +55,6 @@ if TYPE_CHECKING:
 else:
     _VerbsBase = object
 
-# Django 6.1's database-level on_delete (DB_CASCADE, ...): the database follows them.
-_DATABASE_ON_DELETE: Any = getattr(models.deletion, "DatabaseOnDelete", ())
-_KEEPING = (models.PROTECT, models.RESTRICT)
 # What a project's rows answer when a job they point at cannot go: the job is kept.
 _REFUSED = (ProtectedError, RestrictedError, IntegrityError)
 
@@ -284,7 +286,7 @@ class PruneVerbs(_VerbsBase):
         unlinked = [r for r in own if r.on_delete is not models.CASCADE]
         if collect:
             job = self.model._meta.concrete_model or self.model
-            collector = _ProjectRowsCollector(job, using=db, origin=None)
+            collector = ProjectRowsCollector(job, using=db, origin=None)
             # The project's rows on the history are reached through the history's.
             direct = [rel for hop, rel in self._project_references(db)[0] if hop is None]
             for rel in direct + histories:
@@ -293,9 +295,9 @@ class PruneVerbs(_VerbsBase):
                 )
                 rel.on_delete(collector, rel.field, linked, db)
             # The jobs go by the raw DELETE below, after their run records are unlinked;
-            # none is collected (_ProjectRowsCollector), this only makes sure of it.
+            # none is collected (ProjectRowsCollector), this only makes sure of it.
             collector.data.pop(job, None)
-            _refuse_restricted(collector)
+            refuse_restricted(collector)
             collector.delete()
         for rel in unlinked if collect else own:
             linked = rel.related_model._default_manager.using(db).filter(
@@ -312,7 +314,7 @@ class PruneVerbs(_VerbsBase):
             gone = {self.model, *(r.related_model for r in own)}
             if collect:
                 gone.update(collector.data, (qs.model for qs in collector.fast_deletes))
-            _check_foreign_keys_now(db, gone)
+            check_foreign_keys_now(db, gone)
         return deleted
 
     def _refuse_a_subclass(self) -> None:
@@ -348,13 +350,13 @@ class PruneVerbs(_VerbsBase):
 
     def _kept_by_projects(self, db: str) -> Q:
         """The jobs a project's model protects, as a condition (empty: none)."""
-        return _pointed_at(db, self._project_references(db)[1])
+        return pointed_at(db, self._project_references(db)[1])
 
     def _pointed_at_by_projects(self, db: str, *, followed_only: bool = False) -> Q:
         """The jobs a project's model points at, on the job or its history, by a relation
         prune must follow or keep (or only follow), as a condition (empty: none)."""
         followed, keeping = self._project_references(db)
-        return _pointed_at(db, followed if followed_only else followed + keeping)
+        return pointed_at(db, followed if followed_only else followed + keeping)
 
     def _pointing_sql(self, db: str) -> list[str]:
         """The same as _pointed_at_by_projects(), as SQL for a job aliased ``j``."""
@@ -380,7 +382,7 @@ class PruneVerbs(_VerbsBase):
     def _project_references(self, db: str) -> tuple[list[Any], list[Any]]:
         """Other apps' relations pointing at a job, at its failures and effects (rows this
         app deletes with it), or at a project's subclass of Job, each as (None or the
-        _Hop between the job and the model pointed at, the relation), from models the
+        Hop between the job and the model pointed at, the relation), from models the
         routers place on ``db``: (those the collector follows, those that keep their
         jobs). Relations the database follows itself, or that nothing holds to, are in
         neither; so are a subclass's relations to follow, which the collector reaches
@@ -390,16 +392,16 @@ class PruneVerbs(_VerbsBase):
         # A proxy's relations are its concrete model's.
         job = self.model._meta.concrete_model or self.model
         histories = [r for r in self._own_references() if r.on_delete is models.CASCADE]
-        for hop in [None, *(_Hop(r.related_model, r.field) for r in histories)]:
-            for rel in _project_relations(job if hop is None else hop.model, db):
-                if _keeps(rel, db):
+        for hop in [None, *(Hop(r.related_model, r.field) for r in histories)]:
+            for rel in project_relations(job if hop is None else hop.model, db):
+                if keeps(rel, db):
                     keeping.append((hop, rel))
-                elif _to_follow(rel):
+                elif to_follow(rel):
                     followed.append((hop, rel))
-        for sub, link in _subclasses(job, job._meta.pk, db):
-            for rel in _project_relations(sub, db, own=job._meta.app_label):
-                if _keeps(rel, db):
-                    keeping.append((_Hop(sub, link), rel))
+        for sub, link in subclasses(job, job._meta.pk, db):
+            for rel in project_relations(sub, db, own=job._meta.app_label):
+                if keeps(rel, db):
+                    keeping.append((Hop(sub, link), rel))
         return followed, keeping
 
     def _schedules(self) -> Any:
@@ -497,182 +499,5 @@ class PruneVerbs(_VerbsBase):
             cursor.execute(sql, params)
             n, last = cursor.fetchone()
             if check:  # inside a caller's transaction: not at its commit
-                _check_foreign_keys_now(db, set())
+                check_foreign_keys_now(db, set())
         return n, last
-
-
-def _project_relations(model: Any, db: str, own: str | None = None) -> list[Any]:
-    """Foreign keys and one-to-one fields pointing at ``model`` (hidden ones and
-    many-to-many tables included) from models of apps other than ``own`` (by default,
-    ``model``'s) that the routers place on ``db``; not a ForeignObject, which has no
-    column of its own."""
-    own = own or model._meta.app_label
-    return [
-        rel
-        # Not those to a parent (a subclass of Job would repeat the job's).
-        for rel in model._meta.get_fields(include_parents=False, include_hidden=True)
-        if isinstance(rel, models.ForeignObjectRel)
-        and (rel.one_to_many or rel.one_to_one)
-        and rel.related_model._meta.app_label != own
-        and isinstance(rel.field, models.ForeignKey)
-        and router.allow_migrate_model(db, rel.related_model)
-    ]
-
-
-def _subclasses(model: Any, key: Any, db: str) -> list[tuple[Any, Any]]:
-    """A project's subclasses of ``model`` by multi-table inheritance, and theirs, that the
-    routers place on ``db``, each with its field holding the job's id: its link to the
-    parent, where that link holds the parent's ``key`` (the job's id). A subclass below
-    one with a primary key of its own links to that key, not to the job's id: it is left
-    to the collector (such a job is counted by prunable(), and kept by prune())."""
-    found = []
-    for rel in model._meta.get_fields(include_parents=False, include_hidden=True):
-        if (
-            isinstance(rel, models.OneToOneRel)
-            and rel.parent_link
-            and rel.field.target_field == key
-            and router.allow_migrate_model(db, rel.related_model)
-        ):
-            found += [(rel.related_model, rel.field)]
-            found += _subclasses(rel.related_model, rel.field, db)
-    return found
-
-
-def _keeps(rel: Any, db: str) -> bool:
-    """Whether ``rel`` keeps the row it points at: PROTECT, RESTRICT, or DO_NOTHING under
-    a foreign key constraint Django made (not from an unmanaged model such as a view)."""
-    return rel.on_delete in _KEEPING or (
-        rel.on_delete is models.DO_NOTHING
-        and rel.field.db_constraint
-        and _made_here(db, rel.related_model)
-    )
-
-
-def _made_here(db: str, model: Any) -> bool:
-    """Whether Django made ``model``'s table, with its constraints, on ``db``: managed,
-    not a proxy, and placed there by the routers (a view's unmanaged model is not)."""
-    return bool(model._meta.can_migrate(db) and router.allow_migrate_model(db, model))
-
-
-def _to_follow(rel: Any) -> bool:
-    """Whether Django's collector has something to do for ``rel`` that the database does
-    not do itself: CASCADE, SET_NULL, SET_DEFAULT, SET(...)."""
-    return (
-        rel.on_delete not in _KEEPING
-        and rel.on_delete is not models.DO_NOTHING
-        and not isinstance(rel.on_delete, _DATABASE_ON_DELETE)
-    )
-
-
-class _Hop(NamedTuple):
-    """A table between a job and a project's row pointing at it: one of this app's
-    histories (failures, effects) or a project's subclass of Job; ``key`` is its field
-    holding the job's id."""
-
-    model: Any
-    key: Any
-
-
-class _ProjectRowsCollector(Collector):
-    """Django's collector for the project's rows that point at jobs prune deletes. A row
-    of a project's subclass of Job (or of a subclass of that) is collected without its
-    parents: without the job, which prune's own DELETE takes, and without the job's
-    relations, which prune follows itself (a schedule's last job never, as a collector
-    would, with an UPDATE of the schedule table)."""
-
-    def __init__(self, job: Any, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.job = job
-
-    def collect(self, objs: Any, *args: Any, **kwargs: Any) -> None:
-        model = getattr(objs, "model", None) or (type(objs[0]) if objs else None)
-        if model is not None and self.job in model._meta.get_parent_list():
-            kwargs["keep_parents"] = True
-        super().collect(objs, *args, **kwargs)
-
-
-def _refuse_restricted(collector: Collector) -> None:
-    """Raise RestrictedError for what a RESTRICT relation holds and no CASCADE collected,
-    as Collector.collect() does at its top level (the on_delete calls here are not)."""
-    for model, instances in collector.data.items():
-        collector.clear_restricted_objects_from_set(model, set(instances))
-    for qs in collector.fast_deletes:
-        collector.clear_restricted_objects_from_queryset(qs.model, qs)
-    held = {
-        obj
-        for fields in collector.restricted_objects.values()
-        for objs in fields.values()
-        for obj in objs
-    }
-    if held:
-        raise RestrictedError("rows a RESTRICT relation holds would be deleted", held)
-
-
-def _check_foreign_keys_now(db: str, gone: set[Any]) -> None:
-    """Raise IntegrityError now for a row left pointing at one deleted from the tables of
-    ``gone`` (models), which PostgreSQL and SQLite would report only at the commit (MySQL
-    checks each statement). Only inside a caller's transaction. On PostgreSQL in a
-    savepoint rolled back after, which leaves the constraints' mode as the caller had it;
-    that runs every deferred check of the transaction so far (the caller's pending rows
-    too, whose refusal keeps the batch's jobs), and again at the next batch: prune in a
-    transaction of its own, as leases_prune does, checks each batch once at its commit."""
-    connection = connections[db]
-    if connection.vendor == "postgresql":
-        checked = connection.savepoint()
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        finally:
-            if checked is not None:  # always, inside the batch's atomic block
-                connection.savepoint_rollback(checked)
-    elif connection.vendor == "sqlite":
-        gone = _with_database_cascades(gone)
-        deleted = {model._meta.db_table for model in gone}
-        tables = {
-            rel.related_model._meta.db_table
-            for model in gone
-            for rel in model._meta.get_fields(include_hidden=True)
-            if isinstance(rel, models.ForeignObjectRel)
-            and getattr(rel.field, "db_constraint", False)
-            and _made_here(db, rel.related_model)
-        }
-        quote = connection.ops.quote_name
-        with connection.cursor() as cursor:
-            for table in sorted(tables):
-                cursor.execute(f"PRAGMA foreign_key_check({quote(table)})")
-                for _, rowid, parent, _ in cursor.fetchall():
-                    if parent in deleted:
-                        raise IntegrityError(f"{table} row {rowid} points at a deleted {parent}")
-
-
-def _with_database_cascades(gone: set[Any]) -> set[Any]:
-    """``gone`` and the models whose rows the database deletes with theirs (DB_CASCADE)."""
-    found = set(gone)
-    todo = list(gone)
-    while todo:
-        for rel in todo.pop()._meta.get_fields(include_hidden=True):
-            if (
-                isinstance(rel, models.ForeignObjectRel)
-                and isinstance(rel.on_delete, _DATABASE_ON_DELETE)
-                and getattr(rel.on_delete, "operation", "") == "CASCADE"
-                and rel.related_model not in found
-            ):
-                found.add(rel.related_model)
-                todo.append(rel.related_model)
-    return found
-
-
-def _pointed_at(db: str, references: list[tuple[Any, Any]]) -> Q:
-    """The jobs the rows of ``references`` point at, as a condition (empty: none); a
-    reference is (None, a relation to the job) or (a _Hop, a relation to the hop's
-    model)."""
-    condition = Q()
-    for hop, rel in references:
-        name = rel.field.name
-        rows = rel.related_model._base_manager.using(db).filter(**{f"{name}__isnull": False})
-        pointed = Q(**{f"{rel.field_name}__in": rows.values(name)})
-        if hop is not None:
-            between = hop.model._base_manager.using(db).filter(pointed)
-            pointed = Q(pk__in=between.values(hop.key.name))
-        condition |= pointed
-    return condition

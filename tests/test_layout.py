@@ -25,6 +25,8 @@ DATA = {
     "django_leases.lease_statements",
     "django_leases.operators",
     "django_leases.pruning",
+    "django_leases.prune_references",
+    "django_leases.prune_refusals",
     "django_leases.enqueue",
     "django_leases.enqueue_options",
     "django_leases.worker_registry",
@@ -46,6 +48,8 @@ STATEMENTS = {
     "django_leases.lease_statements",
     "django_leases.operators",
     "django_leases.pruning",
+    "django_leases.prune_references",
+    "django_leases.prune_refusals",
     "django_leases.enqueue",
     "django_leases.worker_registry",
     "django_leases.schedule_query",
@@ -218,6 +222,8 @@ def test_enqueue_and_operators_stand_below_query():
         "django_leases.lease_statements",
         "django_leases.operators",
         "django_leases.pruning",
+        "django_leases.prune_references",
+        "django_leases.prune_refusals",
         "django_leases.worker_registry",
     ):
         assert "django_leases.query" not in GRAPH[module], module
@@ -229,6 +235,9 @@ def test_enqueue_and_operators_stand_below_query():
     # reverse.
     assert "django_leases.enqueue" not in GRAPH["django_leases.enqueue_options"]
     assert "django_leases.enqueue_options" in GRAPH["django_leases.enqueue"]
+    # What points at a job is read apart from what deletes it.
+    assert "django_leases.pruning" not in GRAPH["django_leases.prune_references"]
+    assert "django_leases.pruning" not in GRAPH["django_leases.prune_refusals"]
 
 
 def test_every_module_is_on_the_layout_page():
