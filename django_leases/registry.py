@@ -29,22 +29,32 @@ _declared_by_discovery: dict[str, str] = {}
 # queue): apart from _declared.
 _moved: dict[tuple[str, str, str], Task[..., Any]] = {}
 _discovering = threading.local()
+# The backend each path was declared for first (own_schedule()).
+_first_alias: dict[str, str] = {}
 
 
 def declare(alias: str, task: Task[..., Any]) -> None:
-    """Remember ``task`` as runnable by the backend ``alias``: the first declaration of a
-    path wins, for every lease backend. Each copy of a task (``using()``,
-    ``using_lease()``, a pickle's) is validated, and so reaches here; a copy sent to
-    another backend (``nightly.using(backend="bulk")``) must not become "bulk"'s task,
-    or "bulk"'s workers would tick nightly's schedule a second time. Its jobs still run
-    there, through runnable()."""
+    """Remember ``task`` as runnable by the backend ``alias`` (the first declaration wins)."""
     with _lock:
+        _first_alias.setdefault(task.module_path, alias)
+        _declared.setdefault(alias, {}).setdefault(task.module_path, task)
         root = getattr(_discovering, "module", None)
         if root is not None:
             _declared_by_discovery.setdefault(task.module_path, root)
-        if any(task.module_path in tasks for tasks in _declared.values()):
-            return
-        _declared.setdefault(alias, {})[task.module_path] = task
+
+
+def own_schedule(alias: str, task: Task[..., Any]) -> Any:
+    """``task``'s schedule option as a schedule of backend ``alias``: None where it is the
+    very one of the path's first declaration, for another backend, that a copy inherited.
+    ``nightly.using(backend="bulk")`` made at import is declared for "bulk" too; were its
+    schedule "bulk"'s, both backends' workers would tick nightly. A declaration of its
+    own for "bulk" (``task(backend="bulk", schedule=...)``) ticks there."""
+    schedule = getattr(task, "schedule", None)
+    first = _first_alias.get(task.module_path)
+    if schedule is None or first is None or first == alias:
+        return schedule
+    original = lookup(first, task.module_path)
+    return None if getattr(original, "schedule", None) is schedule else schedule
 
 
 def lookup(alias: str, task_path: str) -> Task[..., Any] | None:
@@ -54,10 +64,11 @@ def lookup(alias: str, task_path: str) -> Task[..., Any] | None:
 def runnable(alias: str, task_path: str, queue_name: str) -> Task[..., Any] | None:
     """The task a worker of ``alias`` runs for a job of ``task_path`` in ``queue_name``:
     the one declared for ``alias``, else one declared for another lease backend (sent here
-    with ``Task.using(backend=alias)``, or enqueued by path on this backend's database),
-    moved to ``alias`` and the job's queue so that its results and signals are this
-    backend's. A moved task is kept apart, never declared: lookup() and the schedules
-    still see only what each backend declares."""
+    with ``Task.using(backend=alias)``, which declares the copy in the process that made
+    it only, or enqueued by path on this backend's database), moved to ``alias`` and the
+    job's queue so that its results and signals are this backend's. A moved task is kept
+    apart, never declared: lookup() and the schedules still see only what each backend
+    declares."""
     task = lookup(alias, task_path)
     if task is not None:
         return task

@@ -308,7 +308,7 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
         specs[spec.name] = spec
 
     for task in registry.declared_tasks(alias):
-        option = getattr(task, "schedule", None)
+        option = registry.own_schedule(alias, task)
         if option is None:
             continue
         for p in option if isinstance(option, list | tuple) else [option]:

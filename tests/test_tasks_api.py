@@ -354,13 +354,13 @@ def test_a_task_sent_to_another_backend_with_using_is_run_by_that_backends_worke
     assert finished(result).status == Status.SUCCESSFUL and result.return_value == 42
     assert result.worker_ids == [f"using-{isolation}"] and result.backend == "queue"
     assert sent.get_result(result.id).status == Status.SUCCESSFUL
-    # Run, never declared, neither by the worker nor by using() here: the schedules and
-    # lookup() see only what each backend declares.
+    # Run, never declared: the schedules and lookup() see only what each backend declares
+    # (send_receipt: add's copy made above is declared for "queue" in this process).
     from django_leases import registry
 
-    moved = registry.runnable("queue", "tests.testapp.tasks.add", "bulk")
+    moved = registry.runnable("queue", "tests.testapp.tasks.send_receipt", "bulk")
     assert (moved.backend, moved.queue_name) == ("queue", "bulk")
-    assert registry.lookup("queue", "tests.testapp.tasks.add") is None
+    assert registry.lookup("queue", "tests.testapp.tasks.send_receipt") is None
     stray.refresh_from_db()
     assert stray.state == "dead"
 

@@ -193,3 +193,21 @@ def test_a_handler_waking_the_loop_after_it_closed_writes_into_no_file_opened_si
         for f in files:
             f.close()
     assert [p.read_bytes() for p in paths] == [b"x", b""]
+
+
+def test_a_worker_ending_at_once_after_an_error_ends_as_python_would(capsys):
+    """When run() raises with handlers still running, run_lease_worker ends at once with
+    the status, and the output, Python's own exit would have given the error."""
+    from django_leases.management.commands.run_lease_worker import _exit_status
+
+    assert [_exit_status(SystemExit(code)) for code in (None, 0, 3)] == [0, 0, 3]
+    assert _exit_status(SystemExit("no database")) == 1
+    assert capsys.readouterr().err == "no database\n"
+    assert _exit_status(KeyboardInterrupt()) == 130
+    assert capsys.readouterr().err.strip().endswith("KeyboardInterrupt")
+    try:
+        raise RuntimeError("the loop broke")
+    except RuntimeError as e:
+        assert _exit_status(e) == 1
+    printed = capsys.readouterr().err
+    assert printed.startswith("Traceback") and "RuntimeError: the loop broke" in printed

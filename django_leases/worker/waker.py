@@ -15,10 +15,10 @@ import select
 
 class Waker:
     def __init__(self) -> None:
+        self._closed = False
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
-        self._closed = False
 
     def wake(self) -> None:
         # A full pipe already holds a wake-up; a closed one means the loop is gone.
@@ -27,6 +27,8 @@ class Waker:
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; return True if woken early."""
+        if self._closed:  # the read end's number may be another file's by now
+            return False
         ready, _, _ = select.select([self._read], [], [], max(timeout, 0.0))
         if not ready:
             return False
@@ -47,12 +49,15 @@ class Waker:
         with contextlib.suppress(OSError):
             null = os.open(os.devnull, os.O_WRONLY)
             try:
-                os.dup2(null, self._write)
+                os.dup2(null, self._write, inheritable=False)
             finally:
                 os.close(null)
         with contextlib.suppress(OSError):
             os.close(self._read)
 
     def __del__(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._write)
+        # No thread can wake() an object nothing refers to: the write end goes now.
+        if hasattr(self, "_write"):
+            self.close()
+            with contextlib.suppress(OSError):
+                os.close(self._write)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import multiprocessing
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -166,10 +168,9 @@ class Command(BaseCommand):
         worker = Worker(**kwargs)
         try:
             status = worker.run()
-        except BaseException:
+        except BaseException as e:
             if worker.handlers_running():
-                traceback.print_exc()  # what Python would print, before ending at once
-                _end_now(1)
+                _end_now(_exit_status(e))
             raise
         if worker.handlers_running():
             _end_now(status)
@@ -269,23 +270,48 @@ def _option_help(name: str, default: str) -> str:
 EXIT_HOOKS_SECONDS = 5.0
 
 
+def _exit_status(error: BaseException) -> int:
+    """The status Python would end with for ``error`` uncaught, printing what it would."""
+    if isinstance(error, SystemExit):
+        if error.code is None or isinstance(error.code, int):
+            return error.code or 0
+        sys.stderr.write(f"{error.code}\n")
+        return 1
+    traceback.print_exception(error)
+    return 130 if isinstance(error, KeyboardInterrupt) else 1
+
+
 def _end_now(status: int) -> None:
     """End the process at once, handlers still running with it (as the handlers_running
     line said), not when Python has joined every thread: an async handler's event loop
     runs on one it waits for (asgiref's). Connections are closed and the exit hooks run
-    first (atexit: logging's flush, an error tracker's), for EXIT_HOOKS_SECONDS at most:
-    multiprocessing's own hook joins handler children, which a stop does not end."""
-    from django.db import connections
+    first (atexit: logging's flush, an error tracker's), for EXIT_HOOKS_SECONDS at most;
+    a handler child still running is killed before, or multiprocessing's own hook would
+    spend them waiting for it. Whatever happens meanwhile, os._exit comes last: stop
+    signals are ignored from here, and a hook still running is left its locks (logging's,
+    stdout's) rather than the exit waiting on them."""
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(Exception):
+                signal.signal(signum, signal.SIG_IGN)
+        from django.db import connections
 
-    with contextlib.suppress(Exception):
-        connections.close_all()
-    hooks = threading.Thread(target=atexit._run_exitfuncs, name="leases-exit-hooks", daemon=True)
-    hooks.start()
-    hooks.join(EXIT_HOOKS_SECONDS)
-    for finish in (logging.shutdown, sys.stdout.flush, sys.stderr.flush):
         with contextlib.suppress(Exception):
-            finish()
-    os._exit(status)
+            connections.close_all()
+        for child in multiprocessing.active_children():
+            with contextlib.suppress(Exception):
+                child.kill()
+        hooks = threading.Thread(
+            target=atexit._run_exitfuncs, name="leases-exit-hooks", daemon=True
+        )
+        hooks.start()
+        hooks.join(EXIT_HOOKS_SECONDS)
+        if not hooks.is_alive():
+            for finish in (logging.shutdown, sys.stdout.flush, sys.stderr.flush):
+                with contextlib.suppress(Exception):
+                    finish()
+    finally:
+        os._exit(status)
 
 
 def _require_ready_database(database: str) -> None:
