@@ -29,32 +29,46 @@ _declared_by_discovery: dict[str, str] = {}
 # queue): apart from _declared.
 _moved: dict[tuple[str, str, str], Task[..., Any]] = {}
 _discovering = threading.local()
-# The backend each path was declared for first (own_schedule()).
-_first_alias: dict[str, str] = {}
+# (alias, path) declared by a copy carrying another backend's schedule (own_schedule()).
+_inherited: set[tuple[str, str]] = set()
 
 
 def declare(alias: str, task: Task[..., Any]) -> None:
-    """Remember ``task`` as runnable by the backend ``alias`` (the first declaration wins)."""
+    """Remember ``task`` as runnable by the backend ``alias`` (the first declaration wins,
+    unless it was a copy carrying another backend's schedule and this one brings a
+    schedule of its own: see own_schedule())."""
+    path = task.module_path
+    schedule = getattr(task, "schedule", None)
     with _lock:
-        _first_alias.setdefault(task.module_path, alias)
-        _declared.setdefault(alias, {}).setdefault(task.module_path, task)
+        inherited = schedule is not None and any(
+            getattr(tasks.get(path), "schedule", None) is schedule
+            for other, tasks in _declared.items()
+            if other != alias
+        )
+        declared = _declared.setdefault(alias, {})
+        if path not in declared or (
+            (alias, path) in _inherited and schedule is not None and not inherited
+        ):
+            declared[path] = task
+            if inherited:
+                _inherited.add((alias, path))
+            else:
+                _inherited.discard((alias, path))
         root = getattr(_discovering, "module", None)
         if root is not None:
-            _declared_by_discovery.setdefault(task.module_path, root)
+            _declared_by_discovery.setdefault(path, root)
 
 
 def own_schedule(alias: str, task: Task[..., Any]) -> Any:
-    """``task``'s schedule option as a schedule of backend ``alias``: None where it is the
-    very one of the path's first declaration, for another backend, that a copy inherited.
+    """The schedule option of ``task``, declared for ``alias``, as that backend's: None
+    for a copy that carries the very schedule of a declaration for another backend.
     ``nightly.using(backend="bulk")`` made at import is declared for "bulk" too; were its
     schedule "bulk"'s, both backends' workers would tick nightly. A declaration of its
-    own for "bulk" (``task(backend="bulk", schedule=...)``) ticks there."""
-    schedule = getattr(task, "schedule", None)
-    first = _first_alias.get(task.module_path)
-    if schedule is None or first is None or first == alias:
-        return schedule
-    original = lookup(first, task.module_path)
-    return None if getattr(original, "schedule", None) is schedule else schedule
+    own for "bulk" (``task(backend="bulk", schedule=Periodic(..., name=...))``, a Periodic
+    of its own) ticks there."""
+    if (alias, task.module_path) in _inherited:
+        return None
+    return getattr(task, "schedule", None)
 
 
 def lookup(alias: str, task_path: str) -> Task[..., Any] | None:

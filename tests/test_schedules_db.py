@@ -223,6 +223,28 @@ def test_a_copy_sent_to_another_backend_with_using_declares_no_schedule_there():
     assert {"tests.nightly", "tests.hourly"} <= {s.name for s in declared_schedules("default")}
 
 
+def test_only_a_copied_schedule_is_left_to_the_backend_it_was_declared_for():
+    """Invariant 4 for schedules, whatever the order of declarations: a copy carrying the
+    schedule of a declaration for another backend, not the first one (a -> b -> copy to
+    c), does not tick where it was sent; a declaration of its own, even one made after a
+    copy for the same backend, does."""
+    from types import SimpleNamespace
+
+    from django_leases import registry
+
+    def declared(alias, path, schedule):
+        registry.declare(alias, SimpleNamespace(module_path=path, schedule=schedule))
+        return registry.own_schedule(alias, registry.lookup(alias, path))
+
+    p, q = object(), object()
+    assert declared("order-a", "tests.registry.chain", None) is None
+    assert declared("order-b", "tests.registry.chain", p) is p
+    assert declared("order-c", "tests.registry.chain", p) is None  # b's, copied to c
+    assert declared("order-b", "tests.registry.late", p) is p
+    assert declared("order-d", "tests.registry.late", p) is None  # a copy, first for d
+    assert declared("order-d", "tests.registry.late", q) is q  # d's own, declared after
+
+
 def test_the_system_check_names_a_bad_schedule_setting():
     """Invariant 6: manage.py check reports OPTIONS["SCHEDULES"] errors as E020, naming
     the schedule and the field."""

@@ -30,6 +30,9 @@ from .logs import claim_fields, configured
 from .running import run_task, task_context
 
 logger = logging.getLogger("django_leases.worker")
+# The name of each handler child (multiprocessing's Process.name): how run_lease_worker
+# tells them from children the project starts itself.
+HANDLER_PROCESS_PREFIX = "leases-job-"
 
 Done = Callable[[Claim, Outcome], None]
 
@@ -181,7 +184,7 @@ class ProcessExecutor(_Slots):
         process = self._mp.Process(
             target=child_main,
             args=(theirs, payload, claim.lost_flag, claim.stamp),
-            name=f"leases-job-{job.pk}",
+            name=f"{HANDLER_PROCESS_PREFIX}{job.pk}",
             daemon=True,
         )
         process.start()

@@ -28,7 +28,7 @@ class Waker:
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; return True if woken early."""
         if self._closed:  # the read end's number may be another file's by now
-            return False
+            raise RuntimeError("this Waker is closed")
         ready, _, _ = select.select([self._read], [], [], max(timeout, 0.0))
         if not ready:
             return False
@@ -39,25 +39,31 @@ class Waker:
             pass
         return True
 
-    def close(self) -> None:
-        """Close the read end; the write end is pointed at /dev/null and closed only with
-        this object. A handler's thread may still wake() after the loop is gone (at exit):
-        a closed number could by then be a file or socket opened since, and get the byte."""
+    def close(self, *, keep_write_end: bool = False) -> None:
+        """Close the pipe. With ``keep_write_end`` (handlers still running, whose threads
+        may wake() while the process ends) the write end is pointed at /dev/null instead
+        and closed only with this object: a closed number could by then be a file or
+        socket opened since (an exit hook's), and get the byte."""
         if self._closed:
             return
         self._closed = True
         with contextlib.suppress(OSError):
-            null = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(null, self._write, inheritable=False)
-            finally:
-                os.close(null)
+            if keep_write_end:
+                null = os.open(os.devnull, os.O_WRONLY)
+                try:
+                    os.dup2(null, self._write, inheritable=False)
+                finally:
+                    os.close(null)
+            else:
+                write, self._write = self._write, -1  # a late wake() writes nowhere
+                os.close(write)
         with contextlib.suppress(OSError):
             os.close(self._read)
 
     def __del__(self) -> None:
-        # No thread can wake() an object nothing refers to: the write end goes now.
+        # No thread can wake() an object nothing refers to: a kept write end goes now.
         if hasattr(self, "_write"):
             self.close()
-            with contextlib.suppress(OSError):
-                os.close(self._write)
+            if self._write >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(self._write)

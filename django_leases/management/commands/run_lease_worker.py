@@ -266,12 +266,14 @@ def _option_help(name: str, default: str) -> str:
     return f"{conf.OPTIONS[name].help.removesuffix('.')} (default: {name}, {default})."
 
 
-# How long the project's exit hooks may take when the worker ends at once.
-EXIT_HOOKS_SECONDS = 5.0
+# How long the project's exit hooks may take when the worker ends at once: a handler left
+# running after its release runs on meanwhile (docs/worker.md, "Signals and stopping").
+EXIT_HOOKS_SECONDS = 2.0
 
 
 def _exit_status(error: BaseException) -> int:
-    """The status Python would end with for ``error`` uncaught, printing what it would."""
+    """The status Python would end with for ``error`` uncaught, printing what it would
+    (130 for Ctrl-C, as a shell reports Python's death by SIGINT)."""
     if isinstance(error, SystemExit):
         if error.code is None or isinstance(error.code, int):
             return error.code or 0
@@ -287,7 +289,7 @@ def _end_now(status: int) -> None:
     runs on one it waits for (asgiref's). Connections are closed and the exit hooks run
     first (atexit: logging's flush, an error tracker's), for EXIT_HOOKS_SECONDS at most;
     a handler child still running is killed before, or multiprocessing's own hook would
-    spend them waiting for it. Whatever happens meanwhile, os._exit comes last: stop
+    spend them waiting for it (the project's own children it ends as usual). Whatever happens meanwhile, os._exit comes last: stop
     signals are ignored from here, and a hook still running is left its locks (logging's,
     stdout's) rather than the exit waiting on them."""
     try:
@@ -296,11 +298,14 @@ def _end_now(status: int) -> None:
                 signal.signal(signum, signal.SIG_IGN)
         from django.db import connections
 
+        from ...worker.executors import HANDLER_PROCESS_PREFIX
+
         with contextlib.suppress(Exception):
             connections.close_all()
         for child in multiprocessing.active_children():
-            with contextlib.suppress(Exception):
-                child.kill()
+            if child.name.startswith(HANDLER_PROCESS_PREFIX):
+                with contextlib.suppress(Exception):
+                    child.kill()
         hooks = threading.Thread(
             target=atexit._run_exitfuncs, name="leases-exit-hooks", daemon=True
         )
