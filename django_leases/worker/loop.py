@@ -165,7 +165,7 @@ class Worker(Stopping):
             for thread in threads:
                 thread.stop()
             self.stop_request.restore()
-            self.waker.close(keep_write_end=self.handlers_running())
+            self.waker.close()
         return status
 
     @property

@@ -39,31 +39,27 @@ class Waker:
             pass
         return True
 
-    def close(self, *, keep_write_end: bool = False) -> None:
-        """Close the pipe. With ``keep_write_end`` (handlers still running, whose threads
-        may wake() while the process ends) the write end is pointed at /dev/null instead
-        and closed only with this object: a closed number could by then be a file or
-        socket opened since (an exit hook's), and get the byte."""
+    def close(self) -> None:
+        """Close the read end; point the write end at /dev/null, in one step, and close it
+        only with this object. Other threads may still wake() after the loop is gone (a
+        handler's slot thread handing back its outcome, the listener, stop()): between
+        reading the number and writing to it, a closed number could become a file or
+        socket opened since, and get the byte."""
         if self._closed:
             return
         self._closed = True
         with contextlib.suppress(OSError):
-            if keep_write_end:
-                null = os.open(os.devnull, os.O_WRONLY)
-                try:
-                    os.dup2(null, self._write, inheritable=False)
-                finally:
-                    os.close(null)
-            else:
-                write, self._write = self._write, -1  # a late wake() writes nowhere
-                os.close(write)
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self._write, inheritable=False)
+            finally:
+                os.close(null)
         with contextlib.suppress(OSError):
             os.close(self._read)
 
     def __del__(self) -> None:
-        # No thread can wake() an object nothing refers to: a kept write end goes now.
+        # No thread can wake() an object nothing refers to: the write end goes now.
         if hasattr(self, "_write"):
             self.close()
-            if self._write >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(self._write)
+            with contextlib.suppress(OSError):
+                os.close(self._write)

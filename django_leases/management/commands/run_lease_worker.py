@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -288,10 +289,10 @@ def _end_now(status: int) -> None:
     line said), not when Python has joined every thread: an async handler's event loop
     runs on one it waits for (asgiref's). Connections are closed and the exit hooks run
     first (atexit: logging's flush, an error tracker's), for EXIT_HOOKS_SECONDS at most;
-    a handler child still running is killed before, or multiprocessing's own hook would
-    spend them waiting for it (the project's own children it ends as usual). Whatever happens meanwhile, os._exit comes last: stop
-    signals are ignored from here, and a hook still running is left its locks (logging's,
-    stdout's) rather than the exit waiting on them."""
+    multiprocessing's own hook, which would spend them waiting for children, is left
+    out. Whatever happens meanwhile, os._exit comes last: stop signals are ignored from
+    here, and a hook still running is left its locks (logging's, stdout's) rather than
+    the exit waiting on them."""
     try:
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(Exception):
@@ -302,10 +303,19 @@ def _end_now(status: int) -> None:
 
         with contextlib.suppress(Exception):
             connections.close_all()
+        # multiprocessing's own exit hook would join every child, without a timeout for
+        # one not a daemon, before the hooks registered earlier (an error tracker's) ran.
+        # Handler children are killed, the project's daemon children ended as that hook
+        # would have; others outlive the process, as with any os._exit.
+        exit_function = getattr(multiprocessing.util, "_exit_function", None)
+        if exit_function is not None:
+            atexit.unregister(exit_function)
         for child in multiprocessing.active_children():
-            if child.name.startswith(HANDLER_PROCESS_PREFIX):
-                with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):
+                if child.name.startswith(HANDLER_PROCESS_PREFIX):
                     child.kill()
+                elif child.daemon:
+                    child.terminate()
         hooks = threading.Thread(
             target=atexit._run_exitfuncs, name="leases-exit-hooks", daemon=True
         )
