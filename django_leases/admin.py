@@ -315,7 +315,6 @@ class JobAdmin(JobActions, _JobAdminBase):
     def error_history(self, job: Job) -> str:
         return render_to_string(
             "admin/django_leases/job/error_history.html",
-            # In the order they happened: a requeue numbers the attempts from 1 again.
             {"failures": list(job.failures.all())},
         )
 

@@ -340,8 +340,6 @@ class LeaseBackend(BaseTaskBackend):
             # A requeued job has its attempts back at 0, and its failures still.
             claimed_before = job.attempts or job.started_at is not None
             failures = list(job.failures.all()) if job.pk and claimed_before else []
-        # In the order they happened (JobFailure's ordering: a requeue numbers the attempts
-        # from 1 again).
         worker_ids = [f.worker_id for f in failures]
         # The current or last claim is one more attempt unless it failed: each failure
         # carries the fence of its claim, and each claim has a fence of its own.

@@ -40,7 +40,9 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
     if any(m.id == "django_leases.E010" for m in messages):
         return messages + time_zone
     if not messages:
-        messages.extend(_shared_retention_messages(alias, LeaseOptions.from_dict(options)))
+        mine = LeaseOptions.from_dict(options)
+        messages.extend(_shared_retention_messages(alias, mine))
+        messages.extend(_shared_schedule_messages(alias, mine, options.get("SCHEDULES") or {}))
     messages.extend(time_zone)
     database = options.get("DATABASE", "default") if isinstance(options, dict) else "default"
     messages.extend(check_database(alias, database))
@@ -117,6 +119,53 @@ def _shared_retention_messages(alias: str, mine: LeaseOptions) -> list[checks.Ch
             "leases_prune only for the one with the longest.",
             obj=f"TASKS[{alias!r}]",
             id="django_leases.W002",
+        )
+    ]
+
+
+def _schedule_names(alias: str, listed: Any = None) -> set[str]:
+    """The names of the schedules backend ``alias`` declares (``listed``: its SCHEDULES,
+    else the settings'); none where they cannot be read (E020, a broken tasks module:
+    reported elsewhere)."""
+    from .schedules import declared_schedules
+
+    try:
+        return {spec.name for spec in declared_schedules(alias, listed)}
+    except Exception:  # noqa: BLE001 -- the declaration's own check or the worker says why
+        return set()
+
+
+def _shared_schedule_messages(
+    alias: str, mine: LeaseOptions, listed: Any
+) -> list[checks.CheckMessage]:
+    """A schedule is one row per name in its database, owned by one backend: two backends
+    of one database declaring the same name (the task's path, unless a Periodic names it)
+    take the row from each other at every worker start, and only the last one's ticks."""
+    names = _schedule_names(alias, listed)
+    if not names:
+        return []
+    clashes = []
+    for other in lease_backend_aliases():
+        if other == alias:
+            continue
+        try:
+            theirs = get_options(other)
+        except InvalidLeaseOption:
+            continue  # its own check reports it
+        shared = sorted(names & _schedule_names(other)) if theirs.database == mine.database else []
+        if shared:
+            clashes.append(f"TASKS[{other!r}] ({', '.join(map(repr, shared))})")
+    if not clashes:
+        return []
+    return [
+        checks.Error(
+            f"TASKS[{alias!r}] declares schedules of the names that {', '.join(clashes)} "
+            f"declares too, in the same database {mine.database!r}: a schedule's name is "
+            "its row, and each backend's workers would take it over at their start.",
+            hint="Give one of each pair its own name (Periodic(..., name=...) or another "
+            "SCHEDULES key), or declare the schedule for one backend only.",
+            obj=f"TASKS[{alias!r}]",
+            id="django_leases.E021",
         )
     ]
 

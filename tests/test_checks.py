@@ -144,6 +144,41 @@ def test_backends_sharing_a_database_with_different_retentions_are_warned_about(
     assert messages["short"] == messages["same"] == messages["apart"] == []
 
 
+def test_a_schedule_name_two_backends_of_one_database_declare_is_an_error():
+    """(4) A schedule is one row per name in its database, owned by one backend: two
+    backends of one database that declare the same name would take the row from each
+    other at every worker start (before: no check said so). Each is told, naming the
+    other and the name; a backend on another database, or a name of its own, is not."""
+    from tests.testapp.tasks import add
+
+    def every(seconds):
+        return {"task": "tests.testapp.tasks.add", "every": seconds}
+
+    tasks = {
+        "twin-a": {"BACKEND": BACKEND, "OPTIONS": {"SCHEDULES": {"sweep": every(60)}}},
+        "twin-b": {
+            "BACKEND": BACKEND,
+            "OPTIONS": {"SCHEDULES": {"sweep": every(120), "tidy": every(60)}},
+        },
+        "twin-c": {"BACKEND": BACKEND, "OPTIONS": {"SCHEDULES": {"mine": every(60)}}},
+        "twin-apart": {
+            "BACKEND": BACKEND,
+            "OPTIONS": {"DATABASE": "queue", "SCHEDULES": {"sweep": every(60)}},
+        },
+    }
+    with override_settings(TASKS=tasks):
+        for alias in tasks:
+            add.using(backend=alias)  # declared for each: SCHEDULES may name it
+        messages = {alias: check_backend(alias, tasks[alias]["OPTIONS"]) for alias in tasks}
+    [error] = messages["twin-a"]
+    assert isinstance(error, Error) and error.id == "django_leases.E021"
+    assert "TASKS['twin-b'] ('sweep')" in error.msg and "'default'" in error.msg
+    [error] = messages["twin-b"]
+    assert error.id == "django_leases.E021" and "TASKS['twin-a'] ('sweep')" in error.msg
+    assert "tidy" not in error.msg
+    assert messages["twin-c"] == messages["twin-apart"] == []
+
+
 @pytest.mark.django_db
 def test_use_tz_false_is_warned_of_and_a_time_given_is_refused_naming_it():
     """(6) With USE_TZ = False no time a caller gives can be taken (Django stores no aware

@@ -6,6 +6,7 @@ job may run elsewhere at once, so its handler must be stopped (or the process go
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -212,3 +213,105 @@ def test_a_worker_ending_at_once_after_an_error_ends_as_python_would(capsys):
         assert _exit_status(e) == 1
     printed = capsys.readouterr().err
     assert printed.startswith("Traceback") and "RuntimeError: the loop broke" in printed
+
+
+def _handler_children(pid: int) -> list[int]:
+    """The worker's children that run a handler (multiprocessing's spawn_main), not its
+    resource tracker."""
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as listed:
+            children += [int(child) for child in listed.read().split()]
+    found = []
+    for child in children:
+        with contextlib.suppress(OSError), open(f"/proc/{child}/cmdline", "rb") as cmdline:
+            if b"spawn_main" in cmdline.read():
+                found.append(child)
+    return found
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie nobody reaped yet (a container's init may not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(
+    not os.path.exists(f"/proc/self/task/{os.getpid()}/children"), reason="reads Linux's /proc"
+)
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_worker_whose_loop_raises_with_a_handler_running_ends_at_once(
+    workers, tmp_path, isolation
+):
+    """(3, 4) The main loop raises (SystemExit from a statement, past any except
+    Exception) while a handler deaf to stopping runs: the worker ends at once with
+    Python's status and message, its handler child killed by the executor that started
+    it (were it left, it would notice its worker gone and end itself a second later,
+    logging `orphaned`), and the project's exit hooks run on the main thread as at any
+    exit (before: on another, where signal.signal() raises). The job stays claimed until
+    its lease runs out."""
+    key = f"raise-{isolation}"
+    mark, armed = tmp_path / "atexit", tmp_path / "armed"
+    result = stubborn.enqueue(key, seconds=60)
+    a = workers.start(
+        key,
+        "--isolation",
+        isolation,
+        *FAST,
+        env_extra={
+            "LEASES_ATEXIT_MARK": str(mark),
+            "LEASES_WORKER_FAULT": "MainThread:SystemExit:1:django_leases_job",
+            "LEASES_WORKER_FAULT_FROM": str(armed),
+        },
+    )
+    wait_for(lambda: phases(key), 20, "the handler to start")
+    children = _handler_children(a.pid) if isolation == "process" else []
+    assert len(children) == (isolation == "process"), children
+    armed.touch()
+    assert a.wait_exit(15) == 1, a.log()[-3000:]  # long before the handler's 60 s
+    log = a.log()
+    assert "injected by tests/worker_faults.py" in log, log[-3000:]
+    assert mark.read_text() == "ran", log[-3000:]
+    wait_for(lambda: all(_ended(child) for child in children), 10, "the handler child to end")
+    assert not a.events("orphaned"), log[-3000:]
+    job = job_of(result)
+    assert (job.state, job.claimed_by, phases(key)) == (JobState.CLAIMED, key, ["start"])
+
+
+def test_no_handler_process_starts_once_its_children_are_killed():
+    """(4) A slot thread that takes a claim after kill_children() (the process ending at
+    once) starts no child that nobody would kill: its job is reported stopped, and no
+    process was started. Before, a child being started escaped the kill."""
+    import multiprocessing
+    from types import SimpleNamespace
+
+    from django_leases.worker.claims import Kind
+    from django_leases.worker.executors import ProcessExecutor
+
+    executor = ProcessExecutor(
+        1, lambda claim, outcome: None, alias="default", worker_id="w", stopping=lambda: True
+    )
+    try:
+        executor.kill_children()
+        job = SimpleNamespace(
+            task_path="tests.testapp.tasks.add",
+            queue_name="default",
+            args=[1, 2],
+            kwargs={},
+            pk=1,
+            fence=1,
+            attempts=1,
+            cursor=None,
+            claim_token="token",
+            database="default",
+        )
+        lost, stamp = executor.new_flags()
+        claim = SimpleNamespace(job=job, lease=30.0, lost_flag=lost, stamp=stamp)
+        outcome = executor.execute(claim, None)
+        assert outcome.kind == Kind.STOPPED, outcome
+        assert not any(c.name.startswith("leases-job-") for c in multiprocessing.active_children())
+    finally:
+        executor.close()

@@ -9,6 +9,9 @@ database, as the driver would raise it:
   connection in an unexpected state; not a DatabaseError.
 - ``SystemExit``: ends the thread outright, past any ``except Exception``.
 
+With LEASES_WORKER_FAULT_FROM naming a file, statements count only once that file
+exists: a test arms the fault when the worker is where it wants it (a handler running).
+
 The fault sits in Django's execute_wrappers of that thread's connection (installed when it
 connects), the hook Django offers for instrumenting queries: nothing of django_leases is
 replaced.
@@ -29,14 +32,15 @@ _EXCEPTIONS: dict[str, Any] = {
 }
 
 
-def install(spec: str) -> None:
+def install(spec: str, armed_by: str | None = None) -> None:
     thread_name, exception, count, fragment = spec.split(":", 3)
     make = _EXCEPTIONS[exception]
     left = [int(count)]
     fragments = fragment.split("|")
 
     def fault(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if left[0] > 0 and any(f in sql for f in fragments):
+        armed = armed_by is None or os.path.exists(armed_by)
+        if armed and left[0] > 0 and any(f in sql for f in fragments):
             left[0] -= 1
             raise make()
         return execute(sql, params, many, context)
@@ -52,4 +56,4 @@ def install(spec: str) -> None:
 
 
 if os.environ.get("LEASES_WORKER_FAULT"):
-    install(os.environ["LEASES_WORKER_FAULT"])
+    install(os.environ["LEASES_WORKER_FAULT"], os.environ.get("LEASES_WORKER_FAULT_FROM"))

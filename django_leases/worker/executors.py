@@ -10,6 +10,7 @@ and fenced() writes go out on its own connection).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -30,9 +31,6 @@ from .logs import claim_fields, configured
 from .running import run_task, task_context
 
 logger = logging.getLogger("django_leases.worker")
-# The name of each handler child (multiprocessing's Process.name): how run_lease_worker
-# tells them from children the project starts itself.
-HANDLER_PROCESS_PREFIX = "leases-job-"
 
 Done = Callable[[Claim, Outcome], None]
 
@@ -106,6 +104,10 @@ class _Slots:
         """The lost flag and the renewal stamp of a new claim."""
         return None, None
 
+    def kill_children(self) -> None:
+        """Kill the handlers' processes still running, for a process about to end at once
+        (run_lease_worker). A thread cannot be killed: it ends with the process."""
+
     def close(self) -> None:
         for _ in self._threads:
             self._queue.put(None)
@@ -154,7 +156,20 @@ class ProcessExecutor(_Slots):
         self._alias = alias
         self._worker_id = worker_id
         self._stopping = stopping
+        # The handler children started and not yet joined, and whether kill_children()
+        # has come: no child starts after it.
+        self._children: set[Any] = set()
+        self._children_lock = threading.Lock()
+        self._killing = False
         super().__init__(size, done, "leases-child")
+
+    def kill_children(self) -> None:
+        with self._children_lock:
+            self._killing = True
+            children = list(self._children)
+        for process in children:
+            with contextlib.suppress(Exception):  # one that ended meanwhile
+                process.kill()
 
     def new_flags(self) -> tuple[Any, Any]:
         return SharedFlag(self._mp.RawValue("b", 0)), self._mp.RawValue("d", 0.0)
@@ -184,10 +199,19 @@ class ProcessExecutor(_Slots):
         process = self._mp.Process(
             target=child_main,
             args=(theirs, payload, claim.lost_flag, claim.stamp),
-            name=f"{HANDLER_PROCESS_PREFIX}{job.pk}",
+            name=f"leases-job-{job.pk}",
             daemon=True,
         )
-        process.start()
+        # Started under the lock: kill_children() waits for a start under way (the
+        # process exists before start() returns, unkillable through its Process until
+        # then), and none starts after it.
+        with self._children_lock:
+            if self._killing:
+                ours.close()
+                theirs.close()
+                return Outcome(Kind.STOPPED, message="not started: the worker is ending at once")
+            process.start()
+            self._children.add(process)
         theirs.close()
         claim.process = process
         logger.debug(
@@ -205,6 +229,8 @@ class ProcessExecutor(_Slots):
             if process.is_alive():
                 _kill(process)
             process.join()
+            with self._children_lock:
+                self._children.discard(process)
 
     def _supervise(self, claim: Claim, process: Any, conn: Any) -> Outcome:
         outcome: Outcome | None = None
@@ -240,7 +266,13 @@ class ProcessExecutor(_Slots):
                         claim.pk,
                         claim.job.fence,
                         self._worker_id,
-                        "released" if stopping else "lost",
+                        (
+                            "released"
+                            if claim.state == RELEASING
+                            else "acknowledged by the handler, and the worker is stopping"
+                            if stopping
+                            else "lost"
+                        ),
                         extra=claim_fields(
                             claim.job, self._worker_id, "process_killed", pid=process.pid
                         ),

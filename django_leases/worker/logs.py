@@ -42,7 +42,8 @@ EVENTS: dict[str, str] = {
     "claimed": "a job was claimed (job_id, fence, attempt)",
     "takeover": "a job whose lease ran out was claimed (previous_worker, previous_fence, lease)",
     "process_started": "a handler process was started (pid)",
-    "process_killed": "a handler process was killed: its claim is lost or released (pid)",
+    "process_killed": "a handler process was killed: its claim is lost or released, or the "
+    "handler acknowledged its job itself and the worker is stopping (pid)",
     "orphaned": "a handler process found its worker gone; it ends after the grace (pid)",
     "checkpoint": "a checkpoint was written",
     "checkpoint_rejected": "a checkpoint matched no row: the claim is lost",

@@ -44,6 +44,14 @@ class Stopping(Settling):
         executor = getattr(self, "executor", None)
         return executor is not None and executor.running() > 0
 
+    def kill_handler_processes(self) -> None:
+        """Kill the handler children still running (process isolation), for a process
+        about to end at once: a killed worker's children would otherwise see it gone only
+        after their grace (child.py), running on meanwhile."""
+        executor = getattr(self, "executor", None)
+        if executor is not None:
+            executor.kill_children()
+
     if TYPE_CHECKING:
         WorkerProcess: type[WorkerProcessModel]
         grace: float

@@ -1,12 +1,20 @@
 """The test project's app. A project's exit hook (an error tracker's flush) is registered
-when LEASES_ATEXIT_MARK names a file: a worker that ends at once must still run it
-(tests/test_worker_stopping.py)."""
+when LEASES_ATEXIT_MARK names a file: a worker that ends at once must still run it, on
+the main thread as at any exit (tests/test_worker_stopping.py)."""
 
 import atexit
 import multiprocessing
 import os
+import signal
 from pathlib import Path
+
+
+def _exit_hook(mark: str) -> None:
+    # What a hook may do on the main thread only (ValueError on another).
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    Path(mark).write_text("ran")
+
 
 # In the worker's own process only: a spawned handler child imports this app too.
 if os.environ.get("LEASES_ATEXIT_MARK") and multiprocessing.parent_process() is None:
-    atexit.register(Path(os.environ["LEASES_ATEXIT_MARK"]).write_text, "ran")
+    atexit.register(_exit_hook, os.environ["LEASES_ATEXIT_MARK"])

@@ -12,13 +12,16 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ... import conf
 from ...enqueue_options import checked_text
 from ...exceptions import InvalidLeaseOption
+
+if TYPE_CHECKING:
+    from ...worker import Worker
 
 
 class Command(BaseCommand):
@@ -171,10 +174,10 @@ class Command(BaseCommand):
             status = worker.run()
         except BaseException as e:
             if worker.handlers_running():
-                _end_now(_exit_status(e))
+                _end_now(_exit_status(e), worker)
             raise
         if worker.handlers_running():
-            _end_now(status)
+            _end_now(status, worker)
         if status:
             sys.exit(status)
 
@@ -284,47 +287,45 @@ def _exit_status(error: BaseException) -> int:
     return 130 if isinstance(error, KeyboardInterrupt) else 1
 
 
-def _end_now(status: int) -> None:
+def _end_now(status: int, worker: Worker) -> None:
     """End the process at once, handlers still running with it (as the handlers_running
     line said), not when Python has joined every thread: an async handler's event loop
-    runs on one it waits for (asgiref's). Connections are closed and the exit hooks run
-    first (atexit: logging's flush, an error tracker's), for EXIT_HOOKS_SECONDS at most;
-    multiprocessing's own hook, which would spend them waiting for children, is left
-    out. Whatever happens meanwhile, os._exit comes last: stop signals are ignored from
-    here, and a hook still running is left its locks (logging's, stdout's) rather than
-    the exit waiting on them."""
+    runs on one it waits for (asgiref's). Handler children are killed, connections
+    closed, and the exit hooks (atexit: logging's flush, an error tracker's) run on the
+    main thread, as at any exit, for EXIT_HOOKS_SECONDS at most; multiprocessing's own
+    hook, which would spend them waiting for children, is left out. Whatever happens
+    meanwhile, os._exit comes last: stop signals are ignored from here, and a hook still
+    running when the time is up is left its locks (logging's, stdout's) rather than the
+    exit waiting on them."""
     try:
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(Exception):
                 signal.signal(signum, signal.SIG_IGN)
+        # Armed first: nothing below may keep the process alive past the hooks' time.
+        deadline = threading.Timer(EXIT_HOOKS_SECONDS, os._exit, args=(status,))
+        deadline.daemon = True
+        deadline.start()
+        with contextlib.suppress(Exception):
+            worker.kill_handler_processes()
         from django.db import connections
-
-        from ...worker.executors import HANDLER_PROCESS_PREFIX
 
         with contextlib.suppress(Exception):
             connections.close_all()
         # multiprocessing's own exit hook would join every child, without a timeout for
         # one not a daemon, before the hooks registered earlier (an error tracker's) ran.
-        # Handler children are killed, the project's daemon children ended as that hook
-        # would have; others outlive the process, as with any os._exit.
+        # The project's daemon children are ended as that hook would have; others outlive
+        # the process, as with any os._exit.
         exit_function = getattr(multiprocessing.util, "_exit_function", None)
         if exit_function is not None:
             atexit.unregister(exit_function)
         for child in multiprocessing.active_children():
-            with contextlib.suppress(Exception):
-                if child.name.startswith(HANDLER_PROCESS_PREFIX):
-                    child.kill()
-                elif child.daemon:
-                    child.terminate()
-        hooks = threading.Thread(
-            target=atexit._run_exitfuncs, name="leases-exit-hooks", daemon=True
-        )
-        hooks.start()
-        hooks.join(EXIT_HOOKS_SECONDS)
-        if not hooks.is_alive():
-            for finish in (logging.shutdown, sys.stdout.flush, sys.stderr.flush):
+            if child.daemon:
                 with contextlib.suppress(Exception):
-                    finish()
+                    child.terminate()
+        atexit._run_exitfuncs()
+        for finish in (logging.shutdown, sys.stdout.flush, sys.stderr.flush):
+            with contextlib.suppress(Exception):
+                finish()
     finally:
         os._exit(status)
 
