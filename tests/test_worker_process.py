@@ -244,6 +244,29 @@ def test_a_handler_running_on_after_its_own_ack_is_stopped_at_shutdown(workers, 
     assert not a.events("raised_after_ack", job_id=int(result.id)), a.log()
 
 
+def test_a_release_meeting_a_childs_own_ack_is_no_lost_claim(workers):
+    """A stop right after a handler process acknowledged its job itself, before the
+    worker heard of it (the outcome comes with the child's exit, and no renewal has
+    missed the row yet: the heartbeat period is 10 s): the child is killed, the release
+    matches no row, and the worker reads why, the claim's own ack, instead of warning
+    that the claim was lost (before: release_rejected). The job stays succeeded (3, 5)."""
+    key = "release-acked"
+    result = ack_then_linger.enqueue(key, seconds=60)
+    a = workers.start(
+        key, "--isolation", "process", "--grace", "0", "--lease", "30", "--heartbeat", "10"
+    )
+    wait_for(lambda: effects(key), 20, "the handler's ack")
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(15) == 0, a.log()
+    assert effects(key) == [(1, key, "acked")]
+    job = job_of(result)
+    assert (job.state, job.result) == (JobState.SUCCEEDED, {"acked": True})
+    assert not a.events("renewed", claims=1), a.log()  # no renewal learnt of the ack first
+    assert not a.events("release_rejected"), a.log()
+    assert not a.events("released", job_id=int(result.id)), a.log()
+    a.wait_event("acked", job_id=int(result.id))
+
+
 def test_a_handler_process_whose_worker_dies_while_it_starts_never_runs(workers):
     """A worker SIGKILLed while its handler process is still starting renews nothing any
     more, nor will it kill that process: the process notices its parent is gone and ends

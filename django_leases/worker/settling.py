@@ -355,6 +355,13 @@ class Settling:
         except Exception:  # noqa: BLE001 -- a connection that cannot say is not answering
             return False
 
+    def _acked_by_its_handler(self, claim: Claim) -> bool:
+        """Whether a release that matched no row met the handler's own fenced(ack=True)
+        commit (a child's, which the worker hears of only with its outcome, or before a
+        renewal has missed the row): the job is done, the claim was not lost. Database
+        trouble raises, as the release's own does."""
+        return bool(self.Job.objects.using(self.database).acked_by_their_claims([claim.job]))
+
     def _release(self, claim: Claim, why: str = "") -> bool:
         """Give the job back to pending, the attempt not counted; raise on database trouble."""
         released = self.Job.objects.using(self.database).release(claim.job)
@@ -367,6 +374,15 @@ class Settling:
                 self.worker_id,
                 why,
                 extra=claim_fields(claim.job, self.worker_id, "released"),
+            )
+        elif self._acked_by_its_handler(claim):
+            logger.debug(
+                "Acked job=%s fence=%s worker=%s in the handler's fenced transaction, "
+                "before its release",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                extra=claim_fields(claim.job, self.worker_id, "acked"),
             )
         else:
             logger.warning(
