@@ -223,7 +223,7 @@ def test_a_copy_sent_to_another_backend_with_using_declares_no_schedule_there():
     assert {"tests.nightly", "tests.hourly"} <= {s.name for s in declared_schedules("default")}
 
 
-def test_only_a_copied_schedule_is_left_to_the_backend_it_was_declared_for():
+def test_only_a_copied_schedule_is_left_to_the_backend_it_was_declared_for(monkeypatch):
     """Invariant 4 for schedules, whatever the order of declarations: a copy carrying the
     schedule of a declaration for another backend, not the first one (a -> b -> copy to
     c), does not tick where it was sent; a declaration of its own, even one made after a
@@ -231,6 +231,10 @@ def test_only_a_copied_schedule_is_left_to_the_backend_it_was_declared_for():
     from types import SimpleNamespace
 
     from django_leases import registry
+
+    # The process's declarations restored after this test's made-up ones.
+    monkeypatch.setattr(registry, "_declared", {a: dict(t) for a, t in registry._declared.items()})
+    monkeypatch.setattr(registry, "_inherited", set(registry._inherited))
 
     def declared(alias, path, schedule):
         registry.declare(alias, SimpleNamespace(module_path=path, schedule=schedule))

@@ -247,13 +247,13 @@ def test_a_handler_running_on_after_its_own_ack_is_stopped_at_shutdown(workers, 
 def test_a_release_meeting_a_childs_own_ack_is_no_lost_claim(workers):
     """A stop right after a handler process acknowledged its job itself, before the
     worker heard of it (the outcome comes with the child's exit, and no renewal has
-    missed the row yet: the heartbeat period is 10 s): the child is killed, the release
+    missed the row yet: the heartbeat period is 100 s): the child is killed, the release
     matches no row, and the worker reads why, the claim's own ack, instead of warning
     that the claim was lost (before: release_rejected). The job stays succeeded (3, 5)."""
     key = "release-acked"
     result = ack_then_linger.enqueue(key, seconds=60)
     a = workers.start(
-        key, "--isolation", "process", "--grace", "0", "--lease", "30", "--heartbeat", "10"
+        key, "--isolation", "process", "--grace", "0", "--lease", "300", "--heartbeat", "100"
     )
     wait_for(lambda: effects(key), 20, "the handler's ack")
     a.signal(signal.SIGTERM)

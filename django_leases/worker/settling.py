@@ -9,6 +9,7 @@ pause. A claim whose write went through is settled (claims.py), so nothing is se
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 from dataclasses import replace
@@ -358,9 +359,15 @@ class Settling:
     def _acked_by_its_handler(self, claim: Claim) -> bool:
         """Whether a release that matched no row met the handler's own fenced(ack=True)
         commit (a child's, which the worker hears of only with its outcome, or before a
-        renewal has missed the row): the job is done, the claim was not lost. Database
-        trouble raises, as the release's own does."""
-        return bool(self.Job.objects.using(self.database).acked_by_their_claims([claim.job]))
+        renewal has missed the row): the job is done, the claim was not lost. The release
+        itself went through, so trouble reading is no failed release: unread, the claim is
+        said lost, as before this read, and the broken connection is dropped."""
+        try:
+            return bool(self.Job.objects.using(self.database).acked_by_their_claims([claim.job]))
+        except Exception:  # noqa: BLE001 -- only the log line's wording depends on it
+            with contextlib.suppress(Exception):
+                connections[self.database].close()
+            return False
 
     def _release(self, claim: Claim, why: str = "") -> bool:
         """Give the job back to pending, the attempt not counted; raise on database trouble."""
