@@ -281,6 +281,27 @@ def test_a_worker_whose_loop_raises_with_a_handler_running_ends_at_once(
     assert (job.state, job.claimed_by, phases(key)) == (JobState.CLAIMED, key, ["start"])
 
 
+def test_an_exit_hook_that_hangs_does_not_keep_a_failed_worker_alive(workers, tmp_path):
+    """(3) The main loop raises with a handler deaf to stopping running, and one of the
+    project's exit hooks hangs (an error tracker whose server does not answer): the
+    process still ends, within a few seconds rather than the hook's 120, with the
+    status of the failure."""
+    armed = tmp_path / "armed"
+    stubborn.enqueue("hang-hook", seconds=60)
+    a = workers.start(
+        "hang-hook",
+        *FAST,
+        env_extra={
+            "LEASES_ATEXIT_HANG": "1",
+            "LEASES_WORKER_FAULT": "MainThread:SystemExit:1:django_leases_job",
+            "LEASES_WORKER_FAULT_FROM": str(armed),
+        },
+    )
+    wait_for(lambda: phases("hang-hook"), 20, "the handler to start")
+    armed.touch()
+    assert a.wait_exit(30) == 1, a.log()[-3000:]
+
+
 def test_no_handler_process_starts_once_its_children_are_killed():
     """(4) A slot thread that takes a claim after kill_children() (the process ending at
     once) starts no child that nobody would kill: its job is reported stopped, and no
