@@ -21,7 +21,7 @@ from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
 from tests.testapp.models import Effect
 from tests.testapp.tasks import ack_then_linger, add, hold, record, stubborn
-from tests.worker_helpers import ON_POSTGRES, PG_ONLY, Workers, wait_for
+from tests.worker_helpers import ON_POSTGRES, PG_ONLY, Workers, process_ended, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -285,8 +285,8 @@ def test_a_handler_process_whose_worker_dies_while_it_starts_never_runs(workers)
     try:
         a.signal(signal.SIGKILL)
         a.wait_exit()
-        assert not _ended(child_pid), "the handler process ended before its set-up did"
-        wait_for(lambda: _ended(child_pid), setup + 5, "the orphaned handler process to end")
+        assert not process_ended(child_pid), "the handler process ended before its set-up did"
+        wait_for(lambda: process_ended(child_pid), setup + 5, "the orphaned handler process to end")
     finally:
         _kill_unless_ended(child_pid)  # its connection would outlive the test
     assert effects("orphan") == []
@@ -307,7 +307,7 @@ def test_a_handler_process_whose_worker_dies_ends_within_the_kill_grace(workers)
         a.signal(signal.SIGKILL)
         killed = time.monotonic()
         a.wait_exit()
-        wait_for(lambda: _ended(child_pid), 5, "the orphaned handler process to end")
+        wait_for(lambda: process_ended(child_pid), 5, "the orphaned handler process to end")
         # 0.2 s to notice, one second of grace, scheduling.
         assert time.monotonic() - killed <= 0.2 + 1.0 + 3.0
     finally:
@@ -337,7 +337,9 @@ def test_a_worker_killed_during_a_lost_claims_grace_leaves_no_handler_running(wo
             a.wait_exit()
             if a.events("process_killed", pid=child_pid):
                 continue  # the worker killed it first: the kill came too late
-            wait_for(lambda pid=child_pid: _ended(pid), 5, "the orphaned handler process to end")
+            wait_for(
+                lambda pid=child_pid: process_ended(pid), 5, "the orphaned handler process to end"
+            )
             assert time.monotonic() - killed <= 0.2 + 1.0 + 3.0
         finally:
             _kill_unless_ended(child_pid)
@@ -347,17 +349,8 @@ def test_a_worker_killed_during_a_lost_claims_grace_leaves_no_handler_running(wo
     pytest.fail("in three tries the worker killed its handler before the test killed it")
 
 
-def _ended(pid: int) -> bool:
-    """Whether process ``pid`` has exited (an orphan's zombie counts: nobody may reap it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def _kill_unless_ended(pid: int) -> None:
-    if not _ended(pid):
+    if not process_ended(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 

@@ -6,7 +6,6 @@ job may run elsewhere at once, so its handler must be stopped (or the process go
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 
@@ -16,7 +15,7 @@ from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import JobState
 from tests.testapp.models import Effect
 from tests.testapp.tasks import add, astubborn, mortal, record, stubborn
-from tests.worker_helpers import FAST, job_of, wait_for
+from tests.worker_helpers import FAST, job_of, process_ended, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -215,33 +214,7 @@ def test_a_worker_ending_at_once_after_an_error_ends_as_python_would(capsys):
     assert printed.startswith("Traceback") and "RuntimeError: the loop broke" in printed
 
 
-def _handler_children(pid: int) -> list[int]:
-    """The worker's children that run a handler (multiprocessing's spawn_main), not its
-    resource tracker."""
-    children = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as listed:
-            children += [int(child) for child in listed.read().split()]
-    found = []
-    for child in children:
-        with contextlib.suppress(OSError), open(f"/proc/{child}/cmdline", "rb") as cmdline:
-            if b"spawn_main" in cmdline.read():
-                found.append(child)
-    return found
-
-
-def _ended(pid: int) -> bool:
-    """Gone, or a zombie nobody reaped yet (a container's init may not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-@pytest.mark.skipif(
-    not os.path.exists(f"/proc/self/task/{os.getpid()}/children"), reason="reads Linux's /proc"
-)
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads Linux's /proc")
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_a_worker_whose_loop_raises_with_a_handler_running_ends_at_once(
     workers, tmp_path, isolation
@@ -268,14 +241,16 @@ def test_a_worker_whose_loop_raises_with_a_handler_running_ends_at_once(
         },
     )
     wait_for(lambda: phases(key), 20, "the handler to start")
-    children = _handler_children(a.pid) if isolation == "process" else []
-    assert len(children) == (isolation == "process"), children
+    children = [e["pid"] for e in a.events("process_started", job_id=int(result.id))]
+    assert len(children) == (isolation == "process"), a.log()[-3000:]
     armed.touch()
     assert a.wait_exit(15) == 1, a.log()[-3000:]  # long before the handler's 60 s
     log = a.log()
     assert "injected by tests/worker_faults.py" in log, log[-3000:]
     assert mark.read_text() == "ran", log[-3000:]
-    wait_for(lambda: all(_ended(child) for child in children), 10, "the handler child to end")
+    wait_for(
+        lambda: all(process_ended(child) for child in children), 10, "the handler child to end"
+    )
     assert not a.events("orphaned"), log[-3000:]
     job = job_of(result)
     assert (job.state, job.claimed_by, phases(key)) == (JobState.CLAIMED, key, ["start"])

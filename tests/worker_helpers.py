@@ -28,6 +28,15 @@ PG_ONLY = (
 )
 
 
+def process_ended(pid: int) -> bool:
+    """Whether process ``pid`` has exited (an orphan's zombie counts: nobody may reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def wait_for(
     condition,
     timeout: float,
