@@ -123,25 +123,15 @@ def _shared_retention_messages(alias: str, mine: LeaseOptions) -> list[checks.Ch
     ]
 
 
-def _schedule_names(alias: str, listed: Any = None) -> set[str]:
-    """The names of the schedules backend ``alias`` declares (``listed``: its SCHEDULES,
-    else the settings'); none where they cannot be read (E020, a broken tasks module:
-    reported elsewhere)."""
-    from .schedules import declared_schedules
-
-    try:
-        return {spec.name for spec in declared_schedules(alias, listed)}
-    except Exception:  # noqa: BLE001 -- the declaration's own check or the worker says why
-        return set()
-
-
 def _shared_schedule_messages(
     alias: str, mine: LeaseOptions, listed: Any
 ) -> list[checks.CheckMessage]:
     """A schedule is one row per name in its database, owned by one backend: two backends
     of one database declaring the same name (the task's path, unless a Periodic names it)
     take the row from each other at every worker start, and only the last one's ticks."""
-    names = _schedule_names(alias, listed)
+    from .schedules import declared_names
+
+    names = declared_names(alias, listed)
     if not names:
         return []
     clashes = []
@@ -152,7 +142,7 @@ def _shared_schedule_messages(
             theirs = get_options(other)
         except InvalidLeaseOption:
             continue  # its own check reports it
-        shared = sorted(names & _schedule_names(other)) if theirs.database == mine.database else []
+        shared = sorted(names & declared_names(other)) if theirs.database == mine.database else []
         if shared:
             clashes.append(f"TASKS[{other!r}] ({', '.join(map(repr, shared))})")
     if not clashes:
@@ -160,7 +150,7 @@ def _shared_schedule_messages(
     return [
         checks.Error(
             f"TASKS[{alias!r}] declares schedules of the names that {', '.join(clashes)} "
-            f"declares too, in the same database {mine.database!r}: a schedule's name is "
+            f"{'declares' if len(clashes) == 1 else 'declare'} too, in the same database {mine.database!r}: a schedule's name is "
             "its row, and each backend's workers would take it over at their start.",
             hint="Give one of each pair its own name (Periodic(..., name=...) or another "
             "SCHEDULES key), or declare the schedule for one backend only.",

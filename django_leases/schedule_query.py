@@ -45,10 +45,12 @@ class RunKind(models.TextChoices):
 
 @dataclass
 class SyncReport:
-    """What a sync changed, by schedule name."""
+    """What a sync changed, by schedule name. ``taken``: the changed rows another backend
+    held (not removed), by the backend they were taken from."""
 
     added: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
+    taken: dict[str, str] = field(default_factory=dict)
     removed: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
 
@@ -153,6 +155,8 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
                         synced_at=Now(),
                     )
                     report.changed.append(name)
+                    if row.backend != alias and row.removed_at is None:
+                        report.taken[name] = row.backend
                 else:
                     report.unchanged.append(name)
             gone = manager.filter(backend=alias, removed_at__isnull=True).exclude(

@@ -328,6 +328,16 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
     return list(specs.values())
 
 
+def declared_names(alias: str, listed: Any = None) -> set[str]:
+    """The names of the schedules backend ``alias`` declares; none where they cannot be
+    read (an unknown alias, E020, a broken tasks module: each is reported where it
+    matters)."""
+    try:
+        return {spec.name for spec in declared_schedules(alias, listed)}
+    except Exception:  # noqa: BLE001 -- the declaration's own check or the worker says why
+        return set()
+
+
 def checked_settings(listed: Any) -> dict[str, ScheduleSpec]:
     """``OPTIONS["SCHEDULES"]`` read: ``{name: {"task": path, "cron"|"every": ..., ...}}``.
     Raise InvalidSchedule naming ``SCHEDULES[name].field``."""

@@ -144,12 +144,17 @@ def test_backends_sharing_a_database_with_different_retentions_are_warned_about(
     assert messages["short"] == messages["same"] == messages["apart"] == []
 
 
-def test_a_schedule_name_two_backends_of_one_database_declare_is_an_error():
+def test_a_schedule_name_two_backends_of_one_database_declare_is_an_error(monkeypatch):
     """(4) A schedule is one row per name in its database, owned by one backend: two
     backends of one database that declare the same name would take the row from each
     other at every worker start (before: no check said so). Each is told, naming the
     other and the name; a backend on another database, or a name of its own, is not."""
+    from django_leases import registry
     from tests.testapp.tasks import add
+
+    # The process's declarations restored after this test's backends.
+    monkeypatch.setattr(registry, "_declared", {a: dict(t) for a, t in registry._declared.items()})
+    monkeypatch.setattr(registry, "_inherited", set(registry._inherited))
 
     def every(seconds):
         return {"task": "tests.testapp.tasks.add", "every": seconds}
@@ -177,6 +182,10 @@ def test_a_schedule_name_two_backends_of_one_database_declare_is_an_error():
     assert error.id == "django_leases.E021" and "TASKS['twin-a'] ('sweep')" in error.msg
     assert "tidy" not in error.msg
     assert messages["twin-c"] == messages["twin-apart"] == []
+    tasks["twin-c"]["OPTIONS"]["SCHEDULES"]["sweep"] = every(30)
+    with override_settings(TASKS=tasks):
+        [error] = check_backend("twin-a", tasks["twin-a"]["OPTIONS"])
+    assert "TASKS['twin-b'] ('sweep'), TASKS['twin-c'] ('sweep') declare too" in error.msg
 
 
 @pytest.mark.django_db

@@ -249,6 +249,54 @@ def test_only_a_copied_schedule_is_left_to_the_backend_it_was_declared_for(monke
     assert declared("order-d", "tests.registry.late", q) is q  # d's own, declared after
 
 
+def test_a_row_taken_from_a_backend_that_declares_it_too_is_warned_of(monkeypatch, caplog):
+    """Check E021's case met at run time (a worker started with --skip-checks): two
+    backends of one database declaring one name take its row from each other. The worker
+    that takes it warns, naming the other backend (before: only "changed" in the synced
+    line); moving a schedule to another backend on purpose (the old one no longer declares
+    it) is a change like any other, reported as taken, with no warning."""
+    from django.conf import settings
+
+    from django_leases import registry
+    from django_leases.worker.ticker import Ticker
+    from tests.testapp.tasks import add
+
+    monkeypatch.setattr(registry, "_declared", {a: dict(t) for a, t in registry._declared.items()})
+    monkeypatch.setattr(registry, "_inherited", set(registry._inherited))
+    sweep = {"sweep": {"task": TASK, "every": 60}}
+
+    def tasks(default, twin):
+        default_options = {**settings.TASKS["default"].get("OPTIONS", {}), "SCHEDULES": default}
+        return {
+            **settings.TASKS,
+            "default": {**settings.TASKS["default"], "OPTIONS": default_options},
+            "twin": {**settings.TASKS["default"], "OPTIONS": {"SCHEDULES": twin}},
+        }
+
+    def contested(alias):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="django_leases.worker"):
+            Ticker(alias, "default", f"w-{alias}", every=0).sync()
+        return [
+            (r.levelname, r.schedule, r.backend, r.worker)
+            for r in caplog.records
+            if getattr(r, "event", "") == "schedule_contested"
+        ]
+
+    with override_settings(TASKS=tasks(sweep, sweep)):
+        add.using(backend="twin")  # declared for twin: its SCHEDULES may name it
+        assert contested("default") == []  # a new row
+        assert contested("twin") == [("WARNING", "sweep", "default", "w-twin")]
+        assert Schedule.objects.get(name="sweep").backend == "twin"
+        assert contested("twin") == []  # its own already
+    with override_settings(TASKS=tasks(sweep, {})):  # moved back to default on purpose
+        report = Schedule.objects.sync("default", declared_schedules("default"))
+        assert report.changed == ["sweep"] and report.taken == {"sweep": "twin"}
+        Schedule.objects.filter(name="sweep").update(backend="twin")
+        assert contested("default") == []
+        assert Schedule.objects.get(name="sweep").backend == "default"
+
+
 def test_the_system_check_names_a_bad_schedule_setting():
     """Invariant 6: manage.py check reports OPTIONS["SCHEDULES"] errors as E020, naming
     the schedule and the field."""

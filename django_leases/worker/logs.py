@@ -76,6 +76,7 @@ EVENTS: dict[str, str] = {
     "tidy_failed": "a connection could not be tidied after a job (error)",
     # Periodic schedules
     "schedules_synced": "synced with the code at start (added, changed, removed, unchanged)",
+    "schedule_contested": "taken at sync from another backend whose code declares it too (schedule, backend)",
     "schedules_trouble": "the database failed while ticking; the next look retries (error)",
     "schedule_ticked": "this worker decided a schedule's ticks (schedule, jobs, skipped, misfired)",
     "schedule_unrunnable": "this code cannot enqueue its task: left to others (schedule, error)",
@@ -112,6 +113,7 @@ FIELDS = (
     "statements",
     "lost",
     "schedule",
+    "backend",
     "skipped",
     "misfired",
     "added",

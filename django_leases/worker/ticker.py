@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from .. import registry
-from ..schedules import declared_schedules
+from ..schedules import declared_names, declared_schedules
 from ..storable import first_line
 from .dberrors import DB_ERRORS
 
@@ -61,6 +61,25 @@ class Ticker:
                     "unchanged": len(report.unchanged),
                 },
             )
+        for name, other in sorted(report.taken.items()):
+            if name in declared_names(other):
+                # Check E021's case, met by a worker started with --skip-checks (or by
+                # backends the check did not see): the row moves at every start.
+                logger.warning(
+                    "Schedule taken from another backend that declares it too schedule=%s "
+                    "from=%s worker=%s: the backends of one database share a schedule's "
+                    "row, so each one's workers take it at their start and only the last "
+                    "one's ticks; give one of them its own name (check django_leases.E021)",
+                    name,
+                    other,
+                    self.worker_id,
+                    extra={
+                        "event": "schedule_contested",
+                        "worker": self.worker_id,
+                        "schedule": name,
+                        "backend": other,
+                    },
+                )
 
     def maybe_tick(self) -> None:
         """Enqueue the due ticks if ``every`` seconds passed since the last look (monotonic);
