@@ -223,9 +223,9 @@ def test_a_handlers_own_ack_is_no_lost_claim_to_the_heartbeat(workers, isolation
 def test_a_handler_running_on_after_its_own_ack_is_stopped_at_shutdown(workers, isolation):
     """SIGTERM while a handler that acknowledged its job itself runs on: at the end of the
     grace it is told to stop like any other, the job stays succeeded (not released, nor
-    named as released), and the worker exits then (3). (In process isolation the heartbeat
-    learnt of the ack first: its renewal missed the row, then read it back as the claim's
-    own ack.)"""
+    named as released), and the worker exits then (3). (In process isolation the heartbeat's
+    renewal missed the row first, which is no loss: the child had set the claim's acked
+    flag.)"""
     key = f"linger-stop-{isolation}"
     result = ack_then_linger.enqueue(key, seconds=60)
     a = workers.start(key, "--isolation", isolation, "--grace", "1", *FAST)
@@ -244,14 +244,15 @@ def test_a_handler_running_on_after_its_own_ack_is_stopped_at_shutdown(workers, 
     assert not a.events("raised_after_ack", job_id=int(result.id)), a.log()
 
 
-def test_a_release_meeting_a_childs_own_ack_is_no_lost_claim(workers):
+def test_a_stop_right_after_a_childs_own_ack_releases_nothing(workers):
     """A stop right after a handler process acknowledged its job itself, before the
-    worker heard of it (the outcome comes with the child's exit, and no renewal has
-    missed the row yet: the heartbeat period is 100 s): the child is killed, the release
-    matches no row, and the worker reads why, the claim's own ack, instead of warning
-    that the claim was lost (before: release_rejected). The job stays succeeded (3, 5)."""
+    outcome came (with the child's exit) and before any renewal missed the row (the
+    heartbeat period is 100 s), its handler deaf to the stop: the child set the claim's
+    shared acked flag when its ack committed, so the worker kills it as done, not as
+    released (before: "released"), sends no release, and warns of no lost claim. The job
+    stays succeeded (3, 5)."""
     key = "release-acked"
-    result = ack_then_linger.enqueue(key, seconds=60)
+    result = ack_then_linger.enqueue(key, seconds=60, heed=False)
     a = workers.start(
         key, "--isolation", "process", "--grace", "0", "--lease", "300", "--heartbeat", "100"
     )
@@ -264,7 +265,8 @@ def test_a_release_meeting_a_childs_own_ack_is_no_lost_claim(workers):
     assert not a.events("renewed", claims=1), a.log()  # no renewal learnt of the ack first
     assert not a.events("release_rejected"), a.log()
     assert not a.events("released", job_id=int(result.id)), a.log()
-    a.wait_event("acked", job_id=int(result.id))
+    [killed] = a.events("process_killed", job_id=int(result.id))
+    assert killed["reason"] == "acked", a.log()
 
 
 def test_a_handler_process_whose_worker_dies_while_it_starts_never_runs(workers):

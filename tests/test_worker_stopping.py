@@ -275,39 +275,3 @@ def test_an_exit_hook_that_hangs_does_not_keep_a_failed_worker_alive(workers, tm
     wait_for(lambda: phases("hang-hook"), 20, "the handler to start")
     armed.touch()
     assert a.wait_exit(30) == 1, a.log()[-3000:]
-
-
-def test_no_handler_process_starts_once_its_children_are_killed():
-    """(4) A slot thread that takes a claim after kill_children() (the process ending at
-    once) starts no child that nobody would kill: its job is reported stopped, and no
-    process was started. Before, a child being started escaped the kill."""
-    import multiprocessing
-    from types import SimpleNamespace
-
-    from django_leases.worker.claims import Kind
-    from django_leases.worker.executors import ProcessExecutor
-
-    executor = ProcessExecutor(
-        1, lambda claim, outcome: None, alias="default", worker_id="w", stopping=lambda: True
-    )
-    try:
-        executor.kill_children()
-        job = SimpleNamespace(
-            task_path="tests.testapp.tasks.add",
-            queue_name="default",
-            args=[1, 2],
-            kwargs={},
-            pk=1,
-            fence=1,
-            attempts=1,
-            cursor=None,
-            claim_token="token",
-            database="default",
-        )
-        lost, stamp = executor.new_flags()
-        claim = SimpleNamespace(job=job, lease=30.0, lost_flag=lost, stamp=stamp)
-        outcome = executor.execute(claim, None)
-        assert outcome.kind == Kind.STOPPED, outcome
-        assert not any(c.name.startswith("leases-job-") for c in multiprocessing.active_children())
-    finally:
-        executor.close()

@@ -21,8 +21,6 @@ import signal
 import threading
 from typing import Any, NoReturn
 
-from .dberrors import connect_before_handler
-
 logger = logging.getLogger("django_leases.worker")
 
 # How long a child whose claim is lost may take to stop on its own before SIGKILL.
@@ -34,7 +32,7 @@ def _ignore_stop_signal(signum: int, frame: Any) -> None:
     processes a job starts could not be stopped with SIGTERM either; a handler is reset."""
 
 
-def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> None:
+def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked: Any) -> None:
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, _ignore_stop_signal)
     import django
@@ -51,10 +49,15 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any) -> Non
     from ..api import JobHandle, WorkerLink
     from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
     from .claims import Kind, Outcome, store_checkpoint
-    from .running import run_task, task_context
+    from .running import connect_before_handler, run_task, task_context
 
+    # The acked flag is set once the handler's fenced(ack=True) commits: the worker then
+    # knows the job is done before the outcome comes (a stop does not release it).
     link = WorkerLink(
-        lost=lost, stamp=stamp, checkpointer=lambda cursor: store_checkpoint(handle, link, cursor)
+        lost=lost,
+        stamp=stamp,
+        checkpointer=lambda cursor: store_checkpoint(handle, link, cursor),
+        on_acked=acked.set,
     )
     handle = JobHandle(
         job_id=payload["job_id"],

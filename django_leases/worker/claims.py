@@ -4,13 +4,18 @@ A claim moves RUNNING -> FINISHING (its ack or fail is being sent) -> SETTLED (s
 RUNNING -> LOST (a renewal missed it, or the watchdog saw its lease run out) or
 RUNNING -> RELEASING (shutdown), or RUNNING -> ACKED (the handler acknowledged the job in
 its own fenced transaction). Only a RUNNING claim can be declared lost, so a renewal that
-misses a job because its ack just landed is never mistaken for a loss; a handler's own ack
-the worker has not heard of yet (in process isolation the parent learns of it only with the
-outcome) the heartbeat reads back before it declares anything lost.
+misses a job because its ack just landed is never mistaken for a loss.
+
+A handler's own ack sets the claim's acked flag once it commits (shared memory, for a
+child process), and a claim whose flag is set moves to ACKED at its next move: a stop then
+does not release the job. The flag is set just after the commit, so a renewal or release
+can still miss the row before it is: read_back_acks() reads such jobs back before either
+says the claim was lost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import logging
@@ -19,9 +24,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from ..api import JobHandle, Stamp, WorkerLink
+from .dberrors import DB_ERRORS
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -77,6 +83,7 @@ class Claim:
         worker_id: str,
         lost_flag: Any = None,
         shared_stamp: Any = None,
+        acked_flag: Any = None,
         task_result: Any = None,
     ) -> None:
         self.job = job
@@ -85,6 +92,9 @@ class Claim:
         self.lost_reason = ""
         self._lock = threading.Lock()
         self.lost_flag = lost_flag if lost_flag is not None else threading.Event()
+        # Set once the handler's fenced(ack=True) has committed, from whichever thread or
+        # process ran it: the job is done, and not to be released at shutdown.
+        self.acked_flag = acked_flag if acked_flag is not None else threading.Event()
         self.stamp: Any = shared_stamp if shared_stamp is not None else Stamp(stamp)
         self.stamp.value = stamp
         self.link = WorkerLink(
@@ -105,15 +115,10 @@ class Claim:
             database=job.database,
             link=self.link,
         )
-        # Set by the executor: the child process, in process isolation.
-        self.process: Any = None
         # Times this claim's ack or fail failed over a connection that still answered
         # (settling.py: enough of them and the write counts as refused, not as an outage).
         self.write_strikes = 0
         self.exited = threading.Event()
-        # Its outcome said the handler acknowledged the job (in process isolation the
-        # parent learns it only so): not to be released at shutdown.
-        self.handler_acked = False
 
     def _checkpoint(self, cursor: Any) -> bool:
         return store_checkpoint(self.handle, self.link, cursor)
@@ -128,6 +133,8 @@ class Claim:
 
     def _move(self, to: str, *, tell: bool = False, reason: str = "") -> bool:
         with self._lock:
+            if self.state == RUNNING and self.acked_flag.is_set():
+                self.state = ACKED  # the handler's own ack, committed meanwhile
             if self.state != RUNNING:
                 return False
             self.state = to
@@ -141,9 +148,10 @@ class Claim:
         """Declare the claim lost and tell the handler; False if it was no longer running."""
         return self._move(LOST, tell=True, reason=reason)
 
-    def mark_acked(self) -> bool:
-        """The handler acknowledged the job itself; False if it was no longer running."""
-        return self._move(ACKED)
+    def mark_acked(self) -> None:
+        """The handler acknowledged the job itself (its fenced(ack=True) committed)."""
+        self.acked_flag.set()
+        self._move(ACKED)
 
     def stop_acked(self) -> bool:
         """Tell a handler that acknowledged its job itself, and may run on, to stop (the
@@ -175,7 +183,7 @@ class Claim:
     @property
     def acked(self) -> bool:
         """Whether the handler acknowledged the job itself: not to be released."""
-        return self.state == ACKED or self.handler_acked
+        return self.state == ACKED or self.acked_flag.is_set()
 
 
 class ClaimBook:
@@ -209,6 +217,23 @@ class ClaimBook:
     def __len__(self) -> int:
         with self._lock:
             return len(self._claims)
+
+
+def read_back_acks(Job: Any, database: str, claims: list[Claim]) -> set[Any]:
+    """The ids of ``claims`` whose jobs succeeded at their claim's fence: a renewal or a
+    release that missed such a row met the handler's own fenced(ack=True) commit, just
+    before its acked flag was set; the claim was not lost. Database trouble answers none
+    (the claims are said lost, as a miss was before this read, which only spares a false
+    alarm) and drops this thread's broken connection."""
+    if not claims:
+        return set()
+    try:
+        acked: set[Any] = Job.objects.using(database).acked_by_their_claims([c.job for c in claims])
+    except DB_ERRORS:
+        with contextlib.suppress(Exception):
+            connections[database].close()
+        return set()
+    return acked
 
 
 # -- checkpoints ---------------------------------------------------------------------------

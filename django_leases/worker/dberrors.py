@@ -9,15 +9,7 @@ instead (settling.py), or it would retry a poison write forever.
 
 from __future__ import annotations
 
-import contextlib
-from typing import TYPE_CHECKING
-
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
-
-from ..storable import first_line
-
-if TYPE_CHECKING:
-    from .claims import Outcome
+from django.db import DatabaseError, InterfaceError, OperationalError
 
 # Every error a statement can end with: an outage or a refusal, told apart below.
 DB_ERRORS = (DatabaseError, InterfaceError)
@@ -71,19 +63,3 @@ def contention(error: BaseException) -> bool:
     failure or the server short of a resource: an OperationalError that says nothing
     against the statement itself."""
     return error_kind(error) == "outage"
-
-
-def connect_before_handler(database: str) -> Outcome | None:
-    """Open this thread's connection to the job's database before the handler runs; an
-    UNCONNECTED outcome if the database refuses it (too many connections, unreachable).
-    The worker then releases the job, the attempt not counted: the handler never ran, and
-    the worker's own over-subscription is no failure of the job."""
-    from .claims import Kind, Outcome
-
-    try:
-        connections[database].ensure_connection()
-    except DB_ERRORS as e:
-        with contextlib.suppress(*DB_ERRORS):
-            connections[database].close()
-        return Outcome(Kind.UNCONNECTED, message=first_line(e))
-    return None

@@ -11,6 +11,7 @@ and fenced() writes go out on its own connection).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -25,14 +26,20 @@ from django.db import connections
 
 from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .child import KILL_GRACE_SECONDS
-from .claims import ACKED, RELEASING, Claim, Kind, Outcome
-from .dberrors import connect_before_handler
+from .claims import RELEASING, Claim, Kind, Outcome
 from .logs import claim_fields, configured
-from .running import run_task, task_context
+from .running import connect_before_handler, run_task, task_context
 
 logger = logging.getLogger("django_leases.worker")
 
 Done = Callable[[Claim, Outcome], None]
+
+# The kill line's words for its ``reason`` field.
+KILL_REASONS = {
+    "lost": "lost",
+    "released": "released",
+    "acked": "acknowledged by the handler, and the worker is stopping",
+}
 
 
 class _Slots:
@@ -100,9 +107,10 @@ class _Slots:
         with self._running_lock:
             return self._running
 
-    def new_flags(self) -> tuple[Any, Any]:
-        """The lost flag and the renewal stamp of a new claim."""
-        return None, None
+    def new_flags(self) -> tuple[Any, Any, Any]:
+        """The lost flag, the renewal stamp and the acked flag of a new claim: shared
+        with a child process in process isolation (None: the claim makes its own)."""
+        return None, None, None
 
     def kill_children(self) -> None:
         """Kill the handlers' processes still running, for a process about to end at once
@@ -171,8 +179,9 @@ class ProcessExecutor(_Slots):
             with contextlib.suppress(Exception):  # one that ended meanwhile
                 process.kill()
 
-    def new_flags(self) -> tuple[Any, Any]:
-        return SharedFlag(self._mp.RawValue("b", 0)), self._mp.RawValue("d", 0.0)
+    def new_flags(self) -> tuple[Any, Any, Any]:
+        flag = functools.partial(self._mp.RawValue, "b", 0)
+        return SharedFlag(flag()), self._mp.RawValue("d", 0.0), SharedFlag(flag())
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         from .child import child_main
@@ -198,22 +207,28 @@ class ProcessExecutor(_Slots):
         ours, theirs = self._mp.Pipe()
         process = self._mp.Process(
             target=child_main,
-            args=(theirs, payload, claim.lost_flag, claim.stamp),
+            args=(theirs, payload, claim.lost_flag, claim.stamp, claim.acked_flag),
             name=f"leases-job-{job.pk}",
             daemon=True,
         )
-        # Started under the lock: kill_children() waits for a start under way (the
-        # process exists before start() returns, unkillable through its Process until
-        # then), and none starts after it.
-        with self._children_lock:
-            if self._killing:
-                ours.close()
-                theirs.close()
-                return Outcome(Kind.STOPPED, message="not started: the worker is ending at once")
-            process.start()
-            self._children.add(process)
+        if self._killed():
+            ours.close()
+            theirs.close()
+            return Outcome(Kind.STOPPED, message="not started: the worker is ending at once")
+        # Started outside the lock: with arguments past the pipe's buffer start() waits
+        # for the child's interpreter, and the other slots' starts must not queue behind
+        # it. A kill_children() that came meanwhile could not see this child (unkillable
+        # through its Process until start() returns): it is killed here. (A worker that
+        # ends before that leaves a child that sees it gone and ends itself, child.py.)
+        process.start()
         theirs.close()
-        claim.process = process
+        with self._children_lock:
+            self._children.add(process)
+        if self._killed():
+            _kill(process)
+            self._forget_child(process)
+            ours.close()
+            return Outcome(Kind.STOPPED, message="killed at start: the worker is ending at once")
         logger.debug(
             "Started handler process pid=%s job=%s fence=%s worker=%s",
             process.pid,
@@ -229,8 +244,15 @@ class ProcessExecutor(_Slots):
             if process.is_alive():
                 _kill(process)
             process.join()
-            with self._children_lock:
-                self._children.discard(process)
+            self._forget_child(process)
+
+    def _killed(self) -> bool:
+        with self._children_lock:
+            return self._killing
+
+    def _forget_child(self, process: Any) -> None:
+        with self._children_lock:
+            self._children.discard(process)
 
     def _supervise(self, claim: Claim, process: Any, conn: Any) -> Outcome:
         outcome: Outcome | None = None
@@ -257,24 +279,24 @@ class ProcessExecutor(_Slots):
                 lost_at = lost_at or time.monotonic()
                 # Released, or done by the handler's own ack while the worker stops. (A
                 # handler that acked may set the flag itself, its later fenced() refused.)
-                stopping = claim.state == RELEASING or (claim.state == ACKED and self._stopping())
+                done = claim.acked and self._stopping()
+                stopping = claim.state == RELEASING or done
                 grace = 0.0 if stopping else KILL_GRACE_SECONDS
                 if time.monotonic() - lost_at >= grace:
+                    reason = "acked" if done else "released" if claim.state == RELEASING else "lost"
                     logger.warning(
                         "Killing handler process pid=%s job=%s fence=%s worker=%s: its claim is %s",
                         process.pid,
                         claim.pk,
                         claim.job.fence,
                         self._worker_id,
-                        (
-                            "released"
-                            if claim.state == RELEASING
-                            else "acknowledged by the handler, and the worker is stopping"
-                            if stopping
-                            else "lost"
-                        ),
+                        KILL_REASONS[reason],
                         extra=claim_fields(
-                            claim.job, self._worker_id, "process_killed", pid=process.pid
+                            claim.job,
+                            self._worker_id,
+                            "process_killed",
+                            pid=process.pid,
+                            reason=reason,
                         ),
                     )
                     _kill(process)

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connections
 
 from ..storable import first_line
-from .claims import RUNNING, ClaimBook
+from .claims import RUNNING, ClaimBook, read_back_acks
 from .dberrors import DB_ERRORS
 from .logs import claim_fields
 from .vital import VitalThread
@@ -129,19 +129,11 @@ class Heartbeat(VitalThread):
                 claim.link.renewed(started)
             else:
                 missed.append(claim)
-        # A handler's own fenced ack the worker has not heard of yet is no loss. (A
-        # finishing claim missed is its ack landing: nothing to read.)
-        running = [c.job for c in missed if c.state == RUNNING]
-        try:
-            acked = (
-                Job.objects.using(self.database).acked_by_their_claims(running)
-                if running
-                else set()
-            )
-        except DB_ERRORS:
-            # Unread: lost, as any miss was before this read, which only spares a false alarm.
-            acked = set()
-            _reset(self.database)
+        # A handler's own fenced ack is no loss: known from its flag, or read back when the
+        # renewal came between its commit and the flag. (A finishing claim missed is the
+        # worker's ack landing: nothing to read.)
+        unheard = [c for c in missed if c.state == RUNNING and not c.acked]
+        acked = read_back_acks(Job, self.database, unheard)
         lost = 0
         for claim in missed:
             if claim.pk in acked:

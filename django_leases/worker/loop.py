@@ -300,7 +300,7 @@ class Worker(Stopping):
         results = self._results_at_start([j for j, t in zip(jobs, tasks, strict=True) if t])
         for job, task in zip(jobs, tasks, strict=True):
             self._claimed += 1
-            lost_flag, shared_stamp = self.executor.new_flags()
+            lost_flag, shared_stamp, acked_flag = self.executor.new_flags()
             claim = Claim(
                 job,
                 stamp=started,
@@ -308,6 +308,7 @@ class Worker(Stopping):
                 worker_id=self.worker_id,
                 lost_flag=lost_flag,
                 shared_stamp=shared_stamp,
+                acked_flag=acked_flag,
                 task_result=results.get(job.pk),
             )
             self._log_claim(job)

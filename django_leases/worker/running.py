@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from asgiref.sync import async_to_sync
+from django.db import connections
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
@@ -28,10 +29,12 @@ from ..fits import misfit, signature_of
 from ..storable import (
     class_path,
     describe_exception,
+    first_line,
     readable_class_path,
     storable_result,
 )
 from .claims import Kind, Outcome
+from .dberrors import DB_ERRORS
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -315,3 +318,17 @@ async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any], link: W
 
     link.on_lost(cancel)
     return await inner
+
+
+def connect_before_handler(database: str) -> Outcome | None:
+    """Open this thread's connection to the job's database before the handler runs; an
+    UNCONNECTED outcome if the database refuses it (too many connections, unreachable).
+    The worker then releases the job, the attempt not counted: the handler never ran, and
+    the worker's own over-subscription is no failure of the job."""
+    try:
+        connections[database].ensure_connection()
+    except DB_ERRORS as e:
+        with contextlib.suppress(*DB_ERRORS):
+            connections[database].close()
+        return Outcome(Kind.UNCONNECTED, message=first_line(e))
+    return None

@@ -9,7 +9,6 @@ pause. A claim whose write went through is settled (claims.py), so nothing is se
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 from dataclasses import replace
@@ -26,7 +25,7 @@ from ..storable import (
     first_line,
     storable_text,
 )
-from .claims import ACKED, FINISHING, RELEASING, Claim, ClaimBook, Kind, Outcome
+from .claims import FINISHING, RELEASING, Claim, ClaimBook, Kind, Outcome, read_back_acks
 from .dberrors import DB_ERRORS, error_kind, refused_by_database
 from .logs import claim_fields
 
@@ -86,10 +85,10 @@ class Settling:
 
     def _to_write(self, claim: Claim, outcome: Outcome) -> bool:
         """Whether ``outcome`` still needs a write by this worker; the claim then finishing."""
-        if outcome.kind is Kind.ACKED or claim.state == ACKED:
-            # Not to be released at shutdown: the job is done. (ACKED with another outcome:
+        if outcome.kind is Kind.ACKED or claim.acked:
+            # Not to be released at shutdown: the job is done. (Acked with another outcome:
             # the handler acknowledged its job, then raised or was stopped.)
-            claim.handler_acked = True
+            claim.mark_acked()
             self.book.forget(claim)
             logger.debug(
                 "Acked job=%s fence=%s worker=%s in the handler's fenced transaction",
@@ -356,19 +355,6 @@ class Settling:
         except Exception:  # noqa: BLE001 -- a connection that cannot say is not answering
             return False
 
-    def _acked_by_its_handler(self, claim: Claim) -> bool:
-        """Whether a release that matched no row met the handler's own fenced(ack=True)
-        commit (a child's, which the worker hears of only with its outcome, or before a
-        renewal has missed the row): the job is done, the claim was not lost. The release
-        itself went through, so trouble reading is no failed release: unread, the claim is
-        said lost, as before this read, and the broken connection is dropped."""
-        try:
-            return bool(self.Job.objects.using(self.database).acked_by_their_claims([claim.job]))
-        except Exception:  # noqa: BLE001 -- only the log line's wording depends on it
-            with contextlib.suppress(Exception):
-                connections[self.database].close()
-            return False
-
     def _release(self, claim: Claim, why: str = "") -> bool:
         """Give the job back to pending, the attempt not counted; raise on database trouble."""
         released = self.Job.objects.using(self.database).release(claim.job)
@@ -382,7 +368,8 @@ class Settling:
                 why,
                 extra=claim_fields(claim.job, self.worker_id, "released"),
             )
-        elif self._acked_by_its_handler(claim):
+        elif read_back_acks(self.Job, self.database, [claim]):
+            # The handler's own fenced(ack=True) committed just before the release.
             logger.debug(
                 "Acked job=%s fence=%s worker=%s in the handler's fenced transaction, "
                 "before its release",

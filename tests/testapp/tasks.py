@@ -86,15 +86,21 @@ async def astubborn(key: str, seconds: float) -> dict:
 
 
 @task
-def ack_then_linger(key: str, seconds: float) -> None:
+def ack_then_linger(key: str, seconds: float, heed: bool = True) -> None:
     """Acknowledge the job in its own fenced transaction, then go on (say, cleaning up) for
-    ``seconds``, stopping at once should it be told its claim is lost."""
+    ``seconds``, stopping at once should it be told its claim is lost (unless not ``heed``:
+    then it is stopped only by its process's end)."""
+    import time
+
     from django_leases.api import current_job
     from django_leases.fencing import fenced
 
     with fenced(ack=True, result={"acked": True}):
         _effect(key, "acked")
-    current_job().sleep(seconds)
+    if heed:
+        current_job().sleep(seconds)
+    else:
+        time.sleep(seconds)
     _effect(key, "done")
 
 

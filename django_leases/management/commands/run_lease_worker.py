@@ -322,8 +322,8 @@ def _end_now(status: int, worker: Worker) -> None:
             if child.daemon:
                 with contextlib.suppress(Exception):
                     child.terminate()
-        atexit._run_exitfuncs()
-        for finish in (logging.shutdown, sys.stdout.flush, sys.stderr.flush):
+        atexit._run_exitfuncs()  # logging's flush among them
+        for finish in (sys.stdout.flush, sys.stderr.flush):
             with contextlib.suppress(Exception):
                 finish()
     finally:
