@@ -261,10 +261,9 @@ class LeaseBackend(BaseTaskBackend):
         )
 
     def get_result(self, result_id: Any) -> TaskResult[..., Any]:
-        try:
-            pk = int(result_id)
-        except (ValueError, TypeError):
-            raise TaskResultDoesNotExist(result_id) from None
+        pk = _job_id(result_id)
+        if pk is None:
+            raise TaskResultDoesNotExist(result_id)
         results = self.get_results([pk])
         if pk not in results:
             raise TaskResultDoesNotExist(result_id)
@@ -375,3 +374,23 @@ class LeaseBackend(BaseTaskBackend):
         if not any(m.is_serious() for m in messages):  # warnings only (W001, W002)
             messages.extend(check_task_modules(self.alias))
         return messages
+
+
+# A job's primary key is a BigAutoField: its ids are 1 .. 2**63 - 1 on every database.
+_LARGEST_JOB_ID = 2**63 - 1
+
+
+def _job_id(result_id: Any) -> int | None:
+    """The job a TaskResult id names: the id as this backend hands it out (``str(pk)``),
+    or the int itself. Anything else (``" 2 "``, ``"+2"``, ``"02"``, other scripts'
+    digits, an id past what a job's key can hold, which the driver would refuse) names
+    no job: a polling view that passes a user's text on gets TaskResultDoesNotExist."""
+    if isinstance(result_id, int) and not isinstance(result_id, bool):
+        pk = result_id
+    elif isinstance(result_id, str) and result_id.isascii() and result_id.isdigit():
+        if len(result_id) > len(str(_LARGEST_JOB_ID)) or str(int(result_id)) != result_id:
+            return None
+        pk = int(result_id)
+    else:
+        return None
+    return pk if 0 < pk <= _LARGEST_JOB_ID else None

@@ -688,3 +688,58 @@ def test_property_options_bound_into_the_insert_are_stored_as_given(
         assert (back.queue_name, back.task_path) == (queue_name, task_path)
         assert same(checked, back.args) and back.kwargs == {"q": queue_name}
         assert back.retry == fields.retry_json()
+
+
+def _spellings(pk: int) -> list[object]:
+    """Other ways to write job ``pk``'s id, none of them the id the backend handed out."""
+    arabic_indic = str(pk).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+    return [f" {pk} ", f"+{pk}", f"0{pk}", f"{pk}\n", f"{pk}.0", arabic_indic, float(pk), True]
+
+
+@PROPERTY
+@given(
+    asked=st.one_of(
+        st.text(max_size=25),
+        st.integers(),
+        st.sampled_from(["9" * 23, str(2**63), str(2**63 - 1), "-1", "0", ""]),
+        st.integers(0, 7),  # an index into _spellings() of the job's own id
+    ),
+    spelled=st.booleans(),
+)
+def test_property_a_result_id_reads_its_own_job_or_does_not_exist(asked, spelled):
+    """(6) Whatever id a caller passes to get_result() (a polling view passing a user's
+    text on): the TaskResult of the job the backend handed that very id out for, or
+    TaskResultDoesNotExist; never the driver's OverflowError or DataError (before: a
+    23-digit id raised OverflowError on SQLite), nor another spelling's job (before:
+    " 2 ", "+2" and "٢" read job 2)."""
+    from django.tasks.exceptions import TaskResultDoesNotExist
+
+    result = add.enqueue(1, 2)
+    pk = int(result.id)
+    if spelled and isinstance(asked, int) and 0 <= asked < 8:
+        asked = _spellings(pk)[asked]
+    try:
+        again = add.get_result(asked)
+    except TaskResultDoesNotExist:
+        event("does not exist")
+        assert not (type(asked) in (str, int) and str(asked) == result.id)  # its own reads
+        return
+    event("read")
+    assert isinstance(asked, str | int) and not isinstance(asked, bool)
+    assert again.id == str(asked)
+
+
+def test_other_spellings_of_an_id_and_ids_past_a_key_name_no_job():
+    """(6) The examples the property may not draw: each other spelling of a job's id, and
+    ids past what a job's key holds, through get_result() and aget_result()."""
+    from django.tasks.exceptions import TaskResultDoesNotExist
+
+    result = add.enqueue(1, 2)
+    pk = int(result.id)
+    assert add.get_result(result.id).id == result.id
+    assert add.get_result(pk).id == result.id
+    for asked in [*_spellings(pk), "9" * 23, str(2**63), -pk, 2**70, None, [pk]]:
+        with pytest.raises(TaskResultDoesNotExist):
+            add.get_result(asked)
+        with pytest.raises(TaskResultDoesNotExist):
+            async_to_sync(add.aget_result)(asked)
