@@ -99,8 +99,9 @@ def _as_enqueued(task: Any, job: Any) -> Any:
 
 
 def _check_schedule_option(task: Any) -> None:
-    """A task's ``schedule`` must be a Periodic or a list of them (each checked when made)."""
-    from .schedules import Periodic
+    """A task's ``schedule`` must be a Periodic or a list of them (each checked when made),
+    each making a call the task's function takes."""
+    from .schedules import Periodic, call_misfit
 
     option = getattr(task, "schedule", None)
     if option is None:
@@ -111,6 +112,9 @@ def _check_schedule_option(task: Any) -> None:
             f"{task.module_path}: schedule must be a django_leases.schedules.Periodic or a "
             f"list of them, got {option!r}"
         )
+    for p in items:
+        if (why := call_misfit(task, p)) is not None:
+            raise InvalidTask(f"{task.module_path}: schedule args/kwargs {why}")
 
 
 class LeaseBackend(BaseTaskBackend):

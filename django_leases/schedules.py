@@ -312,20 +312,35 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
         if option is None:
             continue
         for p in option if isinstance(option, list | tuple) else [option]:
-            add(ScheduleSpec(p.name or task.module_path, task.module_path, p))
+            name = p.name or task.module_path
+            if (why := call_misfit(task, p)) is not None:
+                raise InvalidSchedule(f"{name}.args/kwargs", why)
+            add(ScheduleSpec(name, task.module_path, p))
     if listed is None:
         listed = (settings.TASKS[alias].get("OPTIONS") or {}).get("SCHEDULES") or {}
     for name, spec in checked_settings(listed).items():
-        if registry.lookup(alias, spec.task_path) is None:
+        listed_task = registry.lookup(alias, spec.task_path)
+        if listed_task is None:
             raise InvalidSchedule(
                 f"SCHEDULES[{name!r}].task",
                 f"{spec.task_path!r} is not a task declared for backend {alias!r}",
             )
+        if (why := call_misfit(listed_task, spec.periodic)) is not None:
+            raise InvalidSchedule(f"SCHEDULES[{name!r}].args/kwargs", why)
         add(spec)
     if specs and not settings.USE_TZ:
         # Ticks are UTC instants; naive datetime columns would store them shifted.
         raise InvalidSchedule("USE_TZ", "periodic schedules need USE_TZ = True")
     return list(specs.values())
+
+
+def call_misfit(task: Any, p: Periodic) -> str | None:
+    """Why ``task``'s function cannot take the call each tick of ``p`` makes (as enqueue()
+    would refuse it, and the worker end each tick's job dead), or None."""
+    from .fits import misfit, signature_of
+
+    why = misfit(task.func, task.takes_context, list(p.args), dict(p.kwargs))
+    return None if why is None else f"do not fit {task.name}{signature_of(task.func)}: {why}"
 
 
 def declared_names(alias: str, listed: Any = None) -> set[str]:

@@ -157,7 +157,7 @@ def test_a_schedule_name_two_backends_of_one_database_declare_is_an_error(monkey
     monkeypatch.setattr(registry, "_inherited", set(registry._inherited))
 
     def every(seconds):
-        return {"task": "tests.testapp.tasks.add", "every": seconds}
+        return {"task": "tests.testapp.tasks.add", "every": seconds, "args": [1, 2]}
 
     tasks = {
         "twin-a": {"BACKEND": BACKEND, "OPTIONS": {"SCHEDULES": {"sweep": every(60)}}},

@@ -263,7 +263,7 @@ def test_a_row_taken_from_a_backend_that_declares_it_too_is_warned_of(monkeypatc
 
     monkeypatch.setattr(registry, "_declared", {a: dict(t) for a, t in registry._declared.items()})
     monkeypatch.setattr(registry, "_inherited", set(registry._inherited))
-    sweep = {"sweep": {"task": TASK, "every": 60}}
+    sweep = {"sweep": {"task": TASK, "every": 60, "args": [1, 2]}}
 
     def tasks(default, twin):
         default_options = {**settings.TASKS["default"].get("OPTIONS", {}), "SCHEDULES": default}
@@ -305,8 +305,56 @@ def test_the_system_check_names_a_bad_schedule_setting():
     bad = {"SCHEDULES": {"nightly": {"task": TASK, "cron": "0 3 * * *", "timezone": "Nowhere"}}}
     [error] = [m for m in check_backend("default", bad) if m.id == "django_leases.E020"]
     assert "SCHEDULES['nightly'].timezone" in error.msg
-    good = {"SCHEDULES": {"nightly": {"task": TASK, "cron": "0 3 * * *"}}}
+    good = {"SCHEDULES": {"nightly": {"task": TASK, "cron": "0 3 * * *", "args": [1, 2]}}}
     assert not [m for m in check_backend("default", good) if m.id == "django_leases.E020"]
+
+
+def test_a_schedule_whose_call_the_task_cannot_take_is_refused_naming_it():
+    """Invariant 6: a schedule's args/kwargs are checked against its task's signature, as
+    enqueue() checks a call (before: check passed, and each tick made a job that ended
+    dead on InvalidJobArgument, forever). E020 names the schedule and args/kwargs."""
+    from django_leases.checks import check_backend
+
+    def errors(entry):
+        options = {"SCHEDULES": {"sum": {"task": TASK, "every": 60, **entry}}}
+        return [m.msg for m in check_backend("default", options) if m.id == "django_leases.E020"]
+
+    [missing] = errors({})
+    assert "SCHEDULES['sum'].args/kwargs: do not fit" in missing and "'a'" in missing
+    [extra] = errors({"args": [1, 2, 3]})
+    assert "SCHEDULES['sum'].args/kwargs" in extra and "too many" in extra
+    [unknown] = errors({"args": [1, 2], "kwargs": {"c": 3}})
+    assert "SCHEDULES['sum'].args/kwargs" in unknown and "'c'" in unknown
+    assert errors({"args": [1], "kwargs": {"b": 2}}) == []
+
+
+def _takes_nothing() -> None:
+    """A task function of no arguments (module level, as Django's @task needs)."""
+
+
+@pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(schedule=...) needs Django 6.1")
+def test_a_task_option_schedule_whose_call_the_task_cannot_take_is_refused_when_made(
+    monkeypatch,
+):
+    """Invariant 6: @task(schedule=Periodic(args=...)) whose call its function cannot
+    take raises InvalidTask when the task is made (before: it was declared, and each tick
+    made a job that ended dead), naming the schedule's args/kwargs; nothing is declared."""
+    from django.tasks import task
+    from django.tasks.exceptions import InvalidTask
+
+    from django_leases import registry
+
+    # The process's declarations restored after the one this test makes last.
+    monkeypatch.setattr(registry, "_declared", {a: dict(t) for a, t in registry._declared.items()})
+    monkeypatch.setattr(registry, "_inherited", set(registry._inherited))
+    with pytest.raises(InvalidTask, match=r"schedule args/kwargs do not fit .*too many"):
+        task(schedule=Periodic(every=60, args=[1, 2, 3]))(_takes_nothing)
+    with pytest.raises(InvalidTask, match=r"schedule args/kwargs do not fit"):
+        task(schedule=[Periodic(every=60), Periodic(every=30, kwargs={"x": 1}, name="x")])(
+            _takes_nothing
+        )
+    assert registry.lookup("default", f"{__name__}._takes_nothing") is None
+    assert task(schedule=Periodic(every=60, name="nothing"))(_takes_nothing).schedule
 
 
 def test_a_schedule_this_code_cannot_enqueue_is_left_to_other_workers():
@@ -411,7 +459,7 @@ def test_the_system_check_names_a_missing_task_and_use_tz_off():
     typo = {"SCHEDULES": {"x": {"task": "tests.testapp.tasks.typo", "every": 60}}}
     [error] = [m for m in check_backend("default", typo) if m.id == "django_leases.E020"]
     assert "SCHEDULES['x'].task" in error.msg and "typo" in error.msg
-    good = {"SCHEDULES": {"x": {"task": TASK, "every": 60}}}
+    good = {"SCHEDULES": {"x": {"task": TASK, "every": 60, "args": [1, 2]}}}
     with override_settings(USE_TZ=False):
         [error] = [m for m in check_backend("default", good) if m.id == "django_leases.E020"]
     assert "USE_TZ" in error.msg
