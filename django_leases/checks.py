@@ -29,12 +29,13 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
         ]
     messages: list[checks.CheckMessage] = [
         checks.Error(
-            f"TASKS[{alias!r}]['OPTIONS'][{problem.option!r}] {problem.reason}",
+            f"{_option_path(alias, problem.option)} {problem.reason}",
             obj=f"TASKS[{alias!r}]",
             id=check_id_for(problem),
         )
         for problem in validate_options(options)
     ]
+    messages.extend(_queue_messages(alias, options))
     messages.extend(_schedule_messages(alias, options))
     time_zone = _time_zone_messages(alias)  # beside any other message, never in their stead
     if any(m.id == "django_leases.E010" for m in messages):
@@ -46,6 +47,70 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
     messages.extend(time_zone)
     database = options.get("DATABASE", "default") if isinstance(options, dict) else "default"
     messages.extend(check_database(alias, database))
+    return messages
+
+
+def _option_path(alias: str, option: str) -> str:
+    """Where ``option`` (a name, or a path such as ``QUEUE_OPTIONS['q']['RETRY']``) is in
+    the settings, as Python would index it."""
+    where = f"TASKS[{alias!r}]['OPTIONS']"
+    if option == "OPTIONS":
+        return where
+    name, bracket, rest = option.partition("[")
+    return f"{where}[{name!r}]{bracket}{rest}"
+
+
+def _queue_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
+    """QUEUES (Django's own key) must list queue names, as enqueue() checks a queue_name:
+    Django reads a string as its letters, and a worker cannot serve a name that is no
+    text. Per-queue options for a queue QUEUES does not list apply to no job."""
+    import difflib
+
+    from django.conf import settings
+
+    from .enqueue_options import checked_text
+
+    if "QUEUES" not in settings.TASKS.get(alias, {}):
+        return []
+    queues = settings.TASKS[alias]["QUEUES"]
+    problem = None
+    if not isinstance(queues, list | tuple | set | frozenset):
+        problem = f"must be a list of queue names, got {queues!r}"
+    else:
+        for queue in queues:
+            try:
+                checked_text("queue", queue, 100)
+            except InvalidLeaseOption as e:
+                problem = f"must list queue names of 1-100 characters: {queue!r} {e.reason}"
+                break
+    if problem is not None:
+        return [
+            checks.Error(
+                f"TASKS[{alias!r}]['QUEUES'] {problem}",
+                hint="List the queue names the backend takes, e.g. ['default', 'emails'] "
+                "(an empty list: any name).",
+                obj=f"TASKS[{alias!r}]",
+                id="django_leases.E022",
+            )
+        ]
+    per_queue = options.get("QUEUE_OPTIONS") if isinstance(options, dict) else None
+    if not queues or not isinstance(per_queue, dict):
+        return []
+    messages: list[checks.CheckMessage] = []
+    for queue in per_queue:
+        if queue in queues:
+            continue
+        close = difflib.get_close_matches(str(queue), [str(q) for q in queues], n=1)
+        messages.append(
+            checks.Warning(
+                f"TASKS[{alias!r}]['OPTIONS']['QUEUE_OPTIONS'][{queue!r}] is for a queue "
+                f"TASKS[{alias!r}]['QUEUES'] does not list: no job of this backend is in it, "
+                "so these options apply to none.",
+                hint=f"Did you mean {close[0]!r}?" if close else "Add the queue to QUEUES.",
+                obj=f"TASKS[{alias!r}]",
+                id="django_leases.W004",
+            )
+        )
     return messages
 
 

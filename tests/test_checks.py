@@ -44,12 +44,12 @@ def ids(options):
         (
             {"QUEUE_OPTIONS": {"reports": {"LEASE_SECONDS": 0}}},
             "django_leases.E012",
-            "QUEUE_OPTIONS['reports']['LEASE_SECONDS']",
+            "['QUEUE_OPTIONS']['reports']['LEASE_SECONDS']",
         ),
         (
             {"QUEUE_OPTIONS": {"reports": {"LEASE": 60}}},
             "django_leases.E012",
-            "QUEUE_OPTIONS['reports']['LEASE']",
+            "['QUEUE_OPTIONS']['reports']['LEASE']",
         ),
         ({"TASK_MODULES": "shop.jobs"}, "django_leases.E016", "TASK_MODULES"),
         ({"TASK_MODULES": ["tests.testapp.no_such_module"]}, "django_leases.E016", "TASK_MODULES"),
@@ -59,7 +59,54 @@ def ids(options):
 def test_each_bad_option_is_an_error_with_its_own_id_naming_the_option(options, check_id, named):
     messages = check_backend("default", options)
     assert [m.id for m in messages if isinstance(m, Error)] == [check_id]
-    assert f"[{named!r}]" in messages[0].msg
+    path = named if named.startswith("[") else f"[{named!r}]"
+    assert f"TASKS['default']['OPTIONS']{path} " in messages[0].msg
+
+
+def test_a_message_names_the_setting_as_python_would_index_it():
+    """(6) OPTIONS that is no dict is TASKS[alias]['OPTIONS'] (before: ['OPTIONS'] twice),
+    and a per-queue option's path reads as an index, not as a quoted string of one."""
+    [message] = check_backend("default", [])
+    assert message.msg.startswith("TASKS['default']['OPTIONS'] must be a dict"), message.msg
+    [message] = check_backend("default", {"QUEUE_OPTIONS": {"reports": {"RETRY": "x"}}})
+    assert "TASKS['default']['OPTIONS']['QUEUE_OPTIONS']['reports']['RETRY']" in message.msg
+
+
+@pytest.mark.parametrize(
+    ("queues", "said"),
+    [
+        ("default", "must be a list of queue names, got 'default'"),
+        ([5], "5 must be 1-100 characters"),
+        (["default", "x" * 101], "must be 1-100 characters"),
+        (["default", "nul\x00"], "NUL"),
+    ],
+)
+def test_queues_that_are_not_a_list_of_names_are_an_error(queues, said):
+    """(6) Django's own QUEUES key, read as Django reads it: a string would be its letters
+    (and every task's import fails on "Queue 'default' is not valid"), a name that is no
+    text fails at the worker's start as a --queue it was not given (before: check passed
+    both). E022 names QUEUES; a list of names, or an empty one (any name), passes."""
+    tasks = {"default": {"BACKEND": BACKEND, "QUEUES": queues}}
+    with override_settings(TASKS=tasks):
+        [error] = [m for m in check_backend("default", {}) if m.id == "django_leases.E022"]
+    assert isinstance(error, Error) and "TASKS['default']['QUEUES'] " in error.msg
+    assert said in error.msg, error.msg
+    for fine in (["default", "emails"], [], ("default",)):
+        with override_settings(TASKS={"default": {"BACKEND": BACKEND, "QUEUES": fine}}):
+            assert "django_leases.E022" not in {m.id for m in check_backend("default", {})}
+
+
+def test_per_queue_options_for_a_queue_not_listed_are_warned_of():
+    """(6) QUEUE_OPTIONS for a queue QUEUES does not list apply to no job (a typo loses its
+    lease and retry overrides without a word; before: check passed). W004 names it and
+    the closest listed queue; with QUEUES empty (any name) every queue may hold jobs."""
+    options = {"QUEUE_OPTIONS": {"emial": {"LEASE_SECONDS": 60}, "reports": {"MAX_ATTEMPTS": 2}}}
+    [warning] = [m for m in check_backend("default", options) if m.id == "django_leases.W004"]
+    assert isinstance(warning, Warning)
+    assert "['QUEUE_OPTIONS']['emial']" in warning.msg and warning.hint == "Did you mean 'emails'?"
+    tasks = {"default": {"BACKEND": BACKEND, "QUEUES": [], "OPTIONS": options}}
+    with override_settings(TASKS=tasks):
+        assert "django_leases.W004" not in {m.id for m in check_backend("default", options)}
 
 
 def test_an_unknown_option_suggests_the_close_one():
