@@ -9,6 +9,7 @@ INSERT adds to the database clock.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -94,6 +95,13 @@ def checked_text(name: str, value: Any, longest: int) -> str:
     except UnicodeEncodeError:
         raise InvalidLeaseOption(name, f"is not valid Unicode, got {shown(value)}") from None
     return value
+
+
+# The longest JSON form of one call's args and kwargs together, as a result's (storable.py):
+# inside MariaDB's default max_allowed_packet (16 MiB), past which the server drops the
+# connection; PostgreSQL and SQLite would take more, so a call accepted on one database is
+# not accepted on another.
+ARGUMENTS_LIMIT = 8 * 2**20
 
 
 # The length of Job.task_path (models.py uses it): a longer path would be refused by the
@@ -346,7 +354,17 @@ def checked_arguments(args: Any, kwargs: Any, path: str = "") -> tuple[list[Any]
         raise InvalidJobArgument(
             f"{path}kwargs", f"must be a dict of keyword arguments, got {shown(kwargs)}"
         )
-    return ensure_json(args, f"{path}args"), ensure_json(kwargs or {}, f"{path}kwargs")
+    size = [0]
+    call = ensure_json(args, f"{path}args", size), ensure_json(kwargs or {}, f"{path}kwargs", size)
+    if size[0] > ARGUMENTS_LIMIT:  # an upper bound: only then is the JSON form measured
+        length = len(json.dumps(call[0])) + len(json.dumps(call[1]))
+        if length > ARGUMENTS_LIMIT:
+            raise InvalidJobArgument(
+                f"{path}args/kwargs",
+                f"their JSON form is {length:,} characters, over the limit of "
+                f"{ARGUMENTS_LIMIT:,}; pass a reference to the data (an id, a file's path)",
+            )
+    return call
 
 
 def checked_calls(

@@ -25,22 +25,32 @@ MIN_INT, MAX_INT = -(2**63), 2**63 - 1
 MAX_FLOAT = 1e16
 
 
-def ensure_json(value: Any, path: str) -> Any:
+def ensure_json(value: Any, path: str, size: list[int] | None = None) -> Any:
     """Return ``value`` with tuples as lists, or raise InvalidJobArgument naming ``path``.
 
     Tuples become lists (as django.tasks normalizes them); anything else that JSON would
     change or cannot hold (dates, sets, objects, non-string keys, NaN, ints past 64 bits,
     nesting deeper than MAX_DEPTH) is refused, so a handler never receives something other
-    than what its caller passed.
+    than what its caller passed. ``size[0]`` grows by at least the length of ``value``'s
+    JSON form (json.dumps's, ASCII), read on the way: no dumps() is spent on small values.
     """
-    return _checked(value, path, 1)
+    return _checked(value, path, 1, size if size is not None else [0])
 
 
-def _checked(value: Any, path: str, depth: int) -> Any:
+# Upper bounds of a value's JSON length: a character is at most 12 (an astral one escaped
+# as two \uXXXX), a scalar other than a string at most 24 (a float's repr), an item of a
+# list or dict at most 4 more (quotes, comma, colon), a list or dict 2 (its brackets).
+_PER_CHARACTER, _PER_SCALAR, _PER_ITEM = 12, 24, 4
+
+
+def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
     if value is None or isinstance(value, bool):
+        size[0] += _PER_SCALAR
         return value
     if isinstance(value, str):
+        size[0] += _PER_CHARACTER * len(value) + 2
         return _text(value, path)
+    size[0] += _PER_SCALAR
     if isinstance(value, int):
         if not MIN_INT <= value <= MAX_INT:
             raise InvalidJobArgument(
@@ -66,9 +76,10 @@ def _checked(value: Any, path: str, depth: int) -> Any:
                 f"nests lists and dicts more than {MAX_DEPTH} deep (the limit every "
                 "supported database's JSON holds)",
             )
+        size[0] += _PER_ITEM * len(value)
         if isinstance(value, dict):
-            return _checked_dict(value, path, depth)
-        return [_checked(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
+            return _checked_dict(value, path, depth, size)
+        return [_checked(item, f"{path}[{i}]", depth + 1, size) for i, item in enumerate(value)]
     raise InvalidJobArgument(
         path,
         f"is of type {type(value).__module__}.{type(value).__qualname__}, which does not "
@@ -76,7 +87,7 @@ def _checked(value: Any, path: str, depth: int) -> Any:
     )
 
 
-def _checked_dict(value: dict[Any, Any], path: str, depth: int) -> dict[str, Any]:
+def _checked_dict(value: dict[Any, Any], path: str, depth: int, size: list[int]) -> dict[str, Any]:
     out = {}
     for key, item in value.items():
         if not isinstance(key, str):
@@ -85,7 +96,8 @@ def _checked_dict(value: dict[Any, Any], path: str, depth: int) -> dict[str, Any
                 f"is a key of type {type(key).__name__}, which JSON would turn into a string",
             )
         _text(key, f"{path}[{key!r}]")
-        out[key] = _checked(item, f"{path}[{key!r}]", depth + 1)
+        size[0] += _PER_CHARACTER * len(key) + 2
+        out[key] = _checked(item, f"{path}[{key!r}]", depth + 1, size)
     return out
 
 

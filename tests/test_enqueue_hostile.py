@@ -251,6 +251,33 @@ def test_limits_themselves_are_accepted_and_read_back_exactly():
     assert longest.deadline - longest.enqueued_at == timedelta(days=conf.MAX_INTERVAL_DAYS)
 
 
+def test_arguments_past_the_size_every_database_stores_are_refused_naming_them():
+    """(3, 6) A call's args and kwargs whose JSON form passes ARGUMENTS_LIMIT (8 MiB, the
+    result's limit: MariaDB's default max_allowed_packet is 16 MiB) are refused before
+    the INSERT, naming args/kwargs and the size (before: accepted on PostgreSQL and
+    SQLite, and on MariaDB the server dropped the connection). The JSON form is what
+    counts: a non-ASCII character is six. The limit itself is stored and read back."""
+    from django_leases.enqueue_options import ARGUMENTS_LIMIT
+
+    jobs = Job.objects.count()
+    over = [
+        (["x" * ARGUMENTS_LIMIT], {}),
+        (["x" * (ARGUMENTS_LIMIT // 2)], {"more": "y" * (ARGUMENTS_LIMIT // 2)}),
+        (["é" * (ARGUMENTS_LIMIT // 6 + 1)], {}),
+        ([[0.5] * (ARGUMENTS_LIMIT // 5 + 1)], {}),
+    ]
+    for args, kwargs in over:
+        with pytest.raises(InvalidJobArgument, match=r"args/kwargs: their JSON form is .* over"):
+            Job.objects.enqueue(TASK, args, kwargs)
+        with pytest.raises(InvalidTask, match=r"args/kwargs: their JSON form is"):
+            echo.enqueue(*args, **kwargs)
+    assert Job.objects.count() == jobs
+    # ["..."] and {} take six characters besides the string.
+    longest = "x" * (ARGUMENTS_LIMIT - 6)
+    result = echo.enqueue(longest)
+    assert Job.objects.get(pk=int(result.id)).args == [longest]
+
+
 def test_enqueue_many_names_the_call_it_refuses_and_writes_none():
     """(3) One bad call among many: nothing is written, the call and argument are named."""
     refused(
