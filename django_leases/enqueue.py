@@ -22,8 +22,8 @@ from django.db import (
     transaction,
 )
 
+from .enqueue_options import ARGUMENTS_LIMIT, JobFields, checked_calls
 from .enqueue_options import EnqueueOptions as EnqueueOptions  # its import path before
-from .enqueue_options import JobFields, checked_calls
 from .lease_statements import json_param, on_postgresql
 from .states import ACTIVE_STATES, JobState
 from .storable import first_line
@@ -157,7 +157,12 @@ def _insert_many(
     manager = model._default_manager.using(db)
     jobs = [fields.new_job(model, args, kwargs) for args, kwargs in calls]
     if connections[db].features.can_return_rows_from_bulk_insert:
-        return manager.bulk_create(jobs, batch_size=batch_size)
+        with transaction.atomic(using=db):
+            return [
+                job
+                for sized in _packet_sized(jobs, calls)
+                for job in manager.bulk_create(sized, batch_size=batch_size)
+            ]
     # MySQL has no RETURNING: bulk_create would leave every id unset. One INSERT per job
     # (its id comes back as the last insert id), in one transaction, then one read of the
     # times the database gave them.
@@ -174,6 +179,25 @@ def _insert_many(
         for name, value in zip(_INSERT_CLOCK_FIELDS, times[job.pk], strict=True):
             setattr(job, name, value)
     return jobs
+
+
+def _packet_sized(
+    jobs: list[Job], calls: list[tuple[list[Any], dict[str, Any]]]
+) -> Iterator[list[Job]]:
+    """``jobs`` in runs whose arguments' JSON takes at most ARGUMENTS_LIMIT characters
+    together (or one job): MariaDB drops the connection for a statement past its
+    max_allowed_packet (16 MiB by default), and one call may already take 8 MiB."""
+    run: list[Job] = []
+    size = 0
+    for job, (args, kwargs) in zip(jobs, calls, strict=True):
+        length = len(json.dumps(args)) + len(json.dumps(kwargs))
+        if run and size + length > ARGUMENTS_LIMIT:
+            yield run
+            run, size = [], 0
+        run.append(job)
+        size += length
+    if run:
+        yield run
 
 
 # What an INSERT leaves to the database clock (db_default Now(), Now() + an interval).

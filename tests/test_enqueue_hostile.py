@@ -278,6 +278,23 @@ def test_arguments_past_the_size_every_database_stores_are_refused_naming_them()
     assert Job.objects.get(pk=int(result.id)).args == [longest]
 
 
+def test_enqueue_many_of_large_calls_goes_in_statements_every_database_takes():
+    """(3) enqueue_many() of calls each within the limit but past MariaDB's packet
+    together (16 MiB by default) stores them all, in order (before: the server dropped
+    the connection, "Got a packet bigger than 'max_allowed_packet'"); all or nothing
+    still: a refused call among them writes none."""
+    from django_leases.enqueue_options import ARGUMENTS_LIMIT
+
+    big = ["x" * (ARGUMENTS_LIMIT // 2)]
+    jobs = Job.objects.enqueue_many(TASK, [(big, {}), (big, {"n": 1}), (big, {"n": 2})])
+    assert [Job.objects.get(pk=j.pk).kwargs for j in jobs] == [{}, {"n": 1}, {"n": 2}]
+    assert all(Job.objects.get(pk=j.pk).args == big for j in jobs)
+    before = Job.objects.count()
+    with pytest.raises(InvalidJobArgument, match=r"calls\[2\]"):
+        Job.objects.enqueue_many(TASK, [(big, {}), (big, {}), ([object()], {})])
+    assert Job.objects.count() == before
+
+
 def test_enqueue_many_names_the_call_it_refuses_and_writes_none():
     """(3) One bad call among many: nothing is written, the call and argument are named."""
     refused(
