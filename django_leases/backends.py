@@ -13,9 +13,16 @@ from django.tasks.signals import task_enqueued
 from . import conf, registry
 from .conf import LeaseOptions
 from .enqueue import insert_job_row, insert_job_rows, insert_or_merge_job
-from .enqueue_options import EnqueueOptions, JobFields, check_task_options, checked_arguments
+from .enqueue_options import (
+    EnqueueOptions,
+    JobFields,
+    check_task_options,
+    checked_arguments,
+    whole_priority,
+)
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
 from .fits import misfit, signature_of
+from .jsonsafe import shown
 from .states import FailureKind, JobState, LeaseLostPolicy
 from .task import LeaseTask, UndeclaredTask
 
@@ -98,6 +105,25 @@ def _as_enqueued(task: Any, job: Any) -> Any:
     )
 
 
+def _check_compared_fields(task: Any) -> None:
+    """Django's validate_task compares ``priority`` with numbers and asks ``run_after``
+    for its offset, so a value of another type escaped it as TypeError or AttributeError
+    (``using(priority="5")``, ``using(run_after=timedelta(...))``): InvalidTask, naming
+    the field, as for a value out of range."""
+    from datetime import datetime
+
+    if whole_priority(task.priority) is None:
+        raise InvalidTask(
+            f"{task.module_path}: priority must be a whole number from -100 to 100, "
+            f"got {shown(task.priority)}"
+        )
+    if task.run_after is not None and not isinstance(task.run_after, datetime):
+        raise InvalidTask(
+            f"{task.module_path}: run_after must be an aware datetime or None, "
+            f"got {shown(task.run_after)}"
+        )
+
+
 def _check_schedule_option(task: Any) -> None:
     """A task's ``schedule`` must be a Periodic or a list of them (each checked when made),
     each making a call the task's function takes."""
@@ -141,6 +167,7 @@ class LeaseBackend(BaseTaskBackend):
         return cast(str, self.options.get("DATABASE", "default"))
 
     def validate_task(self, task: Any) -> None:
+        _check_compared_fields(task)
         super().validate_task(task)
         try:
             check_task_options(task)

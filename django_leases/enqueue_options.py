@@ -200,7 +200,7 @@ class EnqueueOptions:
         return JobFields(
             task_path,
             self.queue_name,
-            cast(int, _whole_priority(self.priority)),
+            cast(int, whole_priority(self.priority)),
             cast(float, lease),
             cast(int, attempts),
             retry,
@@ -218,7 +218,7 @@ class EnqueueOptions:
 
         queue, priority, key = self.queue_name, self.priority, self.unique_key
         checked_text("queue_name", queue, 100)
-        if _whole_priority(priority) is None:
+        if whole_priority(priority) is None:
             raise InvalidLeaseOption(
                 "priority", f"must be a whole number from -100 to 100, got {shown(priority)}"
             )
@@ -239,7 +239,7 @@ class EnqueueOptions:
             checked_text("unique_key", key, 200)
 
 
-def _whole_priority(priority: Any) -> int | None:
+def whole_priority(priority: Any) -> int | None:
     """``priority`` as the int stored, if it is a whole number from -100 to 100 (5.0 too,
     as Django's validate_task accepts it); else None. Not a bool."""
     if isinstance(priority, bool) or not isinstance(priority, int | float | Decimal):

@@ -199,6 +199,28 @@ def test_a_whole_number_priority_given_as_a_float_is_taken_as_django_takes_it():
 
 
 @override_settings(TASKS=STRICT_TASKS)
+@pytest.mark.parametrize(
+    ("using", "named"),
+    [
+        ({"priority": "5"}, "priority"),
+        ({"priority": float("nan")}, "priority"),
+        ({"priority": [5]}, "priority"),
+        ({"run_after": "2030-01-01"}, "run_after"),
+        ({"run_after": timedelta(minutes=5)}, "run_after"),
+        ({"run_after": 1_900_000_000}, "run_after"),
+    ],
+)
+def test_task_using_values_django_cannot_compare_are_invalid_task_naming_them(using, named):
+    """(6) Task.using() with a priority or run_after of a type Django's validate_task
+    compares or asks for an offset raises InvalidTask naming the field (before: Django's
+    own TypeError, ValueError or AttributeError, where priority=True, say, got
+    InvalidTask); nothing is written."""
+    jobs = Job.objects.count()
+    with pytest.raises(InvalidTask, match=rf"{named} must be"):
+        echo.using(**using).enqueue()
+    assert Job.objects.count() == jobs
+
+
 def test_a_queue_no_backend_on_the_database_accepts_is_refused():
     """(3) No worker serves a queue outside QUEUES (run_lease_worker refuses it), so the
     manager refuses such a job instead of letting it wait forever."""
