@@ -83,6 +83,16 @@ class Retry:
     def from_json(cls, data: Any) -> Retry:
         if isinstance(data, Retry):
             return data
+        if isinstance(data, list | tuple) or isinstance(data, dict) and "delays" in data:
+            delays = data if isinstance(data, list | tuple) else data["delays"]
+            if isinstance(delays, list | tuple) and not delays:
+                # Read as "no ladder", it was the exponential default: neither "retry at
+                # once" nor "do not retry", which is what such a list may have meant.
+                raise InvalidLeaseOption(
+                    "retry",
+                    "is an empty list of delays: give at least one ([0] retries at once; "
+                    "the last one repeats), or MAX_ATTEMPTS = 1 for no retry",
+                )
         if isinstance(data, list | tuple):
             return cls(delays=tuple(data))
         if not isinstance(data, dict):

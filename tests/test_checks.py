@@ -51,6 +51,12 @@ def ids(options):
             "django_leases.E012",
             "['QUEUE_OPTIONS']['reports']['LEASE']",
         ),
+        ({"RETRY": []}, "django_leases.E014", "RETRY"),  # before: the default ladder
+        (
+            {"QUEUE_OPTIONS": {"reports": {"RETRY": {"delays": []}}}},
+            "django_leases.E012",
+            "['QUEUE_OPTIONS']['reports']['RETRY']",
+        ),
         ({"TASK_MODULES": "shop.jobs"}, "django_leases.E016", "TASK_MODULES"),
         ({"TASK_MODULES": ["tests.testapp.no_such_module"]}, "django_leases.E016", "TASK_MODULES"),
         ({"TASK_MODULES": [""]}, "django_leases.E016", "TASK_MODULES"),

@@ -173,6 +173,8 @@ def test_arguments_that_would_not_round_trip_are_refused_naming_them(call, named
         ({"priority": float("inf")}, "priority"),
         ({"priority": "5"}, "priority"),
         ({"retry": {"delays": 5}}, "retry"),
+        ({"retry": []}, "retry"),  # before: the exponential default, without a word
+        ({"retry": {"delays": ()}}, "retry"),
         ({"retry": [1e12]}, "retry"),
     ],
 )
@@ -198,7 +200,6 @@ def test_a_whole_number_priority_given_as_a_float_is_taken_as_django_takes_it():
     assert echo.get_result(result.id).task.priority == -7
 
 
-@override_settings(TASKS=STRICT_TASKS)
 @pytest.mark.parametrize(
     ("using", "named"),
     [
@@ -221,6 +222,7 @@ def test_task_using_values_django_cannot_compare_are_invalid_task_naming_them(us
     assert Job.objects.count() == jobs
 
 
+@override_settings(TASKS=STRICT_TASKS)
 def test_a_queue_no_backend_on_the_database_accepts_is_refused():
     """(3) No worker serves a queue outside QUEUES (run_lease_worker refuses it), so the
     manager refuses such a job instead of letting it wait forever."""
