@@ -70,9 +70,8 @@ def _queue_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
 
     from .enqueue_options import checked_text
 
-    if "QUEUES" not in settings.TASKS.get(alias, {}):
-        return []
-    queues = settings.TASKS[alias]["QUEUES"]
+    # Absent, Django's QUEUES is ["default"]: only that queue takes this backend's jobs.
+    queues = settings.TASKS.get(alias, {}).get("QUEUES", ["default"])
     problem = None
     if not isinstance(queues, list | tuple | set | frozenset):
         problem = f"must be a list of queue names, got {queues!r}"

@@ -22,7 +22,7 @@ from django.db import (
     transaction,
 )
 
-from .enqueue_options import ARGUMENTS_LIMIT, JobFields, checked_calls
+from .enqueue_options import ARGUMENTS_LIMIT, JobFields, checked_calls, sent_size
 from .enqueue_options import EnqueueOptions as EnqueueOptions  # its import path before
 from .lease_statements import json_param, on_postgresql
 from .states import ACTIVE_STATES, JobState
@@ -181,16 +181,22 @@ def _insert_many(
     return jobs
 
 
+# More than a row takes besides its arguments: the task path (255), the queue (100), the
+# unique key (200), the retry ladder and the other columns.
+ROW_SIZE = 1024
+
+
 def _packet_sized(
     jobs: list[Job], calls: list[tuple[list[Any], dict[str, Any]]]
 ) -> Iterator[list[Job]]:
-    """``jobs`` in runs whose arguments' JSON takes at most ARGUMENTS_LIMIT characters
-    together (or one job): MariaDB drops the connection for a statement past its
-    max_allowed_packet (16 MiB by default), and one call may already take 8 MiB."""
+    """``jobs`` in runs whose rows take at most ARGUMENTS_LIMIT as sent, each counted as
+    its arguments (sent_size()) and ROW_SIZE for the rest (or one job): MariaDB drops the
+    connection for a statement past its max_allowed_packet (16 MiB by default), and one
+    call may already take 8 MiB."""
     run: list[Job] = []
     size = 0
     for job, (args, kwargs) in zip(jobs, calls, strict=True):
-        length = len(json.dumps(args)) + len(json.dumps(kwargs))
+        length = sent_size(args, kwargs) + ROW_SIZE
         if run and size + length > ARGUMENTS_LIMIT:
             yield run
             run, size = [], 0

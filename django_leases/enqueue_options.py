@@ -97,11 +97,21 @@ def checked_text(name: str, value: Any, longest: int) -> str:
     return value
 
 
-# The longest JSON form of one call's args and kwargs together, as a result's (storable.py):
-# inside MariaDB's default max_allowed_packet (16 MiB), past which the server drops the
-# connection; PostgreSQL and SQLite would take more, so a call accepted on one database is
-# not accepted on another.
+# The largest size of one call's args and kwargs together as sent (sent_size()): a
+# statement that stores it stays inside MariaDB's default max_allowed_packet (16 MiB),
+# past which the server drops the connection. PostgreSQL and SQLite would take more, so a
+# call accepted on one database would not be on another.
 ARGUMENTS_LIMIT = 8 * 2**20
+
+
+def sent_size(args: Any, kwargs: Any) -> int:
+    """The size of a call's args and kwargs as a database is sent them: their JSON text
+    (ASCII), each backslash and quote counted twice, as MySQL's client escapes them in the
+    statement it builds."""
+    size = 0
+    for document in (json.dumps(args), json.dumps(kwargs)):
+        size += len(document) + document.count("\\") + document.count('"')
+    return size
 
 
 # The length of Job.task_path (models.py uses it): a longer path would be refused by the
@@ -356,13 +366,14 @@ def checked_arguments(args: Any, kwargs: Any, path: str = "") -> tuple[list[Any]
         )
     size = [0]
     call = ensure_json(args, f"{path}args", size), ensure_json(kwargs or {}, f"{path}kwargs", size)
-    if size[0] > ARGUMENTS_LIMIT:  # an upper bound: only then is the JSON form measured
-        length = len(json.dumps(call[0])) + len(json.dumps(call[1]))
+    if size[0] > ARGUMENTS_LIMIT:  # an upper bound: only then is the call measured
+        length = sent_size(*call)
         if length > ARGUMENTS_LIMIT:
             raise InvalidJobArgument(
                 f"{path}args/kwargs",
-                f"their JSON form is {length:,} characters, over the limit of "
-                f"{ARGUMENTS_LIMIT:,}; pass a reference to the data (an id, a file's path)",
+                f"their JSON form is {length:,} characters as sent (a backslash or quote "
+                f"counts twice), over the limit of {ARGUMENTS_LIMIT:,}; pass a reference to "
+                "the data (an id, a file's path)",
             )
     return call
 

@@ -31,16 +31,20 @@ def ensure_json(value: Any, path: str, size: list[int] | None = None) -> Any:
     Tuples become lists (as django.tasks normalizes them); anything else that JSON would
     change or cannot hold (dates, sets, objects, non-string keys, NaN, ints past 64 bits,
     nesting deeper than MAX_DEPTH) is refused, so a handler never receives something other
-    than what its caller passed. ``size[0]`` grows by at least the length of ``value``'s
-    JSON form (json.dumps's, ASCII), read on the way: no dumps() is spent on small values.
+    than what its caller passed. ``size[0]`` grows by at least the size of ``value``'s
+    JSON form as a database is sent it (enqueue_options.sent_size), read on the way: no
+    dumps() is spent on small values.
     """
     return _checked(value, path, 1, size if size is not None else [0])
 
 
-# Upper bounds of a value's JSON length: a character is at most 12 (an astral one escaped
-# as two \uXXXX), a scalar other than a string at most 24 (a float's repr), an item of a
-# list or dict at most 4 more (quotes, comma, colon), a list or dict 2 (its brackets).
-_PER_CHARACTER, _PER_SCALAR, _PER_ITEM = 12, 24, 4
+# Upper bounds of the size of a value's JSON form as sent (json.dumps's ASCII text, each
+# backslash and quote counted twice, as MySQL's client escapes them): a character at most
+# 14 (an astral one is two \uXXXX, whose backslashes count twice), a string's quotes 4, a
+# scalar other than a string at most 24 (a float's repr), an item of a list or dict at most
+# 4 more (", " and ": "), a list or dict 2 (its brackets, under the scalar's 24). Lengths
+# are str's and the items made, not what a caller's subclass says of itself.
+_PER_CHARACTER, _PER_STRING, _PER_SCALAR, _PER_ITEM = 14, 4, 24, 4
 
 
 def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
@@ -48,7 +52,7 @@ def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
         size[0] += _PER_SCALAR
         return value
     if isinstance(value, str):
-        size[0] += _PER_CHARACTER * len(value) + 2
+        size[0] += _PER_CHARACTER * str.__len__(value) + _PER_STRING
         return _text(value, path)
     size[0] += _PER_SCALAR
     if isinstance(value, int):
@@ -76,10 +80,11 @@ def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
                 f"nests lists and dicts more than {MAX_DEPTH} deep (the limit every "
                 "supported database's JSON holds)",
             )
-        size[0] += _PER_ITEM * len(value)
         if isinstance(value, dict):
             return _checked_dict(value, path, depth, size)
-        return [_checked(item, f"{path}[{i}]", depth + 1, size) for i, item in enumerate(value)]
+        items = [_checked(item, f"{path}[{i}]", depth + 1, size) for i, item in enumerate(value)]
+        size[0] += _PER_ITEM * len(items)
+        return items
     raise InvalidJobArgument(
         path,
         f"is of type {type(value).__module__}.{type(value).__qualname__}, which does not "
@@ -96,7 +101,7 @@ def _checked_dict(value: dict[Any, Any], path: str, depth: int, size: list[int])
                 f"is a key of type {type(key).__name__}, which JSON would turn into a string",
             )
         _text(key, f"{path}[{key!r}]")
-        size[0] += _PER_CHARACTER * len(key) + 2
+        size[0] += _PER_CHARACTER * str.__len__(key) + _PER_STRING + _PER_ITEM
         out[key] = _checked(item, f"{path}[{key!r}]", depth + 1, size)
     return out
 

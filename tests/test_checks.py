@@ -113,6 +113,10 @@ def test_per_queue_options_for_a_queue_not_listed_are_warned_of():
     tasks = {"default": {"BACKEND": BACKEND, "QUEUES": [], "OPTIONS": options}}
     with override_settings(TASKS=tasks):
         assert "django_leases.W004" not in {m.id for m in check_backend("default", options)}
+    # Without QUEUES, Django's default: "default" only.
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND, "OPTIONS": options}}):
+        found = [m.msg for m in check_backend("default", options) if m.id == "django_leases.W004"]
+    assert sorted("emial" if "['emial']" in m else "reports" for m in found) == ["emial", "reports"]
 
 
 def test_an_unknown_option_suggests_the_close_one():

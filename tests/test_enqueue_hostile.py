@@ -275,12 +275,20 @@ def test_limits_themselves_are_accepted_and_read_back_exactly():
     assert longest.deadline - longest.enqueued_at == timedelta(days=conf.MAX_INTERVAL_DAYS)
 
 
+class _ShortSpoken(str):
+    """A caller's str that says it is empty: its content is what is stored."""
+
+    def __len__(self) -> int:
+        return 0
+
+
 def test_arguments_past_the_size_every_database_stores_are_refused_naming_them():
     """(3, 6) A call's args and kwargs whose JSON form passes ARGUMENTS_LIMIT (8 MiB, the
     result's limit: MariaDB's default max_allowed_packet is 16 MiB) are refused before
     the INSERT, naming args/kwargs and the size (before: accepted on PostgreSQL and
-    SQLite, and on MariaDB the server dropped the connection). The JSON form is what
-    counts: a non-ASCII character is six. The limit itself is stored and read back."""
+    SQLite, and on MariaDB the server dropped the connection). The JSON form as sent is
+    what counts: a non-ASCII character is six or twelve, and MySQL's client escapes each
+    backslash and quote once more. The limit itself is stored and read back."""
     from django_leases.enqueue_options import ARGUMENTS_LIMIT
 
     jobs = Job.objects.count()
@@ -289,6 +297,9 @@ def test_arguments_past_the_size_every_database_stores_are_refused_naming_them()
         (["x" * (ARGUMENTS_LIMIT // 2)], {"more": "y" * (ARGUMENTS_LIMIT // 2)}),
         (["é" * (ARGUMENTS_LIMIT // 6 + 1)], {}),
         ([[0.5] * (ARGUMENTS_LIMIT // 5 + 1)], {}),
+        (["\\" * (ARGUMENTS_LIMIT // 4)], {}),  # 2 characters of JSON each, 4 as sent
+        ([{"k": 'a"b'}] * (ARGUMENTS_LIMIT // 20), {}),  # 16 of JSON each, 22 as sent
+        ([_ShortSpoken("x" * ARGUMENTS_LIMIT)], {}),
     ]
     for args, kwargs in over:
         with pytest.raises(InvalidJobArgument, match=r"args/kwargs: their JSON form is .* over"):
@@ -296,8 +307,8 @@ def test_arguments_past_the_size_every_database_stores_are_refused_naming_them()
         with pytest.raises(InvalidTask, match=r"args/kwargs: their JSON form is"):
             echo.enqueue(*args, **kwargs)
     assert Job.objects.count() == jobs
-    # ["..."] and {} take six characters besides the string.
-    longest = "x" * (ARGUMENTS_LIMIT - 6)
+    # ["..."] and {} take eight besides the string, its quotes counting twice.
+    longest = "x" * (ARGUMENTS_LIMIT - 8)
     result = echo.enqueue(longest)
     assert Job.objects.get(pk=int(result.id)).args == [longest]
 

@@ -38,7 +38,7 @@ Done = Callable[[Claim, Outcome], None]
 KILL_REASONS = {
     "lost": "lost",
     "released": "released",
-    "acked": "acknowledged by the handler, and the worker is stopping",
+    "acked": "acknowledged by its handler, which was told to stop (the job is done)",
 }
 
 
@@ -279,11 +279,16 @@ class ProcessExecutor(_Slots):
                 lost_at = lost_at or time.monotonic()
                 # Released, or done by the handler's own ack while the worker stops. (A
                 # handler that acked may set the flag itself, its later fenced() refused.)
-                done = claim.acked and self._stopping()
-                stopping = claim.state == RELEASING or done
+                stopping = claim.state == RELEASING or claim.acked and self._stopping()
                 grace = 0.0 if stopping else KILL_GRACE_SECONDS
                 if time.monotonic() - lost_at >= grace:
-                    reason = "acked" if done else "released" if claim.state == RELEASING else "lost"
+                    reason = (
+                        "acked"
+                        if claim.acked
+                        else "released"
+                        if claim.state == RELEASING
+                        else "lost"
+                    )
                     logger.warning(
                         "Killing handler process pid=%s job=%s fence=%s worker=%s: its claim is %s",
                         process.pid,

@@ -43,8 +43,8 @@ EVENTS: dict[str, str] = {
     "takeover": "a job whose lease ran out was claimed (previous_worker, previous_fence, lease)",
     "process_started": "a handler process was started (pid)",
     "process_killed": "a handler process was killed: its claim is lost or released, or the "
-    "handler acknowledged its job itself and the worker is stopping (pid, reason: lost, "
-    "released or acked)",
+    "handler acknowledged its job itself and was told to stop (pid, reason: lost, released "
+    "or acked)",
     "orphaned": "a handler process found its worker gone; it ends after the grace (pid)",
     "checkpoint": "a checkpoint was written",
     "checkpoint_rejected": "a checkpoint matched no row: the claim is lost",
