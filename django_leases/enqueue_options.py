@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.utils import timezone
 
 from . import conf
-from .jsonsafe import ensure_json, shown
+from .jsonsafe import ensure_json, sent_length, shown
 from .lease_statements import after_now, json_param
 from .states import LeaseLostPolicy
 
@@ -108,10 +108,7 @@ def sent_size(args: Any, kwargs: Any) -> int:
     """The size of a call's args and kwargs as a database is sent them: their JSON text
     (ASCII), each backslash and quote counted twice, as MySQL's client escapes them in the
     statement it builds."""
-    size = 0
-    for document in (json.dumps(args), json.dumps(kwargs)):
-        size += len(document) + document.count("\\") + document.count('"')
-    return size
+    return sent_length(json.dumps(args)) + sent_length(json.dumps(kwargs))
 
 
 # The length of Job.task_path (models.py uses it): a longer path would be refused by the

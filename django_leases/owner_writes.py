@@ -10,7 +10,7 @@ that just finished ride with the worker's next woken claim (``ack_and_claim_rows
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -152,7 +152,12 @@ class OwnerVerbs(ClaimVerbs):
         answer names exactly the rows this call moved (the UPDATE clears the tokens that
         would otherwise tell them apart).
         """
-        results = {c.pk: ensure_json(r, "result") for c, r in outcomes}
+        results: dict[Any, Any] = {}
+        sizes: dict[Any, int] = {}
+        for claim, value in outcomes:
+            size = [0]
+            results[claim.pk] = ensure_json(value, "result", size)
+            sizes[claim.pk] = size[0]
         if not results:
             return set()
         db = self._db or router.db_for_write(self.model)
@@ -165,24 +170,23 @@ class OwnerVerbs(ClaimVerbs):
         )
         with transaction.atomic(using=db):
             ids = set(owned.select_for_update().values_list("pk", flat=True))
-            if not ids:
-                return set()
-            result: Any = None
-            if any(results[pk] is not None for pk in ids):
-                result = Case(
-                    *[
-                        When(pk=pk, then=Value(results[pk], output_field=models.JSONField()))
-                        for pk in ids
-                    ],
-                    output_field=models.JSONField(),
+            for group in _within_packet(sorted(ids), sizes):
+                result: Any = None
+                if any(results[pk] is not None for pk in group):
+                    result = Case(
+                        *[
+                            When(pk=pk, then=Value(results[pk], output_field=models.JSONField()))
+                            for pk in group
+                        ],
+                        output_field=models.JSONField(),
+                    )
+                owned.filter(pk__in=group).update(
+                    state=JobState.SUCCEEDED,
+                    result=result,
+                    finished_at=Now(),
+                    claim_token=None,
+                    lease_expires_at=None,
                 )
-            owned.filter(pk__in=ids).update(
-                state=JobState.SUCCEEDED,
-                result=result,
-                finished_at=Now(),
-                claim_token=None,
-                lease_expires_at=None,
-            )
         return ids
 
     # The acks of the jobs a worker's handlers just finished and its next woken claim, in one
@@ -378,3 +382,23 @@ def _retry_delay(ladder: Any, attempts: int) -> float:
         return (Retry.from_json(ladder) if ladder else DEFAULT_RETRY).delay(attempts)
     except Exception:  # noqa: BLE001 -- InvalidLeaseOption, or TypeError from its parts
         return DEFAULT_RETRY.delay(attempts)
+
+
+# The most one UPDATE of ack_many() carries in results (upper bounds of their size as sent,
+# jsonsafe.ensure_json): MariaDB drops the connection for a statement past its
+# max_allowed_packet (16 MiB by default), and one result may take 8 MiB (storable.py).
+ACK_STATEMENT_SIZE = 8 * 2**20
+
+
+def _within_packet(ids: list[Any], sizes: dict[Any, int]) -> Iterator[list[Any]]:
+    """``ids`` in runs whose results' sizes add up to at most ACK_STATEMENT_SIZE (or one)."""
+    run: list[Any] = []
+    total = 0
+    for pk in ids:
+        if run and total + sizes[pk] > ACK_STATEMENT_SIZE:
+            yield run
+            run, total = [], 0
+        run.append(pk)
+        total += sizes[pk]
+    if run:
+        yield run

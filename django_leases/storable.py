@@ -21,7 +21,7 @@ import types
 from typing import Any
 
 from .exceptions import InvalidJobArgument
-from .jsonsafe import ensure_json
+from .jsonsafe import ensure_json, sent_length
 
 CLASS_PATH_LIMIT = 255
 MESSAGE_LIMIT = 10_000
@@ -185,10 +185,11 @@ def storable_result(value: Any) -> Any:
         raise TypeError(
             f"the task returned a value that cannot be stored as JSON: result: {_message(e)}"
         ) from None
-    if len(text) > RESULT_LIMIT:
+    if (length := sent_length(text)) > RESULT_LIMIT:
         raise TypeError(
-            f"the task returned a value too large to store: result: its JSON form "
-            f"is {len(text):,} characters, over the limit of {RESULT_LIMIT:,}"
+            f"the task returned a value too large to store: result: its JSON form is "
+            f"{length:,} characters as sent (a backslash or quote counts twice), over the "
+            f"limit of {RESULT_LIMIT:,}"
         )
     # A fresh copy of plain types: no subclass of str or int (whose pickling a handler may
     # have overridden) goes on to the worker.

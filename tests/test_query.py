@@ -800,3 +800,34 @@ def test_a_deadlock_victim_is_sent_again_only_outside_the_callers_transaction():
                 transaction.rollback()
                 transaction.set_autocommit(True)
         assert len(calls) == 1, inside
+
+
+def test_large_results_acknowledged_together_go_in_statements_every_database_takes():
+    """(3) ack_many() of results each within the limit but past MariaDB's packet together
+    (16 MiB by default) acknowledges them all with their results (before: one UPDATE, and
+    the server dropped the connection: to the worker an outage, the same batch sent again
+    at every settle while the heartbeat kept the claims)."""
+    from django_leases.storable import RESULT_LIMIT
+
+    for n in range(3):
+        Job.objects.enqueue(TASK, [n, n])
+    claimed = Job.objects.claim_rows("w", limit=3)
+    results = {row.pk: {"n": row.pk, "text": "x" * (RESULT_LIMIT - 100)} for row in claimed}
+    acked = Job.objects.ack_many([(row, results[row.pk]) for row in claimed])
+    assert acked == set(results)
+    for pk, result in results.items():
+        assert Job.objects.values_list("state", "result").get(pk=pk) == ("succeeded", result)
+
+
+def test_a_result_is_measured_as_sent():
+    """(6) A result's limit counts its JSON as a database is sent it, each backslash and
+    quote twice (MySQL's client escapes them): a result of backslashes that is 8 MiB of
+    JSON is refused, naming the size (before: accepted, and 16 MiB sent to MariaDB)."""
+    from django_leases.storable import RESULT_LIMIT, storable_result
+
+    fits = "x" * (RESULT_LIMIT - 4)  # its quotes count twice
+    assert storable_result(fits) == fits
+    with pytest.raises(TypeError, match=r"too large to store: result: .* as sent"):
+        storable_result(["\\" * (RESULT_LIMIT // 4)])
+    with pytest.raises(TypeError, match=r"too large to store"):
+        storable_result(["x" * (RESULT_LIMIT - 4)])  # four more for the list's brackets
