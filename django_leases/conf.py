@@ -304,12 +304,12 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
 
 
 def _validate_retry(value: Any, name: str = "RETRY") -> Any:
-    from .retry import Retry
+    from .retry import Retry, checked_ladder
 
     if value is None:
         return None
     try:
-        return Retry.from_json(value)
+        return checked_ladder(Retry.from_json(value))
     except InvalidLeaseOption as e:
         raise InvalidLeaseOption(name, f"{e.option}: {e.reason}") from e
 

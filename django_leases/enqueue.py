@@ -182,8 +182,9 @@ def _insert_many(
 
 
 # More than a row takes besides its arguments: the task path (255), the queue (100), the
-# unique key (200), the retry ladder and the other columns.
-ROW_SIZE = 1024
+# unique key (200), the retry ladder (at most retry.MAX_STEPS delays of at most 20
+# characters each) and the other columns.
+ROW_SIZE = 2048
 
 
 def _packet_sized(

@@ -165,7 +165,7 @@ class EnqueueOptions:
         self, task_path: str, defaults: conf.LeaseOptions | None, lease_name: str
     ) -> JobFields | None:
         from .exceptions import InvalidLeaseOption
-        from .retry import Retry
+        from .retry import Retry, checked_ladder
 
         checked_text("task_path", task_path, TASK_PATH_LENGTH)
         self._check_choices()
@@ -178,7 +178,7 @@ class EnqueueOptions:
         if attempts is not None:
             attempts = conf.validate_max_attempts(attempts, "max_attempts")
         try:
-            retry = None if self.retry is None else Retry.from_json(self.retry)
+            retry = None if self.retry is None else checked_ladder(Retry.from_json(self.retry))
         except InvalidLeaseOption:
             raise
         except (

@@ -108,9 +108,10 @@ def _checked_dict(value: dict[Any, Any], path: str, depth: int, size: list[int])
 
 def sent_length(document: str) -> int:
     """The size of JSON text ``document`` as a database is sent it: each backslash and quote
-    counted twice, as MySQL's client escapes them in the statement it builds (MariaDB's
-    max_allowed_packet counts those bytes)."""
-    return len(document) + document.count("\\") + document.count('"')
+    (double or single) counted twice, as MySQL's client escapes them in the statement it
+    builds (MariaDB's max_allowed_packet counts those bytes). JSON text holds no other
+    character it escapes: NUL, newlines and control characters are \\u escapes already."""
+    return len(document) + document.count("\\") + document.count('"') + document.count("'")
 
 
 def shown(value: Any, limit: int = 80) -> str:

@@ -16,6 +16,9 @@ from .exceptions import InvalidLeaseOption
 
 # A step longer than this is a typo (seconds meant as minutes, or a stray exponent).
 MAX_DELAY_SECONDS = 30 * 86400
+# The most delays a ladder given as an option lists (the last one repeats): more than any
+# schedule a person writes, and each job row stores its ladder (enqueue.ROW_SIZE counts it).
+MAX_STEPS = 50
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,17 @@ class Retry:
             raise InvalidLeaseOption("retry", f"unknown keys {sorted(unknown)}")
         options: dict[str, Any] = {k: tuple(v) if k == "delays" else v for k, v in data.items()}
         return cls(**options)
+
+
+def checked_ladder(retry: Retry) -> Retry:
+    """``retry``, given as an option, if it lists at most MAX_STEPS delays. (Not checked
+    where a job's stored ladder is read: a row written before the limit still runs.)"""
+    if len(retry.delays) > MAX_STEPS:
+        raise InvalidLeaseOption(
+            "retry.delays",
+            f"lists at most {MAX_STEPS} delays (the last one repeats), got {len(retry.delays)}",
+        )
+    return retry
 
 
 def _non_negative(name: str, value: Any) -> None:

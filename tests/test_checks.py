@@ -52,6 +52,7 @@ def ids(options):
             "['QUEUE_OPTIONS']['reports']['LEASE']",
         ),
         ({"RETRY": []}, "django_leases.E014", "RETRY"),  # before: the default ladder
+        ({"RETRY": list(range(51))}, "django_leases.E014", "RETRY"),
         (
             {"QUEUE_OPTIONS": {"reports": {"RETRY": {"delays": []}}}},
             "django_leases.E012",

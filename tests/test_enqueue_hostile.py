@@ -175,6 +175,7 @@ def test_arguments_that_would_not_round_trip_are_refused_naming_them(call, named
         ({"retry": {"delays": 5}}, "retry"),
         ({"retry": []}, "retry"),  # before: the exponential default, without a word
         ({"retry": {"delays": ()}}, "retry"),
+        ({"retry": [1] * 51}, "retry"),  # each row stores its ladder
         ({"retry": [1e12]}, "retry"),
     ],
 )
@@ -298,6 +299,7 @@ def test_arguments_past_the_size_every_database_stores_are_refused_naming_them()
         (["é" * (ARGUMENTS_LIMIT // 6 + 1)], {}),
         ([[0.5] * (ARGUMENTS_LIMIT // 5 + 1)], {}),
         (["\\" * (ARGUMENTS_LIMIT // 4)], {}),  # 2 characters of JSON each, 4 as sent
+        (["'" * (ARGUMENTS_LIMIT // 2)], {}),  # 1 character of JSON each, 2 as sent
         ([{"k": 'a"b'}] * (ARGUMENTS_LIMIT // 20), {}),  # 16 of JSON each, 22 as sent
         ([_ShortSpoken("x" * ARGUMENTS_LIMIT)], {}),
     ]

@@ -829,5 +829,7 @@ def test_a_result_is_measured_as_sent():
     assert storable_result(fits) == fits
     with pytest.raises(TypeError, match=r"too large to store: result: .* as sent"):
         storable_result(["\\" * (RESULT_LIMIT // 4)])
+    with pytest.raises(TypeError, match=r"too large to store: result: .* as sent"):
+        storable_result({"said": "'" * (RESULT_LIMIT // 2)})
     with pytest.raises(TypeError, match=r"too large to store"):
         storable_result(["x" * (RESULT_LIMIT - 4)])  # four more for the list's brackets
