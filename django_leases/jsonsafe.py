@@ -135,12 +135,13 @@ def _text(value: str, path: str) -> str:
     """PostgreSQL's jsonb cannot hold a NUL character, and no database a lone surrogate
     (it has no UTF-8 form): refuse both here rather than as an error the database names
     in its own words, which would also abort the caller's transaction."""
-    if "\x00" in value:
+    # str's own methods: a caller's subclass may answer for itself otherwise.
+    if str.__contains__(value, "\x00"):
         raise InvalidJobArgument(
             path, "contains a NUL character (\\u0000), which PostgreSQL's jsonb cannot store"
         )
     try:
-        value.encode("utf-8")
+        str.encode(value, "utf-8")
     except UnicodeEncodeError as e:
         raise InvalidJobArgument(
             path, f"is not valid Unicode ({e.reason} at index {e.start})"

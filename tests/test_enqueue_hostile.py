@@ -277,10 +277,26 @@ def test_limits_themselves_are_accepted_and_read_back_exactly():
 
 
 class _ShortSpoken(str):
-    """A caller's str that says it is empty: its content is what is stored."""
+    """A caller's str that says it is empty and holds nothing a database refuses: its
+    content is what is stored."""
 
     def __len__(self) -> int:
         return 0
+
+    def __contains__(self, part: object) -> bool:
+        return False
+
+    def encode(self, *args: object, **kwargs: object) -> bytes:
+        return b""
+
+
+def test_a_str_subclass_cannot_hide_what_a_database_refuses():
+    """(6) The NUL and lone-surrogate checks read the string's content with str's own
+    methods (before: a subclass answering `in` and encode() for itself was accepted, and
+    PostgreSQL's jsonb refused the INSERT, aborting the caller's transaction)."""
+    for bad, said in ((_ShortSpoken("a\x00"), "NUL"), (_ShortSpoken("a\ud800"), "Unicode")):
+        with pytest.raises(InvalidJobArgument, match=said):
+            Job.objects.enqueue(TASK, [bad, 1])
 
 
 def test_arguments_past_the_size_every_database_stores_are_refused_naming_them():
