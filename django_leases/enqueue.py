@@ -22,8 +22,9 @@ from django.db import (
     transaction,
 )
 
-from .enqueue_options import ARGUMENTS_LIMIT, JobFields, checked_calls, sent_size
 from .enqueue_options import EnqueueOptions as EnqueueOptions  # its import path before
+from .enqueue_options import JobFields, checked_calls
+from .jsonsafe import statement_runs
 from .lease_statements import json_param, on_postgresql
 from .states import ACTIVE_STATES, JobState
 from .storable import first_line
@@ -112,10 +113,11 @@ def insert_jobs(
 ) -> list[Job]:
     """Insert one job per call, all or none, ``batch_size`` rows per INSERT (see
     JobQuerySet.enqueue_many); every call is checked before the first INSERT."""
-    checked = checked_calls(calls, batch_size)
+    bounds: list[int] = []
+    checked = checked_calls(calls, batch_size, bounds=bounds)
     with migrated(model, db):
         if not on_postgresql(db):
-            return _insert_many(model, db, fields, checked, batch_size)
+            return _insert_many(model, db, fields, checked, bounds, batch_size)
         return _saved_jobs(
             model, db, fields, checked, _pg_insert_many(model, db, fields, checked, batch_size)
         )
@@ -133,12 +135,13 @@ def insert_job_rows(
     TaskResult needs. On PostgreSQL no model instance is built, which is most of the time
     a bulk enqueue of thousands of jobs would otherwise take. ``fits`` as for
     checked_calls."""
-    checked = checked_calls(calls, batch_size, fits)
+    bounds: list[int] = []
+    checked = checked_calls(calls, batch_size, fits, bounds)
     with migrated(model, db):
         if not on_postgresql(db):
             return [
                 (j.pk, j.enqueued_at, j.args, j.kwargs)
-                for j in _insert_many(model, db, fields, checked, batch_size)
+                for j in _insert_many(model, db, fields, checked, bounds, batch_size)
             ]
         rows = _pg_insert_many(model, db, fields, checked, batch_size)
     return [
@@ -151,16 +154,20 @@ def _insert_many(
     db: str,
     fields: JobFields,
     calls: list[tuple[list[Any], dict[str, Any]]],
+    bounds: list[int],
     batch_size: int | None,
 ) -> list[Job]:
-    """The ORM path (SQLite, MariaDB, MySQL): bulk_create, itself all or nothing."""
+    """The ORM path (SQLite, MariaDB, MySQL): bulk_create, itself all or nothing, in
+    INSERTs of at most SENT_LIMIT as sent (``bounds``: each call's upper bound, plus
+    ROW_SIZE for the rest of its row): MariaDB drops the connection for a statement past
+    its max_allowed_packet, and one call may already take 8 MiB."""
     manager = model._default_manager.using(db)
     jobs = [fields.new_job(model, args, kwargs) for args, kwargs in calls]
     if connections[db].features.can_return_rows_from_bulk_insert:
         with transaction.atomic(using=db):
             return [
                 job
-                for sized in _packet_sized(jobs, calls)
+                for sized in statement_runs(jobs, [bound + ROW_SIZE for bound in bounds])
                 for job in manager.bulk_create(sized, batch_size=batch_size)
             ]
     # MySQL has no RETURNING: bulk_create would leave every id unset. One INSERT per job
@@ -185,26 +192,6 @@ def _insert_many(
 # unique key (200), the retry ladder (at most retry.MAX_STEPS delays of at most 20
 # characters each) and the other columns.
 ROW_SIZE = 2048
-
-
-def _packet_sized(
-    jobs: list[Job], calls: list[tuple[list[Any], dict[str, Any]]]
-) -> Iterator[list[Job]]:
-    """``jobs`` in runs whose rows take at most ARGUMENTS_LIMIT as sent, each counted as
-    its arguments (sent_size()) and ROW_SIZE for the rest (or one job): MariaDB drops the
-    connection for a statement past its max_allowed_packet (16 MiB by default), and one
-    call may already take 8 MiB."""
-    run: list[Job] = []
-    size = 0
-    for job, (args, kwargs) in zip(jobs, calls, strict=True):
-        length = sent_size(args, kwargs) + ROW_SIZE
-        if run and size + length > ARGUMENTS_LIMIT:
-            yield run
-            run, size = [], 0
-        run.append(job)
-        size += length
-    if run:
-        yield run
 
 
 # What an INSERT leaves to the database clock (db_default Now(), Now() + an interval).

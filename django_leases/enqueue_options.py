@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.utils import timezone
 
 from . import conf
-from .jsonsafe import ensure_json, sent_length, shown
+from .jsonsafe import SENT_LIMIT, ensure_json, sent_length, shown
 from .lease_statements import after_now, json_param
 from .states import LeaseLostPolicy
 
@@ -95,13 +95,6 @@ def checked_text(name: str, value: Any, longest: int) -> str:
     except UnicodeEncodeError:
         raise InvalidLeaseOption(name, f"is not valid Unicode, got {shown(value)}") from None
     return value
-
-
-# The largest size of one call's args and kwargs together as sent (sent_size()): a
-# statement that stores it stays inside MariaDB's default max_allowed_packet (16 MiB),
-# past which the server drops the connection. PostgreSQL and SQLite would take more, so a
-# call accepted on one database would not be on another.
-ARGUMENTS_LIMIT = 8 * 2**20
 
 
 def sent_size(args: Any, kwargs: Any) -> int:
@@ -346,9 +339,13 @@ class JobFields:
         return params
 
 
-def checked_arguments(args: Any, kwargs: Any, path: str = "") -> tuple[list[Any], dict[str, Any]]:
+def checked_arguments(
+    args: Any, kwargs: Any, path: str = "", bound: list[int] | None = None
+) -> tuple[list[Any], dict[str, Any]]:
     """JSON-safe copies of one call's ``args`` (a list or tuple) and ``kwargs`` (a dict with
-    str keys, or None); InvalidJobArgument names the argument, prefixed by ``path``."""
+    str keys, or None); InvalidJobArgument names the argument, prefixed by ``path``.
+    ``bound``, if given, has an upper bound of their size as sent appended (ensure_json's,
+    or their size itself where that bound passed SENT_LIMIT and they were measured)."""
     from .exceptions import InvalidJobArgument
 
     if not isinstance(args, list | tuple):
@@ -363,15 +360,18 @@ def checked_arguments(args: Any, kwargs: Any, path: str = "") -> tuple[list[Any]
         )
     size = [0]
     call = ensure_json(args, f"{path}args", size), ensure_json(kwargs or {}, f"{path}kwargs", size)
-    if size[0] > ARGUMENTS_LIMIT:  # an upper bound: only then is the call measured
+    if size[0] > SENT_LIMIT:  # an upper bound: only then is the call measured
         length = sent_size(*call)
-        if length > ARGUMENTS_LIMIT:
+        if length > SENT_LIMIT:
             raise InvalidJobArgument(
                 f"{path}args/kwargs",
                 f"their JSON form is {length:,} characters as sent (a backslash or quote "
-                f"counts twice), over the limit of {ARGUMENTS_LIMIT:,}; pass a reference to "
+                f"counts twice), over the limit of {SENT_LIMIT:,}; pass a reference to "
                 "the data (an id, a file's path)",
             )
+        size[0] = length
+    if bound is not None:
+        bound.append(size[0])
     return call
 
 
@@ -379,10 +379,12 @@ def checked_calls(
     calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
     batch_size: int | None = None,
     fits: Callable[[list[Any], dict[str, Any], str], None] | None = None,
+    bounds: list[int] | None = None,
 ) -> list[tuple[list[Any], dict[str, Any]]]:
     """Every call's (args, kwargs) as JSON-safe copies; InvalidJobArgument names the call.
     A ``batch_size`` that bulk_create would refuse is refused first. ``fits(args, kwargs,
-    path)`` may refuse a call's checked arguments too (the backend: the task's signature)."""
+    path)`` may refuse a call's checked arguments too (the backend: the task's signature).
+    ``bounds``, if given, has each call's upper bound of its size as sent appended."""
     from .exceptions import InvalidJobArgument
 
     if batch_size is not None and (
@@ -399,7 +401,7 @@ def checked_calls(
             raise InvalidJobArgument(
                 f"calls[{i}]", f"must be an (args, kwargs) pair, got {shown(call)}"
             )
-        checked.append(checked_arguments(*call, path=f"calls[{i}]."))
+        checked.append(checked_arguments(*call, path=f"calls[{i}].", bound=bounds))
         if fits is not None:
             fits(*checked[-1], f"calls[{i}].")
     return checked

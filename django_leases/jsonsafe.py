@@ -15,6 +15,7 @@ comes back the same from every other:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +24,13 @@ from .exceptions import InvalidJobArgument
 MAX_DEPTH = 30
 MIN_INT, MAX_INT = -(2**63), 2**63 - 1
 MAX_FLOAT = 1e16
+
+# The most a stored document (one call's args and kwargs together, a result) takes as sent
+# (sent_length()), and the most the documents of one statement take together: MariaDB drops
+# the connection for a statement past its max_allowed_packet (16 MiB by default), and half
+# of it leaves room for the statement's other columns. PostgreSQL and SQLite would take
+# more, but a value accepted on one database must be on every other.
+SENT_LIMIT = 8 * 2**20
 
 
 def ensure_json(value: Any, path: str, size: list[int] | None = None) -> Any:
@@ -112,6 +120,21 @@ def sent_length(document: str) -> int:
     builds (MariaDB's max_allowed_packet counts those bytes). JSON text holds no other
     character it escapes: NUL, newlines and control characters are \\u escapes already."""
     return len(document) + document.count("\\") + document.count('"') + document.count("'")
+
+
+def statement_runs[Item](items: Sequence[Item], sizes: Sequence[int]) -> Iterator[list[Item]]:
+    """``items`` in order, in runs whose ``sizes`` (one per item, as sent) add up to at most
+    SENT_LIMIT, or of one item: what one statement may carry of them."""
+    run: list[Item] = []
+    total = 0
+    for item, size in zip(items, sizes, strict=True):
+        if run and total + size > SENT_LIMIT:
+            yield run
+            run, total = [], 0
+        run.append(item)
+        total += size
+    if run:
+        yield run
 
 
 def shown(value: Any, limit: int = 80) -> str:

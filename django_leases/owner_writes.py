@@ -10,7 +10,7 @@ that just finished ride with the worker's next woken claim (``ack_and_claim_rows
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -21,7 +21,7 @@ from django.db.models.functions import Now
 from . import conf
 from .claiming import _DUE_CLAIM_CTES, _ROW_RETURNING, ClaimedJob, ClaimVerbs, _claimed_rows
 from .deadlocks import retry_deadlock_victims
-from .jsonsafe import ensure_json
+from .jsonsafe import ensure_json, statement_runs
 from .lease_statements import (
     ClaimRef,
     checked_lease,
@@ -170,7 +170,10 @@ class OwnerVerbs(ClaimVerbs):
         )
         with transaction.atomic(using=db):
             ids = set(owned.select_for_update().values_list("pk", flat=True))
-            for group in _within_packet(sorted(ids), sizes):
+            # Results in UPDATEs of at most SENT_LIMIT as sent (upper bounds): MariaDB
+            # drops the connection for a statement past its max_allowed_packet.
+            ordered = sorted(ids)
+            for group in statement_runs(ordered, [sizes[pk] for pk in ordered]):
                 result: Any = None
                 if any(results[pk] is not None for pk in group):
                     result = Case(
@@ -382,23 +385,3 @@ def _retry_delay(ladder: Any, attempts: int) -> float:
         return (Retry.from_json(ladder) if ladder else DEFAULT_RETRY).delay(attempts)
     except Exception:  # noqa: BLE001 -- InvalidLeaseOption, or TypeError from its parts
         return DEFAULT_RETRY.delay(attempts)
-
-
-# The most one UPDATE of ack_many() carries in results (upper bounds of their size as sent,
-# jsonsafe.ensure_json): MariaDB drops the connection for a statement past its
-# max_allowed_packet (16 MiB by default), and one result may take 8 MiB (storable.py).
-ACK_STATEMENT_SIZE = 8 * 2**20
-
-
-def _within_packet(ids: list[Any], sizes: dict[Any, int]) -> Iterator[list[Any]]:
-    """``ids`` in runs whose results' sizes add up to at most ACK_STATEMENT_SIZE (or one)."""
-    run: list[Any] = []
-    total = 0
-    for pk in ids:
-        if run and total + sizes[pk] > ACK_STATEMENT_SIZE:
-            yield run
-            run, total = [], 0
-        run.append(pk)
-        total += sizes[pk]
-    if run:
-        yield run

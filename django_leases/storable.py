@@ -9,7 +9,7 @@ recording a failure can itself never fail on the handler's account.
 The limits, in characters, fit every database's column (``exception_class_path`` is a
 ``varchar(255)``; the others are ``text``/``longtext``) and keep a failure record well
 inside MySQL's and MariaDB's default ``max_allowed_packet`` (16 MiB on MariaDB); a result
-of up to ``RESULT_LIMIT`` characters of JSON (ASCII, so as many bytes) fits it too.
+takes at most ``jsonsafe.SENT_LIMIT`` as sent, as a call's arguments do.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ import types
 from typing import Any
 
 from .exceptions import InvalidJobArgument
-from .jsonsafe import ensure_json, sent_length
+from .jsonsafe import SENT_LIMIT, ensure_json, sent_length
 
 CLASS_PATH_LIMIT = 255
 MESSAGE_LIMIT = 10_000
 TRACEBACK_LIMIT = 50_000
-RESULT_LIMIT = 8 * 2**20
 
 # The names type itself keeps for a class, read past any metaclass that overrides them.
 _qualname_of = type.__dict__["__qualname__"].__get__
@@ -185,11 +184,11 @@ def storable_result(value: Any) -> Any:
         raise TypeError(
             f"the task returned a value that cannot be stored as JSON: result: {_message(e)}"
         ) from None
-    if (length := sent_length(text)) > RESULT_LIMIT:
+    if (length := sent_length(text)) > SENT_LIMIT:
         raise TypeError(
             f"the task returned a value too large to store: result: its JSON form is "
             f"{length:,} characters as sent (a backslash or quote counts twice), over the "
-            f"limit of {RESULT_LIMIT:,}"
+            f"limit of {SENT_LIMIT:,}"
         )
     # A fresh copy of plain types: no subclass of str or int (whose pickling a handler may
     # have overridden) goes on to the worker.

@@ -9,6 +9,7 @@ to enqueue is untrusted input.
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
@@ -20,7 +21,7 @@ from django.db import DatabaseError, connection, transaction
 from django.tasks.exceptions import InvalidTask
 from django.test import override_settings
 from django.utils import timezone as dj_timezone
-from hypothesis import HealthCheck, event, given
+from hypothesis import HealthCheck, event, example, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
@@ -300,13 +301,13 @@ def test_a_str_subclass_cannot_hide_what_a_database_refuses():
 
 
 def test_arguments_past_the_size_every_database_stores_are_refused_naming_them():
-    """(3, 6) A call's args and kwargs whose JSON form passes ARGUMENTS_LIMIT (8 MiB, the
+    """(3, 6) A call's args and kwargs whose JSON form passes SENT_LIMIT (8 MiB, the
     result's limit: MariaDB's default max_allowed_packet is 16 MiB) are refused before
     the INSERT, naming args/kwargs and the size (before: accepted on PostgreSQL and
     SQLite, and on MariaDB the server dropped the connection). The JSON form as sent is
     what counts: a non-ASCII character is six or twelve, and MySQL's client escapes each
     backslash and quote once more. The limit itself is stored and read back."""
-    from django_leases.enqueue_options import ARGUMENTS_LIMIT
+    from django_leases.jsonsafe import SENT_LIMIT as ARGUMENTS_LIMIT
 
     jobs = Job.objects.count()
     over = [
@@ -336,7 +337,7 @@ def test_enqueue_many_of_large_calls_goes_in_statements_every_database_takes():
     together (16 MiB by default) stores them all, in order (before: the server dropped
     the connection, "Got a packet bigger than 'max_allowed_packet'"); all or nothing
     still: a refused call among them writes none."""
-    from django_leases.enqueue_options import ARGUMENTS_LIMIT
+    from django_leases.jsonsafe import SENT_LIMIT as ARGUMENTS_LIMIT
 
     big = ["x" * (ARGUMENTS_LIMIT // 2)]
     jobs = Job.objects.enqueue_many(TASK, [(big, {}), (big, {"n": 1}), (big, {"n": 2})])
@@ -346,6 +347,56 @@ def test_enqueue_many_of_large_calls_goes_in_statements_every_database_takes():
     with pytest.raises(InvalidJobArgument, match=r"calls\[2\]"):
         Job.objects.enqueue_many(TASK, [(big, {}), (big, {}), ([object()], {})])
     assert Job.objects.count() == before
+
+
+# Text a database stores, leaning on what JSON or MySQL's client escapes and what JSON
+# writes as one or two \uXXXX.
+stored_text = st.text(
+    alphabet=st.sampled_from(['"', "\\", "'", "\x01", "\n", "\u00e9", "\U0001f600"])
+    | st.characters(exclude_categories=["Cs"], exclude_characters="\x00")
+)
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(-1e15, 1e15, allow_nan=False)
+    | stored_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(stored_text, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@PROPERTY
+@given(value=json_values)
+@example(value="\U0001f600" * 3)  # 14 as sent each: two \uXXXX, backslashes counted twice
+@example(value=["\"'\\", {"\x01": 0.1}])
+def test_property_the_size_read_while_checking_is_never_below_the_size_as_sent(value):
+    """(3) The upper bound ensure_json() reads on the way decides alone whether a call is
+    measured against SENT_LIMIT and how enqueue_many() groups rows into statements: it
+    must never be below what is sent (quotes, backslashes, control characters and astral
+    characters included), or an oversized call would pass."""
+    from django_leases.jsonsafe import sent_length
+
+    bound = [0]
+    checked = ensure_json(value, "value", bound)
+    assert bound[0] >= sent_length(json.dumps(checked)), (bound, json.dumps(checked))
+
+
+@PROPERTY
+@given(sizes=st.lists(st.integers(0, 2 * 2**23), max_size=12))
+def test_property_statement_runs_keep_order_and_stay_within_the_limit(sizes):
+    """(3) Rows or results split into statements: every item once, in order; a run past
+    SENT_LIMIT only of one item; a run closed only when the next item would pass it."""
+    from django_leases.jsonsafe import SENT_LIMIT, statement_runs
+
+    items = list(range(len(sizes)))
+    runs = list(statement_runs(items, sizes))
+    assert [i for run in runs for i in run] == items
+    for n, run in enumerate(runs):
+        total = sum(sizes[i] for i in run)
+        assert run and (total <= SENT_LIMIT or len(run) == 1)
+        if n + 1 < len(runs):
+            assert total + sizes[runs[n + 1][0]] > SENT_LIMIT
 
 
 def test_enqueue_many_names_the_call_it_refuses_and_writes_none():

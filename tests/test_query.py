@@ -191,13 +191,16 @@ def test_the_postgresql_insert_writes_the_row_the_orm_writes(options):
 @pytest.mark.parametrize("options", [o for o in OPTIONS if "unique_key" not in o])
 def test_the_postgresql_bulk_insert_writes_the_rows_bulk_create_writes(options):
     fields = inserts.EnqueueOptions(**options).check(TASK)
-    calls = inserts.checked_calls([([i, *ARGS], {**KWARGS, "i": i}) for i in range(5)])
+    bounds: list[int] = []
+    calls = inserts.checked_calls(
+        [([i, *ARGS], {**KWARGS, "i": i}) for i in range(5)], bounds=bounds
+    )
 
     def rows_of(jobs):
         return [stored(j.pk, options) for j in jobs]
 
     fast = inserts.insert_jobs(Job, "default", fields, calls, batch_size=2)
-    orm = inserts._insert_many(Job, "default", fields, calls, batch_size=2)
+    orm = inserts._insert_many(Job, "default", fields, calls, bounds, batch_size=2)
     assert rows_of(fast) == rows_of(orm)
     assert [j.args[0] for j in fast] == list(range(5))  # in the order of the calls
     assert [in_memory(j) for j in fast] == [as_stored(j) for j in fast]
@@ -807,7 +810,7 @@ def test_large_results_acknowledged_together_go_in_statements_every_database_tak
     (16 MiB by default) acknowledges them all with their results (before: one UPDATE, and
     the server dropped the connection: to the worker an outage, the same batch sent again
     at every settle while the heartbeat kept the claims)."""
-    from django_leases.storable import RESULT_LIMIT
+    from django_leases.jsonsafe import SENT_LIMIT as RESULT_LIMIT
 
     for n in range(3):
         Job.objects.enqueue(TASK, [n, n])
@@ -823,7 +826,8 @@ def test_a_result_is_measured_as_sent():
     """(6) A result's limit counts its JSON as a database is sent it, each backslash and
     quote twice (MySQL's client escapes them): a result of backslashes that is 8 MiB of
     JSON is refused, naming the size (before: accepted, and 16 MiB sent to MariaDB)."""
-    from django_leases.storable import RESULT_LIMIT, storable_result
+    from django_leases.jsonsafe import SENT_LIMIT as RESULT_LIMIT
+    from django_leases.storable import storable_result
 
     fits = "x" * (RESULT_LIMIT - 4)  # its quotes count twice
     assert storable_result(fits) == fits
