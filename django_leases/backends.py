@@ -18,10 +18,10 @@ from .enqueue_options import (
     JobFields,
     check_task_options,
     checked_arguments,
-    whole_priority,
+    checked_priority,
 )
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
-from .fits import misfit, signature_of
+from .fits import task_misfit
 from .jsonsafe import shown
 from .states import FailureKind, JobState, LeaseLostPolicy
 from .task import LeaseTask, UndeclaredTask
@@ -83,11 +83,8 @@ def _job_model(alias: str) -> Any:
 def _check_fits(task: Any, args: list[Any], kwargs: dict[str, Any], path: str = "") -> None:
     """Refuse arguments ``task``'s function cannot take (InvalidJobArgument naming
     ``args/kwargs``), as the worker would refuse the row: a job that can never run."""
-    why = misfit(task.func, task.takes_context, args, kwargs)
-    if why is not None:
-        raise InvalidJobArgument(
-            f"{path}args/kwargs", f"do not fit {task.name}{signature_of(task.func)}: {why}"
-        )
+    if (why := task_misfit(task, args, kwargs)) is not None:
+        raise InvalidJobArgument(f"{path}args/kwargs", why)
 
 
 def _as_enqueued(task: Any, job: Any) -> Any:
@@ -109,19 +106,17 @@ def _check_compared_fields(task: Any) -> None:
     """Django's validate_task compares ``priority`` with numbers and asks ``run_after``
     for its offset, so a value of another type escaped it as TypeError or AttributeError
     (``using(priority="5")``, ``using(run_after=timedelta(...))``): InvalidTask, naming
-    the field, as for a value out of range."""
+    the field, as check_task_options() says it of a value out of range."""
     from datetime import datetime
 
-    if whole_priority(task.priority) is None:
-        raise InvalidTask(
-            f"{task.module_path}: priority must be a whole number from -100 to 100, "
-            f"got {shown(task.priority)}"
-        )
-    if task.run_after is not None and not isinstance(task.run_after, datetime):
-        raise InvalidTask(
-            f"{task.module_path}: run_after must be an aware datetime or None, "
-            f"got {shown(task.run_after)}"
-        )
+    try:
+        checked_priority(task.priority)
+        if task.run_after is not None and not isinstance(task.run_after, datetime):
+            raise InvalidLeaseOption(
+                "run_after", f"must be an aware datetime or None, got {shown(task.run_after)}"
+            )
+    except InvalidLeaseOption as e:
+        raise InvalidTask(f"{task.module_path}: {e}") from e
 
 
 def _check_schedule_option(task: Any) -> None:

@@ -200,7 +200,7 @@ class EnqueueOptions:
         return JobFields(
             task_path,
             self.queue_name,
-            cast(int, whole_priority(self.priority)),
+            checked_priority(self.priority),
             cast(float, lease),
             cast(int, attempts),
             retry,
@@ -218,10 +218,7 @@ class EnqueueOptions:
 
         queue, priority, key = self.queue_name, self.priority, self.unique_key
         checked_text("queue_name", queue, 100)
-        if whole_priority(priority) is None:
-            raise InvalidLeaseOption(
-                "priority", f"must be a whole number from -100 to 100, got {shown(priority)}"
-            )
+        checked_priority(priority)
         if self.run_after is not None and self.delay is not None:
             raise InvalidLeaseOption("run_after", "give run_after or delay, not both")
         if self.deadline is not None and self.max_age is not None:
@@ -249,6 +246,18 @@ def whole_priority(priority: Any) -> int | None:
     except (ValueError, OverflowError):  # NaN, infinities
         return None
     return whole if whole == priority and -100 <= whole <= 100 else None
+
+
+def checked_priority(priority: Any) -> int:
+    """whole_priority(), or InvalidLeaseOption naming ``priority``."""
+    from .exceptions import InvalidLeaseOption
+
+    whole = whole_priority(priority)
+    if whole is None:
+        raise InvalidLeaseOption(
+            "priority", f"must be a whole number from -100 to 100, got {shown(priority)}"
+        )
+    return whole
 
 
 def check_task_options(task: Any) -> None:

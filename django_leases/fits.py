@@ -73,6 +73,18 @@ def misfit(func: Any, takes_context: bool, args: list[Any], kwargs: dict[str, An
     return answer
 
 
+def task_misfit(
+    task: Any, args: list[Any], kwargs: dict[str, Any], named: str | None = None
+) -> str | None:
+    """None when ``task``'s function takes the call, else why not, naming the task
+    (``named``, else its name) and its signature: the words enqueue(), a schedule's check
+    and the worker's refusal of a row share."""
+    why = misfit(task.func, task.takes_context, args, kwargs)
+    if why is None:
+        return None
+    return f"do not fit {named or task.name}{signature_of(task.func)}: {why}"
+
+
 def _keyword_names(func: Any) -> frozenset[str] | None:
     signature = signature_of(func)
     names = None

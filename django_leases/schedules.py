@@ -337,10 +337,9 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
 def call_misfit(task: Any, p: Periodic) -> str | None:
     """Why ``task``'s function cannot take the call each tick of ``p`` makes (as enqueue()
     would refuse it, and the worker end each tick's job dead), or None."""
-    from .fits import misfit, signature_of
+    from .fits import task_misfit
 
-    why = misfit(task.func, task.takes_context, list(p.args), dict(p.kwargs))
-    return None if why is None else f"do not fit {task.name}{signature_of(task.func)}: {why}"
+    return task_misfit(task, list(p.args), dict(p.kwargs))
 
 
 def declared_names(alias: str, listed: Any = None) -> set[str]:

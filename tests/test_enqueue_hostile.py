@@ -219,7 +219,7 @@ def test_task_using_values_django_cannot_compare_are_invalid_task_naming_them(us
     own TypeError, ValueError or AttributeError, where priority=True, say, got
     InvalidTask); nothing is written."""
     jobs = Job.objects.count()
-    with pytest.raises(InvalidTask, match=rf"{named} must be"):
+    with pytest.raises(InvalidTask, match=rf"{named}: must be"):
         echo.using(**using).enqueue()
     assert Job.objects.count() == jobs
 

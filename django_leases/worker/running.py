@@ -25,7 +25,7 @@ from django.tasks.signals import task_finished, task_started
 
 from ..api import JobHandle, WorkerLink
 from ..exceptions import LeaseLost, NonRetryable
-from ..fits import misfit, signature_of
+from ..fits import task_misfit
 from ..storable import (
     class_path,
     describe_exception,
@@ -69,13 +69,8 @@ def unrunnable(job: Any, task: Any, alias: str) -> tuple[str, str] | None:
             return INVALID_OPTION, (
                 f"retry: cannot be read as a retry ladder, the row holds {_shown(job.retry)}: {e}"
             )
-    why = misfit(task.func, task.takes_context, job.args, job.kwargs)
-    if why is not None:
-        return (
-            INVALID_ARGUMENT,
-            f"args/kwargs: do not fit {job.task_path}{signature_of(task.func)}: {why}",
-        )
-    return None
+    why = task_misfit(task, job.args, job.kwargs, named=job.task_path)
+    return None if why is None else (INVALID_ARGUMENT, f"args/kwargs: {why}")
 
 
 def _shown(value: Any) -> str:
