@@ -19,6 +19,7 @@ from .enqueue_options import (
     check_task_options,
     checked_arguments,
     checked_priority,
+    checked_text,
 )
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
 from .fits import task_misfit
@@ -103,13 +104,15 @@ def _as_enqueued(task: Any, job: Any) -> Any:
 
 
 def _check_compared_fields(task: Any) -> None:
-    """Django's validate_task compares ``priority`` with numbers and asks ``run_after``
-    for its offset, so a value of another type escaped it as TypeError or AttributeError
-    (``using(priority="5")``, ``using(run_after=timedelta(...))``): InvalidTask, naming
+    """Django's validate_task compares ``priority`` with numbers, asks ``run_after`` for
+    its offset and looks ``queue_name`` up in a set, so a value of another type escaped it
+    as TypeError or AttributeError (``using(priority="5")``,
+    ``using(run_after=timedelta(...))``, ``using(queue_name=["x"])``): InvalidTask, naming
     the field, as check_task_options() says it of a value out of range."""
     from datetime import datetime
 
     try:
+        checked_text("queue_name", task.queue_name, 100)
         checked_priority(task.priority)
         if task.run_after is not None and not isinstance(task.run_after, datetime):
             raise InvalidLeaseOption(

@@ -71,21 +71,23 @@ def _queue_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
     from .enqueue_options import checked_text
 
     # Absent, Django's QUEUES is ["default"]: only that queue takes this backend's jobs.
+    given = "QUEUES" in settings.TASKS.get(alias, {})
     queues = settings.TASKS.get(alias, {}).get("QUEUES", ["default"])
     problem = None
     if not isinstance(queues, list | tuple | set | frozenset):
-        problem = f"must be a list of queue names, got {queues!r}"
+        problem = f" must be a list of queue names, got {queues!r}"
     else:
-        for queue in queues:
+        for i, queue in enumerate(queues):
             try:
                 checked_text("queue", queue, 100)
             except InvalidLeaseOption as e:
-                problem = f"must list queue names of 1-100 characters: {queue!r} {e.reason}"
+                where = f"[{i}]" if isinstance(queues, list | tuple) else f" item {queue!r}"
+                problem = f"{where}: a queue name {e.reason}"
                 break
     if problem is not None:
         return [
             checks.Error(
-                f"TASKS[{alias!r}]['QUEUES'] {problem}",
+                f"TASKS[{alias!r}]['QUEUES']{problem}",
                 hint="List the queue names the backend takes, e.g. ['default', 'emails'] "
                 "(an empty list: any name).",
                 obj=f"TASKS[{alias!r}]",
@@ -103,9 +105,17 @@ def _queue_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
         messages.append(
             checks.Warning(
                 f"TASKS[{alias!r}]['OPTIONS']['QUEUE_OPTIONS'][{queue!r}] is for a queue "
-                f"TASKS[{alias!r}]['QUEUES'] does not list: no job of this backend is in it, "
-                "so these options apply to none.",
-                hint=f"Did you mean {close[0]!r}?" if close else "Add the queue to QUEUES.",
+                + (
+                    f"TASKS[{alias!r}]['QUEUES'] does not list"
+                    if given
+                    else "other than 'default', the only queue of a backend without QUEUES"
+                )
+                + ": no job of this backend is in it, so these options apply to none.",
+                hint=f"Did you mean {close[0]!r}?"
+                if close
+                else "Add the queue to QUEUES."
+                if given
+                else "Set QUEUES to the queues it takes.",
                 obj=f"TASKS[{alias!r}]",
                 id="django_leases.W004",
             )

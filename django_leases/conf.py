@@ -311,7 +311,18 @@ def _validate_retry(value: Any, name: str = "RETRY") -> Any:
     try:
         return checked_ladder(Retry.from_json(value))
     except InvalidLeaseOption as e:
-        raise InvalidLeaseOption(name, f"{e.option}: {e.reason}") from e
+        raise InvalidLeaseOption(name + _setting_index(value, e.option), e.reason) from e
+
+
+def _setting_index(value: Any, option: str) -> str:
+    """Where in a RETRY setting ``value`` the enqueue() option path ``option`` points, as
+    Python indexes it: ``retry.delays[2]`` is ``[2]`` of a list, ``['delays'][2]`` of a
+    dict; ``retry`` is the setting itself."""
+    rest = option.removeprefix("retry")
+    if isinstance(value, list | tuple):
+        return rest.removeprefix(".delays")
+    field, bracket, tail = rest.removeprefix(".").partition("[")
+    return f"[{field!r}]{bracket}{tail}" if field else rest
 
 
 def _listen_database_problems(alias: Any) -> list[InvalidLeaseOption]:
@@ -406,7 +417,7 @@ def _queue_option_problems(per_queue: Any) -> list[InvalidLeaseOption]:
 def check_id_for(problem: InvalidLeaseOption) -> str:
     if problem.option.startswith("QUEUE_OPTIONS"):
         return OPTIONS["QUEUE_OPTIONS"].check_id
-    option = OPTIONS.get(problem.option)
+    option = OPTIONS.get(problem.option.partition("[")[0])  # RETRY['delays'][1]: RETRY's
     return option.check_id if option else UNKNOWN_OPTION_ID
 
 

@@ -86,15 +86,16 @@ def checked_text(name: str, value: Any, longest: int) -> str:
     database refuses (PostgreSQL: NUL; any: a lone surrogate)."""
     from .exceptions import InvalidLeaseOption
 
-    if not isinstance(value, str) or not 0 < len(value) <= longest:
+    # str's own methods, and a plain str back: a caller's subclass may answer for itself.
+    if not isinstance(value, str) or not 0 < str.__len__(value) <= longest:
         raise InvalidLeaseOption(name, f"must be 1-{longest} characters, got {shown(value)}")
-    if "\x00" in value:
+    if str.__contains__(value, "\x00"):
         raise InvalidLeaseOption(name, "contains a NUL character, which PostgreSQL cannot store")
     try:
-        value.encode("utf-8")
+        str.encode(value, "utf-8")
     except UnicodeEncodeError:
         raise InvalidLeaseOption(name, f"is not valid Unicode, got {shown(value)}") from None
-    return value
+    return str.__str__(value)
 
 
 def sent_size(args: Any, kwargs: Any) -> int:

@@ -86,18 +86,8 @@ class Retry:
     def from_json(cls, data: Any) -> Retry:
         if isinstance(data, Retry):
             return data
-        if isinstance(data, list | tuple) or isinstance(data, dict) and "delays" in data:
-            delays = data if isinstance(data, list | tuple) else data["delays"]
-            if isinstance(delays, list | tuple) and not delays:
-                # Read as "no ladder", it was the exponential default: neither "retry at
-                # once" nor "do not retry", which is what such a list may have meant.
-                raise InvalidLeaseOption(
-                    "retry",
-                    "is an empty list of delays: give at least one ([0] retries at once; "
-                    "the last one repeats), or MAX_ATTEMPTS = 1 for no retry",
-                )
         if isinstance(data, list | tuple):
-            return cls(delays=tuple(data))
+            return cls(delays=_ladder("retry", data))
         if not isinstance(data, dict):
             raise InvalidLeaseOption(
                 "retry", f"must be a Retry, a list of delays or a dict, got {data!r}"
@@ -105,8 +95,26 @@ class Retry:
         unknown = set(data) - {"delays", "base", "factor", "cap", "jitter"}
         if unknown:
             raise InvalidLeaseOption("retry", f"unknown keys {sorted(unknown)}")
-        options: dict[str, Any] = {k: tuple(v) if k == "delays" else v for k, v in data.items()}
+        options: dict[str, Any] = dict(data)
+        if "delays" in data:
+            options["delays"] = _ladder("retry.delays", data["delays"])
         return cls(**options)
+
+
+def _ladder(name: str, delays: Any) -> tuple[Any, ...]:
+    """``delays`` as a tuple, if it is a list or tuple of at least one: an empty one read
+    as "no ladder" was the exponential default, neither "retry at once" nor "do not
+    retry", which is what it may have meant; a string, set or dict has no order to
+    follow or is no list at all."""
+    if not isinstance(delays, list | tuple):
+        raise InvalidLeaseOption(name, f"must be a list of delays in seconds, got {delays!r}")
+    if not delays:
+        raise InvalidLeaseOption(
+            name,
+            "is an empty list of delays: give at least one ([0] retries at once; "
+            "the last one repeats), or MAX_ATTEMPTS = 1 for no retry",
+        )
+    return tuple(delays)
 
 
 def checked_ladder(retry: Retry) -> Retry:

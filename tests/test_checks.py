@@ -56,7 +56,7 @@ def ids(options):
         (
             {"QUEUE_OPTIONS": {"reports": {"RETRY": {"delays": []}}}},
             "django_leases.E012",
-            "['QUEUE_OPTIONS']['reports']['RETRY']",
+            "['QUEUE_OPTIONS']['reports']['RETRY']['delays']",
         ),
         ({"TASK_MODULES": "shop.jobs"}, "django_leases.E016", "TASK_MODULES"),
         ({"TASK_MODULES": ["tests.testapp.no_such_module"]}, "django_leases.E016", "TASK_MODULES"),
@@ -80,12 +80,32 @@ def test_a_message_names_the_setting_as_python_would_index_it():
 
 
 @pytest.mark.parametrize(
+    ("retry", "said"),
+    [
+        ([], "['RETRY'] is an empty list of delays"),
+        ([10, -1], "['RETRY'][1] must be"),
+        ({"delays": []}, "['RETRY']['delays'] is an empty list of delays"),
+        ({"delays": [10, -1]}, "['RETRY']['delays'][1] must be"),
+        ({"delays": "30"}, "['RETRY']['delays'] must be a list of delays in seconds"),
+        ({"factor": 0.5}, "['RETRY']['factor'] must be a number >= 1"),
+    ],
+)
+def test_a_retry_setting_is_named_where_python_indexes_it(retry, said):
+    """(6) E014 names the place in RETRY as Python indexes the setting (before: "RETRY:
+    retry: is an empty list", the enqueue() option's name inside the setting's)."""
+    [message] = check_backend("default", {"RETRY": retry})
+    assert message.id == "django_leases.E014"
+    assert message.msg.startswith(f"TASKS['default']['OPTIONS']{said}"), message.msg
+
+
+@pytest.mark.parametrize(
     ("queues", "said"),
     [
-        ("default", "must be a list of queue names, got 'default'"),
-        ([5], "5 must be 1-100 characters"),
-        (["default", "x" * 101], "must be 1-100 characters"),
-        (["default", "nul\x00"], "NUL"),
+        ("default", "['QUEUES'] must be a list of queue names, got 'default'"),
+        ([5], "['QUEUES'][0]: a queue name must be 1-100 characters, got 5"),
+        (["default", "x" * 101], "['QUEUES'][1]: a queue name must be 1-100 characters"),
+        (["default", "nul\x00"], "['QUEUES'][1]: a queue name contains a NUL character"),
+        ({"default", 5}, "['QUEUES'] item 5: a queue name must be 1-100 characters, got 5"),
     ],
 )
 def test_queues_that_are_not_a_list_of_names_are_an_error(queues, said):
@@ -96,8 +116,7 @@ def test_queues_that_are_not_a_list_of_names_are_an_error(queues, said):
     tasks = {"default": {"BACKEND": BACKEND, "QUEUES": queues}}
     with override_settings(TASKS=tasks):
         [error] = [m for m in check_backend("default", {}) if m.id == "django_leases.E022"]
-    assert isinstance(error, Error) and "TASKS['default']['QUEUES'] " in error.msg
-    assert said in error.msg, error.msg
+    assert isinstance(error, Error) and error.msg.startswith(f"TASKS['default']{said}"), error.msg
     for fine in (["default", "emails"], [], ("default",)):
         with override_settings(TASKS={"default": {"BACKEND": BACKEND, "QUEUES": fine}}):
             assert "django_leases.E022" not in {m.id for m in check_backend("default", {})}
@@ -118,6 +137,11 @@ def test_per_queue_options_for_a_queue_not_listed_are_warned_of():
     with override_settings(TASKS={"default": {"BACKEND": BACKEND, "OPTIONS": options}}):
         found = [m.msg for m in check_backend("default", options) if m.id == "django_leases.W004"]
     assert sorted("emial" if "['emial']" in m else "reports" for m in found) == ["emial", "reports"]
+    # Nothing names a QUEUES key the settings do not have.
+    assert all(
+        "other than 'default', the only queue of a backend without QUEUES" in m for m in found
+    )
+    assert not any("['QUEUES']" in m for m in found), found
 
 
 def test_an_unknown_option_suggests_the_close_one():

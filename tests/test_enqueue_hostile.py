@@ -211,6 +211,8 @@ def test_a_whole_number_priority_given_as_a_float_is_taken_as_django_takes_it():
         ({"run_after": "2030-01-01"}, "run_after"),
         ({"run_after": timedelta(minutes=5)}, "run_after"),
         ({"run_after": 1_900_000_000}, "run_after"),
+        ({"queue_name": ["x"]}, "queue_name"),  # before: TypeError, unhashable type: 'list'
+        ({"queue_name": {"q": 1}}, "queue_name"),
     ],
 )
 def test_task_using_values_django_cannot_compare_are_invalid_task_naming_them(using, named):
@@ -298,6 +300,17 @@ def test_a_str_subclass_cannot_hide_what_a_database_refuses():
     for bad, said in ((_ShortSpoken("a\x00"), "NUL"), (_ShortSpoken("a\ud800"), "Unicode")):
         with pytest.raises(InvalidJobArgument, match=said):
             Job.objects.enqueue(TASK, [bad, 1])
+    # The names stored in character columns too (before: all three passed, and the
+    # database refused the row or, on SQLite, stored a key past its 200 characters).
+    jobs = Job.objects.count()
+    for option, bad, said in (
+        ("unique_key", _ShortSpoken("a\x00"), "unique_key: contains a NUL"),
+        ("unique_key", _ShortSpoken("k" * 201), "unique_key: must be 1-200 characters"),
+        ("queue_name", _ShortSpoken("a\ud800"), "queue_name: is not valid Unicode"),
+    ):
+        with pytest.raises(InvalidLeaseOption, match=said):
+            Job.objects.enqueue(TASK, [1, 2], **{option: bad})
+    assert Job.objects.count() == jobs
 
 
 def test_arguments_past_the_size_every_database_stores_are_refused_naming_them():

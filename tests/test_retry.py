@@ -30,6 +30,14 @@ def test_exponential_backoff_is_capped_and_jittered_within_bounds():
         ({"base": "10"}, "retry.base"),
         ({"wait": 3}, "retry"),
         ("often", "retry"),
+        ([], "retry"),
+        ({"delays": []}, "retry.delays"),
+        # Before: each of these was quietly the exponential default, or a dict's keys.
+        ({"delays": ""}, "retry.delays"),
+        ({"delays": set()}, "retry.delays"),
+        ({"delays": range(0)}, "retry.delays"),
+        ({"delays": {30: "x", 60: "y"}}, "retry.delays"),
+        ({"delays": "30"}, "retry.delays"),
     ],
 )
 def test_bad_ladders_are_refused_naming_the_field(spec, named):
