@@ -188,10 +188,11 @@ def _insert_many(
     return jobs
 
 
-# More than a row takes besides its arguments: the task path (255), the queue (100), the
-# unique key (200), the retry ladder (at most retry.MAX_STEPS delays of at most 20
-# characters each) and the other columns.
-ROW_SIZE = 2048
+# More than a row takes besides its arguments, in bytes as sent: the task path (255
+# characters), the queue (100) and the unique key (200), each character at most 4 bytes of
+# UTF-8 (a quote counted twice is 2), the retry ladder (at most retry.MAX_STEPS delays of
+# at most 24 characters, a float's repr, and a separator) and the other columns.
+ROW_SIZE = 4096
 
 
 # What an INSERT leaves to the database clock (db_default Now(), Now() + an interval).

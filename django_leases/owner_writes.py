@@ -148,9 +148,10 @@ class OwnerVerbs(ClaimVerbs):
         the job; return the ids acknowledged. Raise InvalidJobArgument (nothing written) if
         a result does not round-trip through JSON.
 
-        The owned rows are locked by a SELECT ... FOR UPDATE before the one UPDATE, so the
-        answer names exactly the rows this call moved (the UPDATE clears the tokens that
-        would otherwise tell them apart).
+        PostgreSQL: one UPDATE ... RETURNING. Elsewhere the owned rows are locked by a
+        SELECT ... FOR UPDATE before the UPDATEs (as many as SENT_LIMIT asks, in one
+        transaction), so the answer names exactly the rows this call moved (an UPDATE
+        clears the tokens that would otherwise tell them apart).
         """
         results: dict[Any, Any] = {}
         sizes: dict[Any, int] = {}

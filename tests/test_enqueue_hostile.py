@@ -350,10 +350,19 @@ def test_enqueue_many_of_large_calls_goes_in_statements_every_database_takes():
     together (16 MiB by default) stores them all, in order (before: the server dropped
     the connection, "Got a packet bigger than 'max_allowed_packet'"); all or nothing
     still: a refused call among them writes none."""
-    from django_leases.jsonsafe import SENT_LIMIT as ARGUMENTS_LIMIT
+    from django_leases.lease_statements import on_postgresql
 
-    big = ["x" * (ARGUMENTS_LIMIT // 2)]
-    jobs = Job.objects.enqueue_many(TASK, [(big, {}), (big, {"n": 1}), (big, {"n": 2})])
+    big = ["x" * (6 * 2**20)]  # 18 MiB together
+    inserts: list[int] = []
+
+    def counted(execute, sql, params, many, context):
+        inserts.append(sql.lstrip().upper().startswith("INSERT"))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(counted):
+        jobs = Job.objects.enqueue_many(TASK, [(big, {}), (big, {"n": 1}), (big, {"n": 2})])
+    if not on_postgresql("default"):  # PostgreSQL's one statement takes them all
+        assert sum(inserts) == 3, inserts
     assert [Job.objects.get(pk=j.pk).kwargs for j in jobs] == [{}, {"n": 1}, {"n": 2}]
     assert all(Job.objects.get(pk=j.pk).args == big for j in jobs)
     before = Job.objects.count()

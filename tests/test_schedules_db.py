@@ -273,10 +273,15 @@ def test_a_row_taken_from_a_backend_that_declares_it_too_is_warned_of(monkeypatc
             "twin": {**settings.TASKS["default"], "OPTIONS": {"SCHEDULES": twin}},
         }
 
+    synced = []
+
     def contested(alias):
         caplog.clear()
         with caplog.at_level("INFO", logger="django_leases.worker"):
             Ticker(alias, "default", f"w-{alias}", every=0).sync()
+        synced[:] = [
+            r.taken for r in caplog.records if getattr(r, "event", "") == "schedules_synced"
+        ]
         return [
             (r.levelname, r.schedule, r.backend, r.worker)
             for r in caplog.records
@@ -287,6 +292,7 @@ def test_a_row_taken_from_a_backend_that_declares_it_too_is_warned_of(monkeypatc
         add.using(backend="twin")  # declared for twin: its SCHEDULES may name it
         assert contested("default") == []  # a new row
         assert contested("twin") == [("WARNING", "sweep", "default", "w-twin")]
+        assert synced == [{"sweep": "default"}]
         assert Schedule.objects.get(name="sweep").backend == "twin"
         assert contested("twin") == []  # its own already
     with override_settings(TASKS=tasks(sweep, {})):  # moved back to default on purpose
@@ -294,6 +300,7 @@ def test_a_row_taken_from_a_backend_that_declares_it_too_is_warned_of(monkeypatc
         assert report.changed == ["sweep"] and report.taken == {"sweep": "twin"}
         Schedule.objects.filter(name="sweep").update(backend="twin")
         assert contested("default") == []
+        assert synced == [{"sweep": "twin"}]  # taken on purpose: in the synced line only
         assert Schedule.objects.get(name="sweep").backend == "default"
 
 

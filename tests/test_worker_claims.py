@@ -17,6 +17,7 @@ import pytest
 
 from django_leases.worker.claims import ACKED, RELEASING, Claim, Kind
 from django_leases.worker.executors import ProcessExecutor
+from django_leases.worker.stopping import Stopping
 from tests.worker_helpers import process_ended, wait_for
 
 
@@ -59,6 +60,17 @@ def test_an_ack_landing_after_the_release_began_is_still_known():
     assert claim.begin_release()
     claim.mark_acked()
     assert claim.state == RELEASING and claim.acked
+    other = a_claim()
+    assert other.begin_release()
+    released = []
+    stopping = SimpleNamespace(
+        _call_until_done=lambda what, call: released.append((what, call)) or True,
+        _release=None,
+        book=None,
+        worker_id="w",
+    )
+    Stopping._release_all(stopping, [claim, other])
+    assert len(released) == 1  # the other claim's, and none for the acknowledged one
 
 
 # Run in the parent after each start of a WatchedProcess, with it (a child unpickles the

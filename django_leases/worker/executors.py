@@ -38,7 +38,9 @@ Done = Callable[[Claim, Outcome], None]
 KILL_REASONS = {
     "lost": "lost",
     "released": "released",
-    "acked": "acknowledged by its handler, which was told to stop (the job is done)",
+    # The handler's own ack came first; the process ran on after the worker began to stop
+    # or after a fenced write of its own was refused.
+    "acked": "acknowledged by its handler, whose process ran on (the job is done)",
 }
 
 

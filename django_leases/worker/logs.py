@@ -43,7 +43,7 @@ EVENTS: dict[str, str] = {
     "takeover": "a job whose lease ran out was claimed (previous_worker, previous_fence, lease)",
     "process_started": "a handler process was started (pid)",
     "process_killed": "a handler process was killed: its claim is lost or released, or the "
-    "handler acknowledged its job itself and was told to stop (pid, reason: lost, released "
+    "handler acknowledged its job itself and its process ran on (pid, reason: lost, released "
     "or acked)",
     "orphaned": "a handler process found its worker gone; it ends after the grace (pid)",
     "checkpoint": "a checkpoint was written",
@@ -76,7 +76,7 @@ EVENTS: dict[str, str] = {
     "cleanup_failed": "the handler's connections could not be closed after its job (error)",
     "tidy_failed": "a connection could not be tidied after a job (error)",
     # Periodic schedules
-    "schedules_synced": "synced with the code at start (added, changed, removed, unchanged)",
+    "schedules_synced": "synced with the code at start (added, changed, removed, unchanged, taken)",
     "schedule_contested": "taken at sync from another backend whose code declares it too (schedule, backend)",
     "schedules_trouble": "the database failed while ticking; the next look retries (error)",
     "schedule_ticked": "this worker decided a schedule's ticks (schedule, jobs, skipped, misfired)",
@@ -122,6 +122,7 @@ FIELDS = (
     "changed",
     "removed",
     "unchanged",
+    "taken",
 )
 
 

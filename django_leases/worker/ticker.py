@@ -46,12 +46,13 @@ class Ticker:
         self._synced = True
         if specs or report.removed:
             logger.info(
-                "Schedules synced worker=%s added=%s changed=%s removed=%s unchanged=%d",
+                "Schedules synced worker=%s added=%s changed=%s removed=%s unchanged=%d taken=%s",
                 self.worker_id,
                 ",".join(report.added) or "-",
                 ",".join(report.changed) or "-",
                 ",".join(report.removed) or "-",
                 len(report.unchanged),
+                ",".join(f"{name}<-{other}" for name, other in sorted(report.taken.items())) or "-",
                 extra={
                     "event": "schedules_synced",
                     "worker": self.worker_id,
@@ -59,6 +60,7 @@ class Ticker:
                     "changed": report.changed,
                     "removed": report.removed,
                     "unchanged": len(report.unchanged),
+                    "taken": report.taken,
                 },
             )
         for name, other in sorted(report.taken.items()):
