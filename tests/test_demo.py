@@ -151,6 +151,14 @@ for atomic in (False, True):
 job = Job.objects.get(pk=int(result_id))
 seen["job"] = [job.task_path, job.args, job.state]
 seen["missing_result"] = client.get("/results/999999.json").status_code
+# Another session cannot read this one's receipt, nor this one a job of another task.
+seen["other_session"] = Client().get(f"/results/{result_id}.json").status_code
+from shop.tasks import resize_image
+other = resize_image.enqueue("cat.png", 100).id
+session = client.session
+session["receipts"] = [*session["receipts"], other]
+session.save()
+seen["other_task"] = client.get(f"/results/{other}.json").status_code
 seen["missing_job"] = client.get("/orders/jobs/999999/").status_code
 print(json.dumps(seen))
 """
@@ -159,7 +167,8 @@ print(json.dumps(seen))
 def test_the_order_view_redirects_to_a_result_page_that_polls_the_job(shop_db):
     """docs/django-tasks.md's example: POST an order, follow the redirect's job id to the
     JSON the status page polls (READY, not finished: no worker runs here), with and without
-    ATOMIC_REQUESTS; an unknown job is a 404, not a 500 (3)."""
+    ATOMIC_REQUESTS; an unknown job, another task's job and another session's receipt are
+    404s, not a 500 or another customer's receipt (3, 6)."""
     import json
 
     run = manage(shop_db, "shell", "-c", CLIENT_SCRIPT)
@@ -169,6 +178,9 @@ def test_the_order_view_redirects_to_a_result_page_that_polls_the_job(shop_db):
     assert seen["True"] == [302, "READY", False]
     assert seen["job"] == ["shop.tasks.send_receipt", [2], "pending"]
     assert (seen["missing_result"], seen["missing_job"]) == (404, 404)
+    # Before: the other task's id was a 500 (TaskResultMismatch), and any session read any
+    # receipt by counting ids.
+    assert (seen["other_session"], seen["other_task"]) == (404, 404)
 
 
 def _function_source(text: str, name: str) -> str:

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.tasks import TaskResultStatus
-from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
 from django.views.decorators.http import require_GET, require_http_methods
 
 from .models import Order
@@ -36,7 +36,10 @@ def place_order(request: HttpRequest) -> HttpResponse:
         )
         # Runs after COMMIT, still inside this request; on rollback it never runs.
         transaction.on_commit(lambda: enqueued.update(receipt=send_receipt.enqueue(order.pk)))
-    return redirect("receipt_status", result_id=enqueued["receipt"].id)
+    result_id = enqueued["receipt"].id
+    # Job ids count up: this session may read back only the jobs it made.
+    request.session["receipts"] = [*request.session.get("receipts", [])[-19:], result_id]
+    return redirect("receipt_status", result_id=result_id)
 
 
 @require_GET
@@ -47,10 +50,13 @@ def receipt_status(request: HttpRequest, result_id: str) -> HttpResponse:
 
 @require_GET
 def result_json(request: HttpRequest, result_id: str) -> JsonResponse:
-    """The receipt job as django.tasks reports it (times from the database clock)."""
+    """The receipt job as django.tasks reports it (times from the database clock): only
+    one this session placed, and a 404 for an id of no job or of another task's."""
+    if result_id not in request.session.get("receipts", []):
+        raise Http404("no such job")
     try:
         result = send_receipt.get_result(result_id)
-    except TaskResultDoesNotExist:
+    except (TaskResultDoesNotExist, TaskResultMismatch):
         raise Http404("no such job") from None
     return JsonResponse(
         {
