@@ -345,7 +345,12 @@ class LeaseBackend(BaseTaskBackend):
     def _enqueued_result[**P, R](
         self, task: Task[P, R], pk: Any, enqueued_at: Any, args: list[Any], kwargs: dict[str, Any]
     ) -> TaskResult[P, R]:
-        """The TaskResult of a job just inserted: READY, not started, no errors."""
+        """The TaskResult of a job just inserted: READY, not started, no errors; its task
+        and arguments as get_result() will read them back."""
+        if type(task.priority) is not int:  # 5.0 or Decimal(5), stored as 5
+            task = cast(
+                "Task[P, R]", registry.copied_task(task, priority=checked_priority(task.priority))
+            )
         return TaskResult(
             task=task,
             id=str(pk),

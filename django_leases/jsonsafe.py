@@ -36,7 +36,9 @@ SENT_LIMIT = 8 * 2**20
 def ensure_json(value: Any, path: str, size: list[int] | None = None) -> Any:
     """Return ``value`` with tuples as lists, or raise InvalidJobArgument naming ``path``.
 
-    Tuples become lists (as django.tasks normalizes them); anything else that JSON would
+    Tuples become lists (as django.tasks normalizes them), a subclass of str, int or float
+    its plain value (as the database gives it back: an IntEnum member is its int);
+    anything else that JSON would
     change or cannot hold (dates, sets, objects, non-string keys, NaN, ints past 64 bits,
     nesting deeper than MAX_DEPTH) is refused, so a handler never receives something other
     than what its caller passed. ``size[0]`` grows by at least the size of ``value``'s
@@ -64,6 +66,7 @@ def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
         return _text(value, path)
     size[0] += _PER_SCALAR
     if isinstance(value, int):
+        value = int.__int__(value)  # a plain int: an IntEnum member comes back as one
         if not MIN_INT <= value <= MAX_INT:
             raise InvalidJobArgument(
                 path,
@@ -72,6 +75,7 @@ def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
             )
         return value
     if isinstance(value, float):
+        value = float.__float__(value)
         if not math.isfinite(value):
             raise InvalidJobArgument(path, f"is the float {value!r}, which has no JSON form")
         if abs(value) >= MAX_FLOAT:
@@ -108,7 +112,7 @@ def _checked_dict(value: dict[Any, Any], path: str, depth: int, size: list[int])
                 f"{path}[{key!r}]",
                 f"is a key of type {type(key).__name__}, which JSON would turn into a string",
             )
-        _text(key, f"{path}[{key!r}]")
+        key = _text(key, f"{path}[{key!r}]")
         size[0] += _PER_CHARACTER * str.__len__(key) + _PER_STRING + _PER_ITEM
         out[key] = _checked(item, f"{path}[{key!r}]", depth + 1, size)
     return out
@@ -169,4 +173,4 @@ def _text(value: str, path: str) -> str:
         raise InvalidJobArgument(
             path, f"is not valid Unicode ({e.reason} at index {e.start})"
         ) from None
-    return value
+    return value if type(value) is str else str.__str__(value)

@@ -13,6 +13,7 @@ import json
 import os
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
+from enum import IntEnum
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -200,6 +201,33 @@ def test_a_whole_number_priority_given_as_a_float_is_taken_as_django_takes_it():
     stored = Job.objects.values_list("priority", flat=True).get(pk=int(result.id))
     assert stored == -7 and type(stored) is int
     assert echo.get_result(result.id).task.priority == -7
+    # The enqueue's own result says what get_result() will (before: -7.0).
+    assert type(result.task.priority) is int and result.task.priority == -7
+
+
+class _Colour(IntEnum):
+    RED = 1
+
+
+class _Named(str):
+    pass
+
+
+class _Ratio(float):
+    def __repr__(self) -> str:
+        return "a ratio"
+
+
+def test_the_enqueued_result_holds_the_plain_values_get_result_reads_back():
+    """(6) A caller's subclass of int, str or float is stored as its plain value; the
+    result enqueue() hands back, and what task_enqueued receivers see, hold that value
+    too (before: the IntEnum member itself, while get_result() and the handler got 1)."""
+    result = echo.enqueue(_Colour.RED, _Named("n"), _Ratio(0.5), key={_Named("k"): _Colour.RED})
+    back = echo.get_result(result.id)
+    assert result.args == back.args == [1, "n", 0.5]
+    assert result.kwargs == back.kwargs == {"key": {"k": 1}}
+    plain = [*result.args, *result.kwargs, *result.kwargs["key"], result.kwargs["key"]["k"]]
+    assert [type(v) for v in plain] == [int, str, float, str, str, int]
 
 
 @pytest.mark.parametrize(
