@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, cast
 
 from django.tasks import Task, TaskResult, TaskResultStatus
@@ -293,21 +294,29 @@ class LeaseBackend(BaseTaskBackend):
         pk = _job_id(result_id)
         if pk is None:
             raise TaskResultDoesNotExist(result_id)
-        results = self.get_results([pk])
-        if pk not in results:
+        results = self._results_of([pk])
+        if not results:
             raise TaskResultDoesNotExist(result_id)
-        return results[pk]
+        return results[0]
 
-    def get_results(self, ids: Any) -> dict[Any, TaskResult[..., Any]]:
-        """TaskResults of the jobs ``ids`` (two statements however many), by job id; ids
-        with no job are left out. A job naming a task this project does not declare reads
-        with an UndeclaredTask stand-in."""
+    def get_results(self, result_ids: Iterable[Any]) -> dict[str, TaskResult[..., Any]]:
+        """TaskResults of the jobs ``result_ids`` names (two statements however many), by
+        TaskResult id; an id that names no job (as get_result() reads ids) is left out. A
+        job naming a task this project does not declare reads with an UndeclaredTask
+        stand-in."""
+        if isinstance(result_ids, str | bytes) or not isinstance(result_ids, Iterable):
+            raise TypeError(
+                f"result_ids must be an iterable of result ids, got {shown(result_ids)}"
+            )
+        pks = {pk for pk in map(_job_id, result_ids) if pk is not None}
+        return {result.id: result for result in self._results_of(sorted(pks))}
+
+    def _results_of(self, pks: list[int]) -> list[TaskResult[..., Any]]:
         Job = _job_model(self.alias)
-
-        return {
-            job.pk: self._to_result(job, self._task_of(job))
-            for job in Job.objects.using(self.database).with_failures(ids)
-        }
+        return [
+            self._to_result(job, self._task_of(job))
+            for job in Job.objects.using(self.database).with_failures(pks)
+        ]
 
     def results_of_claims(self, jobs: list[Any]) -> dict[Any, TaskResult[..., Any]]:
         """TaskResults of the rows a claim just returned (ClaimedJob), built from them: only

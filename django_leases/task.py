@@ -91,6 +91,11 @@ class UndeclaredTask(LeaseTask):
     def __post_init__(self) -> None:
         """Not validated, so never declared to the registry."""
 
+    def __reduce__(self) -> Any:
+        # Task's own pickles the function's path and imports it back, which is what an
+        # undeclared path cannot do: this stand-in is rebuilt from its fields.
+        return (_undeclared_task, ({f.name: getattr(self, f.name) for f in fields(self)},))
+
     @property
     def module_path(self) -> str:
         return self.path
@@ -130,3 +135,8 @@ class LeaseTaskContext(_TaskContextBase):  # type: ignore[misc]
     too so that code the handler hands the context to (another thread) still reaches it."""
 
     job: JobHandle | None = None
+
+
+def _undeclared_task(values: dict[str, Any]) -> UndeclaredTask:
+    """An UndeclaredTask back from its pickled fields."""
+    return UndeclaredTask(**values)

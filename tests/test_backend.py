@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from datetime import timedelta
 
 import pytest
@@ -110,6 +111,23 @@ def test_unknown_result_id_raises_does_not_exist():
         task_backends["default"].get_result("not-a-number")
 
 
+def test_get_results_reads_ids_as_get_result_does_and_keys_them_as_results():
+    """(6) get_results() is get_result() for many: each id read as get_result() reads it
+    (an id of no job left out, whatever its type), the answer keyed by TaskResult.id
+    (before: a string's characters were taken as ids, "01" named job 1, "abc" raised
+    ValueError and 2**70 OverflowError, and the keys were ints)."""
+    backend = task_backends["default"]
+    one, two = (Job.objects.enqueue("tests.testapp.tasks.add", [n, n]) for n in (1, 2))
+    ids = [str(one.pk), two.pk, f"0{one.pk}", "abc", 2**70, None, -1, True]
+    results = backend.get_results(ids)
+    assert sorted(results) == sorted([str(one.pk), str(two.pk)])
+    assert all(key == result.id for key, result in results.items())
+    assert results[str(two.pk)].args == [2, 2]
+    with pytest.raises(TypeError, match="result_ids must be an iterable of result ids"):
+        backend.get_results(str(one.pk))
+    assert backend.get_results([]) == {}
+
+
 def test_a_row_naming_an_undeclared_function_is_never_imported():
     """The registry, not the row, decides what code runs: the result still reads, with a
     stand-in task that names the path and can neither be enqueued nor called."""
@@ -118,6 +136,13 @@ def test_a_row_naming_an_undeclared_function_is_never_imported():
     )
     assert registry.lookup("default", "tests.testapp.tasks.not_a_task") is None
     result = task_backends["default"].get_result(str(job.pk))
+    # It pickles, as a cache of results does (before: ValueError, the path imported back).
+    again = pickle.loads(pickle.dumps(result))
+    assert (again.id, again.task.module_path, again.task.priority) == (
+        result.id,
+        "tests.testapp.tasks.not_a_task",
+        3,
+    )
     assert (result.status, result.args, result.task.module_path) == (
         TaskResultStatus.READY,
         [7],
