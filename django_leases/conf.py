@@ -97,7 +97,8 @@ OPTIONS: dict[str, Option] = {
             "GRACE_SECONDS",
             20.0,
             "django_leases.E009",
-            "How long a stopping worker lets handlers finish before releasing them.",
+            "How long a stopping worker lets handlers finish before it tells them to stop "
+            "(they then have 1 s, 3 s in process isolation, before their jobs are released).",
         ),
         Option(
             "QUEUE_OPTIONS",

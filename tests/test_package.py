@@ -236,6 +236,9 @@ def test_a_user_project_runs_on_the_installed_wheel(venv, database, tmp_path, di
     assert Path(report["django_leases"]["file"]).is_relative_to(venv), report["django_leases"]
     wheel_version = only(dist, "django_leases-*.whl").name.split("-")[1]
     assert report["django_leases"]["version"] == wheel_version
+    # The worker's --version names the app's (before: Django's alone).
+    assert report["version"]["exit"] == 0
+    assert report["version"]["output"].startswith(f"django-leases {wheel_version} (Django ")
     assert report["migrate"]["exit"] == 0, report["migrate"]["output"]
     assert report["check"]["exit"] == 0, report["check"]["output"]
     assert "no issues" in report["check"]["output"], report["check"]["output"]

@@ -144,6 +144,40 @@ def test_a_takeover_names_the_previous_owner_and_fence_and_the_lease_it_was_gran
     assert b.wait_exit() == 0
 
 
+def test_a_takeover_of_a_lease_ended_early_says_so(caplog):
+    """(3) A claim whose lease was ended early (expire_now(), testing.expire_lease(), the
+    admin) is taken over with a line that says so, as its failure record does (before:
+    "its lease of -0.5 s ran out")."""
+    from types import SimpleNamespace
+
+    from django_leases.worker.loop import Worker
+
+    def took_over(lease):
+        job = SimpleNamespace(
+            pk=7,
+            task_path="tests.testapp.tasks.add",
+            queue_name="default",
+            fence=2,
+            attempts=2,
+            max_attempts=3,
+            was_state="claimed",
+            was_claimed_by="a",
+            was_fence=1,
+            was_lease=lease,
+        )
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=logs.WORKER_LOGGER):
+            Worker._log_claim(SimpleNamespace(worker_id="b"), job)
+        [record] = caplog.records
+        assert (record.event, record.lease) == ("takeover", lease)
+        return record.getMessage().partition("(fence 1): ")[2]
+
+    assert took_over(-0.5) == "its lease was ended early"
+    assert took_over(0.0) == "its lease was ended early"
+    assert took_over(30.0) == "its lease of 30 s ran out"
+    assert took_over(None) == "its lease of ? s ran out"
+
+
 def test_the_command_leaves_loggers_the_project_routes_alone():
     """A LOGGING that routes django.tasks (or "django", or the root) keeps its handlers
     and format; one that routes neither gets the worker's handler on both."""

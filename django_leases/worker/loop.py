@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections
 
-from .. import registry
+from .. import conf, registry
 from ..storable import (
     first_line,
 )
@@ -389,9 +389,10 @@ class Worker(Stopping):
             )
             return
         previous = job.was_claimed_by or "an unnamed worker"
+        lease = job.was_lease
         logger.warning(
             "Took over job=%s task=%s fence=%s attempt=%s/%s worker=%s from "
-            "worker %s (fence %s): its lease of %s s ran out",
+            "worker %s (fence %s): %s",
             job.pk,
             job.task_path,
             job.fence,
@@ -400,7 +401,11 @@ class Worker(Stopping):
             self.worker_id,
             previous,
             job.was_fence,
-            _seconds(job.was_lease),
+            # No claim is granted less than the least lease: this one was ended early
+            # (expire_now(), the admin's action), as its failure record says too.
+            f"its lease of {_seconds(lease)} s ran out"
+            if lease is None or lease >= conf.MIN_LEASE_SECONDS
+            else "its lease was ended early",
             extra=claim_fields(
                 job,
                 self.worker_id,

@@ -33,7 +33,11 @@ def page(client, url, markers, data=None):
 
 
 def main():
-    report = {"migrate": manage("migrate", "--no-input"), "check": manage("check")}
+    report = {
+        "migrate": manage("migrate", "--no-input"),
+        "check": manage("check"),
+        "version": manage("run_lease_worker", "--version"),
+    }
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "userproject.settings")
     import django
 

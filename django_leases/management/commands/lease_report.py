@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ... import advisor
 from ...durations import duration_text
 from ...exceptions import InvalidLeaseOption
+from .. import LeasesCommand
 
 
-class Command(BaseCommand):
+class Command(LeasesCommand):
     help = (
         "Read succeeded jobs and print, per task, handler duration p50/p99/p99.9/max, the "
         "configured lease and heartbeat, and whether the lease is too short, too long or "

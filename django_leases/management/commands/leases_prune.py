@@ -7,16 +7,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db.models.functions import Now
 
 from django_leases.conf import get_options
 from django_leases.exceptions import InvalidLeaseOption
+from django_leases.management import LeasesCommand
 from django_leases.models import Job, ScheduleRun
 from django_leases.states import JobState
 
 
-class Command(BaseCommand):
+class Command(LeasesCommand):
     help = (
         "Dead-letter pending jobs past their deadline, then delete succeeded and cancelled "
         "jobs (and with --include-dead, dead ones) that finished more than RETENTION_DAYS "

@@ -14,17 +14,18 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ... import conf
 from ...enqueue_options import checked_text
 from ...exceptions import InvalidLeaseOption
+from .. import LeasesCommand
 
 if TYPE_CHECKING:
     from ...worker import Worker
 
 
-class Command(BaseCommand):
+class Command(LeasesCommand):
     help = (
         "Run jobs of a django_leases backend: claim under a lease, renew it from a "
         "heartbeat thread, acknowledge on success. Stops gracefully on SIGTERM/SIGINT."
