@@ -77,6 +77,9 @@ class WorkerLink:
         self.task_result = task_result
         self.acked = False
         self.acked_result: Any = None
+        # Told to stop because the worker is stopping and releasing the job, not because the
+        # claim was lost: a result returned now can still be acknowledged under the claim.
+        self.releasing = False
         self._on_acked = on_acked or (lambda: None)
         self._callbacks: list[Callable[[], None]] = []
         self._callbacks_lock = threading.Lock()
@@ -90,7 +93,10 @@ class WorkerLink:
         self.acked, self.acked_result = True, result
         self._on_acked()
 
-    def mark_lost(self) -> None:
+    def mark_lost(self, *, releasing: bool = False) -> None:
+        """Tell the handler its claim is going: lost, or (``releasing``) to be released
+        at the worker's stop."""
+        self.releasing = releasing
         self.lost.set()
         self.fire()
 

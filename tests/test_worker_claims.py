@@ -73,6 +73,36 @@ def test_an_ack_landing_after_the_release_began_is_still_known():
     assert len(released) == 1  # the other claim's, and none for the acknowledged one
 
 
+def test_a_result_returned_after_the_release_began_is_acknowledged_instead():
+    """(3, 4) A handler told to stop at shutdown (link.releasing: not a lost claim) that
+    returns a result before its release is sent finishes under the claim's token
+    (finish_released), and _release_all sends no release for it; should the ack not go
+    (database trouble), the claim is to be released again, as it was."""
+    from django_leases.worker.claims import FINISHING
+
+    claim = a_claim()
+    assert claim.begin_release()
+    assert claim.link.releasing and claim.lost_flag.is_set()
+    assert claim.finish_released() and claim.state == FINISHING
+    assert not claim.finish_released()
+    claim.finish_failed()
+    assert claim.state == RELEASING
+    assert claim.finish_released()
+    claim.settle()
+    released = []
+    stopping = SimpleNamespace(
+        _call_until_done=lambda what, call: released.append(what) or True,
+        _release=None,
+        book=None,
+        worker_id="w",
+    )
+    Stopping._release_all(stopping, [claim])
+    assert released == []
+    lost = a_claim()
+    assert lost.mark_lost("renewal matched no row")
+    assert not lost.link.releasing and not lost.finish_released()
+
+
 # Run in the parent after each start of a WatchedProcess, with it (a child unpickles the
 # class by name, so it is defined here, at module level).
 _after_start: list = []

@@ -14,7 +14,7 @@ import pytest
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import JobState
 from tests.testapp.models import Effect
-from tests.testapp.tasks import add, astubborn, mortal, record, stubborn
+from tests.testapp.tasks import add, astubborn, mortal, record, returns_when_told, stubborn
 from tests.worker_helpers import FAST, job_of, process_ended, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -117,6 +117,29 @@ def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_w
     assert running["jobs"] == [int(deaf.id)]
     # The deaf handler ended with the process: wait_exit(15) above, long before its 30 s.
     assert not JobFailure.objects.exists()
+
+
+def test_a_handler_that_returns_when_told_to_stop_is_acknowledged_not_run_again(workers):
+    """(3, 4) A thread-isolated handler told to stop at the end of --grace that returns a
+    result (it finished its batch) before the release is sent has its job acknowledged
+    under its claim (the ack's rowcount decides, as any ack's), not released to run again
+    (before: its result was discarded and the job went back to pending, attempts 0)."""
+    result = returns_when_told.enqueue("told-ok")
+    other = record.enqueue("told-coop", first_seconds=60)
+    a = workers.start("told-a", "--concurrency", "2", "--grace", "0", *FAST)
+    wait_for(lambda: phases("told-ok") and phases("told-coop"), 20, "both handlers")
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(15) == 0
+    log = a.log()
+    job = job_of(result)
+    assert (job.state, job.result, job.claim_token) == (JobState.SUCCEEDED, {"told": True}, None), (
+        log[-4000:]
+    )
+    assert phases("told-ok") == ["start", "done"], log[-3000:]
+    assert not a.events("released", job_id=result.id), log[-3000:]
+    # The cooperative one raised LeaseLost when told, and was released as before.
+    assert (job_of(other).state, job_of(other).attempts) == (JobState.PENDING, 0)
+    assert a.events("released", job_id=other.id), log[-3000:]
 
 
 def test_a_handler_whose_claim_was_lost_before_the_stop_ends_with_the_process(workers, tmp_path):

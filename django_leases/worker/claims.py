@@ -2,7 +2,8 @@
 
 A claim moves RUNNING -> FINISHING (its ack or fail is being sent) -> SETTLED (sent), or
 RUNNING -> LOST (a renewal missed it, or the watchdog saw its lease run out) or
-RUNNING -> RELEASING (shutdown), or RUNNING -> ACKED (the handler acknowledged the job in
+RUNNING -> RELEASING (shutdown) -> FINISHING (its handler returned a result before the
+release went: acked instead), or RUNNING -> ACKED (the handler acknowledged the job in
 its own fenced transaction). Only a RUNNING claim can be declared lost, so a renewal that
 misses a job because its ack just landed is never mistaken for a loss.
 
@@ -90,6 +91,8 @@ class Claim:
         self.lease = lease
         self.state = RUNNING
         self.lost_reason = ""
+        # Whether a FINISHING claim came from RELEASING (finish_released()).
+        self._finishing_released = False
         self._lock = threading.Lock()
         self.lost_flag = lost_flag if lost_flag is not None else threading.Event()
         # Set once the handler's fenced(ack=True) has committed, from whichever thread or
@@ -141,7 +144,7 @@ class Claim:
             if reason:
                 self.lost_reason = reason
         if tell:
-            self.link.mark_lost()
+            self.link.mark_lost(releasing=to == RELEASING)
         return True
 
     def mark_lost(self, reason: str) -> bool:
@@ -165,11 +168,23 @@ class Claim:
     def begin_finish(self) -> bool:
         return self._move(FINISHING)
 
+    def finish_released(self) -> bool:
+        """A handler told to stop at shutdown returned a result before its release was sent:
+        its ack goes out under the claim's token instead (rowcount still decides), so done
+        work is not run again. False if the claim is not being released."""
+        with self._lock:
+            if self.state != RELEASING:
+                return False
+            self.state = FINISHING
+            self._finishing_released = True
+        return True
+
     def finish_failed(self) -> None:
-        """The ack could not be sent (database trouble): the claim is held again."""
+        """The ack could not be sent (database trouble): the claim is held again, or is to
+        be released again if it was (finish_released())."""
         with self._lock:
             if self.state == FINISHING:
-                self.state = RUNNING
+                self.state = RELEASING if self._finishing_released else RUNNING
 
     def settle(self) -> None:
         """Its write went through: a finishing claim is settled, never sent again."""

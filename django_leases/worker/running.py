@@ -159,7 +159,7 @@ def _run(
     if link.acked:
         # Committed with the handler's own writes; a loss noticed afterwards changes nothing.
         outcome = Outcome(Kind.ACKED, result=link.acked_result)
-    elif handle.lost:
+    elif handle.lost and not link.releasing:
         return Outcome(Kind.LOST)
     else:
         try:

@@ -100,6 +100,8 @@ class Settling:
             return False
         if outcome.kind is not Kind.LOST and (claim.begin_finish() or claim.state == FINISHING):
             return True
+        if outcome.kind is Kind.OK and claim.finish_released():
+            return True  # done before its release went: acknowledged, not run again
         self._discard(claim, outcome)
         return False
 

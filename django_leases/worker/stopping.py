@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..storable import first_line
 from .child import KILL_GRACE_SECONDS
-from .claims import Claim
+from .claims import RELEASING, Claim
 from .dberrors import DB_ERRORS, refused_by_database
 from .logs import claim_fields
 from .settling import Settling
@@ -186,8 +186,10 @@ class Stopping(Settling):
 
     def _release_all(self, claims: list[Claim]) -> None:
         for claim in claims:
-            if claim.acked:
-                continue  # its handler acknowledged it meanwhile, in fenced(ack=True)
+            if claim.acked or claim.state != RELEASING:
+                # Its handler acknowledged it meanwhile (fenced(ack=True)), or returned a
+                # result that was acknowledged (finish_released()).
+                continue
             if self._call_until_done("release", lambda c=claim: self._release(c)) is None:
                 self.book.forget(claim)
                 logger.error(

@@ -57,6 +57,22 @@ def record(key: str, first_seconds: float = 0.0, later_seconds: float = 0.0) -> 
 
 
 @task
+def returns_when_told(key: str) -> dict:
+    """Work until told the claim is going (a stop, a lost claim), then return a result as
+    a handler that finishes its batch does, instead of raising LeaseLost."""
+    import time
+
+    from django_leases.api import current_job
+
+    job = current_job()
+    _effect(key, "start")
+    while not job.lost:
+        time.sleep(0.02)
+    _effect(key, "done")
+    return {"told": True}
+
+
+@task
 def stubborn(key: str, seconds: float) -> dict:
     """Ignore cancellation entirely, as a handler stuck in a C call would."""
     import time
