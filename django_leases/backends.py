@@ -24,7 +24,7 @@ from .enqueue_options import (
 )
 from .exceptions import InvalidJobArgument, InvalidLeaseOption
 from .fits import task_misfit
-from .jsonsafe import shown
+from .jsonsafe import MAX_INT, shown
 from .states import FailureKind, JobState, LeaseLostPolicy
 from .task import LeaseTask, UndeclaredTask
 
@@ -420,7 +420,7 @@ class LeaseBackend(BaseTaskBackend):
 
 
 # A job's primary key is a BigAutoField: its ids are 1 .. 2**63 - 1 on every database.
-_LARGEST_JOB_ID = 2**63 - 1
+_LARGEST_JOB_ID = MAX_INT
 
 
 def _job_id(result_id: Any) -> int | None:

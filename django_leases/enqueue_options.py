@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.utils import timezone
 
 from . import conf
-from .jsonsafe import SENT_LIMIT, ensure_json, sent_length, shown
+from .jsonsafe import SENT_LIMIT, ensure_json, sent_length, shown, too_large
 from .lease_statements import after_now, json_param
 from .states import LeaseLostPolicy
 
@@ -375,9 +375,8 @@ def checked_arguments(
         if length > SENT_LIMIT:
             raise InvalidJobArgument(
                 f"{path}args/kwargs",
-                f"their JSON form is {length:,} characters as sent (a backslash or quote "
-                f"counts twice), over the limit of {SENT_LIMIT:,}; pass a reference to "
-                "the data (an id, a file's path)",
+                f"{too_large(length, 'their')}; pass a reference to the data (an id, a "
+                "file's path)",
             )
         size[0] = length
     if bound is not None:

@@ -48,6 +48,29 @@ def ensure_json(value: Any, path: str, size: list[int] | None = None) -> Any:
     return _checked(value, path, 1, size if size is not None else [0])
 
 
+def stored_json(value: Any, path: str, size: list[int] | None = None) -> Any:
+    """ensure_json(), refusing too (InvalidJobArgument naming ``path``) a value whose JSON
+    form as sent passes SENT_LIMIT: a result, a checkpoint's cursor. Measured only when
+    the upper bound read on the way passes it; ``size`` as for ensure_json."""
+    import json
+
+    bound = [0]
+    checked = ensure_json(value, path, bound)
+    if bound[0] > SENT_LIMIT and (length := sent_length(json.dumps(checked))) > SENT_LIMIT:
+        raise InvalidJobArgument(path, too_large(length))
+    if size is not None:
+        size[0] += bound[0]
+    return checked
+
+
+def too_large(length: int, whose: str = "its") -> str:
+    """Why a document of ``length`` characters as sent is refused."""
+    return (
+        f"{whose} JSON form is {length:,} characters as sent (a backslash or quote counts "
+        f"twice), over the limit of {SENT_LIMIT:,}"
+    )
+
+
 # Upper bounds of the size of a value's JSON form as sent (json.dumps's ASCII text, each
 # backslash and quote counted twice, as MySQL's client escapes them): a character at most
 # 14 (an astral one is two \uXXXX, whose backslashes count twice), a string's quotes 4, a

@@ -21,7 +21,7 @@ from django.db.models.functions import Now
 from . import conf
 from .claiming import _DUE_CLAIM_CTES, _ROW_RETURNING, ClaimedJob, ClaimVerbs, _claimed_rows
 from .deadlocks import retry_deadlock_victims
-from .jsonsafe import ensure_json, statement_runs
+from .jsonsafe import statement_runs, stored_json
 from .lease_statements import (
     ClaimRef,
     checked_lease,
@@ -127,7 +127,7 @@ class OwnerVerbs(ClaimVerbs):
     def ack(self, claim: ClaimRef, result: Any = None) -> bool:
         """Mark the job succeeded if ``claim`` still owns it. Raise InvalidJobArgument if
         ``result`` does not round-trip through JSON (nothing is written then)."""
-        result = ensure_json(result, "result")
+        result = stored_json(result, "result")
         return (
             self._owned(claim).update(
                 state=JobState.SUCCEEDED,
@@ -157,7 +157,7 @@ class OwnerVerbs(ClaimVerbs):
         sizes: dict[Any, int] = {}
         for claim, value in outcomes:
             size = [0]
-            results[claim.pk] = ensure_json(value, "result", size)
+            results[claim.pk] = stored_json(value, "result", size)
             sizes[claim.pk] = size[0]
         if not results:
             return set()
@@ -229,7 +229,7 @@ class OwnerVerbs(ClaimVerbs):
 
         The worker's busy path: each time handlers finish, their acks ride with the claim
         that fills their slots."""
-        results = {c.pk: ensure_json(r, "result") for c, r in outcomes}
+        results = {c.pk: stored_json(r, "result") for c, r in outcomes}
         lease = checked_lease(lease)
         db = self._db or router.db_for_write(self.model)
         queues = None if queues is None else list(queues)
@@ -353,7 +353,7 @@ class OwnerVerbs(ClaimVerbs):
     @retry_deadlock_victims
     def checkpoint(self, claim: ClaimRef, cursor: Any, lease: float | None = None) -> bool:
         """Commit ``cursor`` and renew the lease in one conditional UPDATE."""
-        cursor = ensure_json(cursor, "cursor")
+        cursor = stored_json(cursor, "cursor")
         lease = checked_lease(lease)
         return (
             self._owned(claim).update(

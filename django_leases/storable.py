@@ -21,7 +21,7 @@ import types
 from typing import Any
 
 from .exceptions import InvalidJobArgument
-from .jsonsafe import SENT_LIMIT, ensure_json, sent_length
+from .jsonsafe import SENT_LIMIT, ensure_json, sent_length, too_large
 
 CLASS_PATH_LIMIT = 255
 MESSAGE_LIMIT = 10_000
@@ -186,9 +186,7 @@ def storable_result(value: Any) -> Any:
         ) from None
     if (length := sent_length(text)) > SENT_LIMIT:
         raise TypeError(
-            f"the task returned a value too large to store: result: its JSON form is "
-            f"{length:,} characters as sent (a backslash or quote counts twice), over the "
-            f"limit of {SENT_LIMIT:,}"
+            f"the task returned a value too large to store: result: {too_large(length)}"
         )
     # A fresh copy of plain types: no subclass of str or int (whose pickling a handler may
     # have overridden) goes on to the worker.

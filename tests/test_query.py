@@ -837,3 +837,30 @@ def test_a_result_is_measured_as_sent():
         storable_result({"said": "'" * (RESULT_LIMIT // 2)})
     with pytest.raises(TypeError, match=r"too large to store"):
         storable_result(["x" * (RESULT_LIMIT - 4)])  # four more for the list's brackets
+
+
+def test_the_owner_verbs_refuse_a_document_past_the_limit_and_write_nothing():
+    """(3, 6) ack(), ack_many(), ack_and_claim_rows() and checkpoint() (so fenced(ack=True)
+    too) hold a result or cursor to the limit every database takes, as the worker's own
+    outcome is (before: any size, and MariaDB dropped the connection past its packet):
+    InvalidJobArgument naming it, the claim still held, nothing written."""
+    from django_leases.exceptions import InvalidJobArgument
+    from django_leases.jsonsafe import SENT_LIMIT
+
+    Job.objects.enqueue(TASK, [1, 1])
+    Job.objects.enqueue(TASK, [2, 2])
+    claimed = Job.objects.claim_rows("w", limit=2)
+    big = {"said": "'" * (SENT_LIMIT // 2)}  # within by characters, past as sent
+    said = r"its JSON form is 8,388,6\d\d characters as sent"
+    for call in (
+        lambda: Job.objects.ack(claimed[0], big),
+        lambda: Job.objects.ack_many([(claimed[0], 1), (claimed[1], big)]),
+        lambda: Job.objects.ack_and_claim_rows([(claimed[0], big)], "w", limit=1),
+    ):
+        with pytest.raises(InvalidJobArgument, match=rf"^result: {said}"):
+            call()
+    with pytest.raises(InvalidJobArgument, match=rf"^cursor: {said}"):
+        Job.objects.checkpoint(claimed[0], big)
+    rows = Job.objects.filter(pk__in=[c.pk for c in claimed])
+    assert set(rows.values_list("state", "cursor", "result")) == {("claimed", None, None)}
+    assert Job.objects.checkpoint(claimed[0], {"at": 1}) and Job.objects.ack(claimed[1], 2)
