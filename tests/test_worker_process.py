@@ -203,7 +203,7 @@ def test_a_handlers_own_ack_is_no_lost_claim_to_the_heartbeat(workers, isolation
     """A handler that acknowledges its job in fenced(ack=True) and goes on for a few
     heartbeats: the renewals miss the row, and the heartbeat reads why (succeeded at the
     claim's fence) instead of telling the handler its claim is lost (2, 5). In process
-    isolation the worker hears of that ack only with the outcome."""
+    isolation the child's ack reaches the worker as the shared acked flag, as it commits."""
     result = ack_then_linger.enqueue(f"linger-{isolation}", seconds=4 * BEAT)
     a = workers.start(f"linger-{isolation}", "--isolation", isolation, *FAST)
     wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 20, "the handler's ack")
