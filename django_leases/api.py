@@ -96,7 +96,8 @@ class WorkerLink:
     def mark_lost(self, *, releasing: bool = False) -> None:
         """Tell the handler its claim is going: lost, or (``releasing``) to be released
         at the worker's stop."""
-        self.releasing = releasing
+        if not self.lost.is_set():  # a loss the handler already heard of stays one
+            self.releasing = releasing
         self.lost.set()
         self.fire()
 

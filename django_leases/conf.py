@@ -98,7 +98,8 @@ OPTIONS: dict[str, Option] = {
             20.0,
             "django_leases.E009",
             "How long a stopping worker lets handlers finish before it tells them to stop "
-            "(they then have 1 s, 3 s in process isolation, before their jobs are released).",
+            "and releases their jobs (a thread's handler then has up to 1 s to return; a "
+            "process's is killed at once).",
         ),
         Option(
             "QUEUE_OPTIONS",

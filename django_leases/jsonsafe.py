@@ -89,7 +89,8 @@ def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
         return _text(value, path)
     size[0] += _PER_SCALAR
     if isinstance(value, int):
-        value = int.__int__(value)  # a plain int: an IntEnum member comes back as one
+        if type(value) is not int:
+            value = int.__int__(value)  # a plain int: an IntEnum member comes back as one
         if not MIN_INT <= value <= MAX_INT:
             raise InvalidJobArgument(
                 path,
@@ -98,7 +99,8 @@ def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
             )
         return value
     if isinstance(value, float):
-        value = float.__float__(value)
+        if type(value) is not float:
+            value = float.__float__(value)
         if not math.isfinite(value):
             raise InvalidJobArgument(path, f"is the float {value!r}, which has no JSON form")
         if abs(value) >= MAX_FLOAT:
@@ -128,16 +130,20 @@ def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
 
 
 def _checked_dict(value: dict[Any, Any], path: str, depth: int, size: list[int]) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for key, item in value.items():
         if not isinstance(key, str):
             raise InvalidJobArgument(
-                f"{path}[{key!r}]",
+                f"{path}[{shown(key)}]",
                 f"is a key of type {type(key).__name__}, which JSON would turn into a string",
             )
-        key = _text(key, f"{path}[{key!r}]")
+        where = f"{path}[{str.__repr__(key)}]"  # str's own: a subclass's may raise
+        key = _text(key, where)
+        if key in out:
+            # Keys of a caller's str subclass, unequal to it, equal as the plain str stored.
+            raise InvalidJobArgument(where, "is a key given twice")
         size[0] += _PER_CHARACTER * str.__len__(key) + _PER_STRING + _PER_ITEM
-        out[key] = _checked(item, f"{path}[{key!r}]", depth + 1, size)
+        out[key] = _checked(item, where, depth + 1, size)
     return out
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models, router
 from django.db.models import Case, F, Value, When
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Least, Now
 
 from . import conf
 from .deadlocks import retry_deadlock_victims
@@ -108,9 +108,12 @@ class OperatorVerbs(_VerbsBase):
 
     @retry_deadlock_victims
     def expire_now(self) -> int:
-        """End the lease of claimed jobs (a second ago, DB clock) so any worker may take them."""
+        """End the lease of claimed jobs so any worker may take them: a second before the
+        last renewal (DB clock), so the lease it leaves reads as one no claim is granted,
+        and the takeover says the lease was ended early, not that some lease ran out."""
         return self.filter(state=JobState.CLAIMED).update(
-            lease_expires_at=Now() - Value(timedelta(seconds=1))
+            lease_expires_at=Least(Now(), Coalesce(F("heartbeat_at"), Now()))
+            - Value(timedelta(seconds=1))
         )
 
     def expire_stalled_now(self, heartbeat_seconds: float) -> int:

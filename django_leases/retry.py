@@ -38,6 +38,12 @@ class Retry:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
+        if not isinstance(self.delays, list | tuple):
+            # A set has no order to follow, a dict's keys or a string's characters are no
+            # delays meant: refused, as from_json() refuses them.
+            raise InvalidLeaseOption(
+                "retry.delays", f"must be a list of delays in seconds, got {self.delays!r}"
+            )
         object.__setattr__(self, "delays", tuple(self.delays))
         for i, d in enumerate(self.delays):
             _non_negative(f"retry.delays[{i}]", d)

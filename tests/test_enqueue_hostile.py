@@ -228,6 +228,29 @@ def test_the_enqueued_result_holds_the_plain_values_get_result_reads_back():
     assert result.kwargs == back.kwargs == {"key": {"k": 1}}
     plain = [*result.args, *result.kwargs, *result.kwargs["key"], result.kwargs["key"]["k"]]
     assert [type(v) for v in plain] == [int, str, float, str, str, int]
+    # Keys unequal as given and equal as stored would lose a value without a word; a key
+    # whose repr raises is still named.
+    jobs = Job.objects.count()
+    with pytest.raises(InvalidJobArgument, match=r"^kwargs\['k'\]: is a key given twice"):
+        Job.objects.enqueue(TASK, [1, 2], kwargs={_Unequal("k"): 1, _Unequal("k"): 2})
+    with pytest.raises(InvalidJobArgument, match=r"^args\[0\]\['k'\]\[0\]: is of type"):
+        Job.objects.enqueue(TASK, [{_Unreadable("k"): [object()]}, 2])
+    assert Job.objects.count() == jobs
+
+
+class _Unequal(str):
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+class _Unreadable(str):
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+    __hash__ = str.__hash__
 
 
 @pytest.mark.parametrize(
@@ -430,6 +453,19 @@ def test_property_the_size_read_while_checking_is_never_below_the_size_as_sent(v
     bound = [0]
     checked = ensure_json(value, "value", bound)
     assert bound[0] >= sent_length(json.dumps(checked)), (bound, json.dumps(checked))
+
+
+def test_enqueue_many_groups_large_calls_by_their_size_not_the_bound():
+    """(3) A call whose bound passes MEASURED_PAST counts for its size as sent, so
+    enqueue_many() puts as many 10 KB calls in one INSERT as fit (before: each counted as
+    the bound, 14 times a character, some 10 times fewer a statement); a small call counts
+    its bound, never below its size."""
+    from django_leases.enqueue_options import checked_calls, sent_size
+
+    bounds: list[int] = []
+    calls = checked_calls([(["x" * 10_000], {}), ([1, "ab"], {"k": None})], bounds=bounds)
+    assert bounds[0] == sent_size(*calls[0]) == 10_008
+    assert bounds[1] >= sent_size(*calls[1])
 
 
 @PROPERTY

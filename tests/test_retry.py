@@ -46,6 +46,16 @@ def test_bad_ladders_are_refused_naming_the_field(spec, named):
     assert info.value.option == named
 
 
+@pytest.mark.parametrize("delays", [{90, 10, 30}, {30: "x"}, range(3), "30", iter([1])])
+def test_a_retry_made_in_code_takes_its_delays_as_a_list_only(delays):
+    """(6) Retry(delays=...), the documented constructor, refuses what from_json() refuses
+    (before: a set's arbitrary order, a dict's keys or a string's characters were taken as
+    the ladder)."""
+    with pytest.raises(InvalidLeaseOption) as info:
+        Retry(delays=delays)
+    assert info.value.option == "retry.delays"
+
+
 def test_ladders_round_trip_through_json():
     for ladder in (Retry(delays=(1, 2)), Retry(base=5, factor=3, cap=60, jitter=0)):
         assert Retry.from_json(ladder.to_json()) == ladder

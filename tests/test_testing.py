@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.db.models.functions import Now
 
 from django_leases import testing
 from django_leases.models import Job
@@ -61,6 +64,17 @@ def test_expire_lease_makes_a_claim_claimable_and_the_stale_ack_is_refused():
     assert (job.state, job.fence) == (JobState.SUCCEEDED, 2)
     assert Job.objects.ack(stale, "late") is False
     assert testing.expire_lease(result) is False  # not claimed any more
+    # The takeover's record says the lease was ended early, however long ago the last
+    # renewal was (before: "lease of 9 s ran out" for a renewal 10 s old).
+    [failure] = job.failures.all()
+    assert failure.message == "lease was ended early, before stale acknowledged"
+    again = add.enqueue(5, 5)
+    [old] = Job.objects.claim("old", limit=1, lease=30)
+    Job.objects.filter(pk=old.pk).update(heartbeat_at=Now() - timedelta(seconds=10))
+    assert testing.expire_lease(again)
+    job = testing.run_job(again)
+    [failure] = job.failures.all()
+    assert failure.message == "lease was ended early, before old acknowledged"
 
 
 def test_assert_ran_once_reports_failures():

@@ -101,6 +101,35 @@ def test_a_result_returned_after_the_release_began_is_acknowledged_instead():
     lost = a_claim()
     assert lost.mark_lost("renewal matched no row")
     assert not lost.link.releasing and not lost.finish_released()
+    # A loss the handler heard of first (its checkpoint or fenced() write refused) stays a
+    # loss when the stop's notice follows before the worker noticed: its result is no
+    # release's to acknowledge.
+    told = a_claim()
+    told.link.mark_lost()
+    assert told.begin_release() and not told.link.releasing
+
+
+def test_what_a_handler_came_back_with_before_its_release_went_is_written():
+    """(3, 6) At a stop, an outcome that arrives for a releasing claim is written under the
+    claim: a result acknowledged, a failure (raised before the notice: one raised after it
+    is LOST) recorded, as without the stop; a lost or stopped one is not."""
+    from django_leases.worker.claims import FINISHING, Outcome
+    from django_leases.worker.settling import Settling
+
+    discarded = []
+    settling = SimpleNamespace(book=None, _discard=lambda c, o: discarded.append(o.kind))
+    for kind, written in (
+        (Kind.OK, True),
+        (Kind.ERROR, True),
+        (Kind.UNRUNNABLE, True),
+        (Kind.LOST, False),
+        (Kind.STOPPED, False),
+    ):
+        claim = a_claim()
+        assert claim.begin_release()
+        assert Settling._to_write(settling, claim, Outcome(kind)) is written
+        assert claim.state == (FINISHING if written else RELEASING)
+    assert discarded == [Kind.LOST, Kind.STOPPED]
 
 
 # Run in the parent after each start of a WatchedProcess, with it (a child unpickles the

@@ -80,7 +80,6 @@ class _Slots:
                     # The handler is done: a stop need not end the process at once for it.
                     with self._running_lock:
                         self._running -= 1
-                claim.exited.set()
                 # Before the outcome goes out: a transaction the handler left open may hold
                 # the lock on the row the main loop is about to ack or fail.
                 _drop_broken_connections()
@@ -92,13 +91,14 @@ class _Slots:
                     extra={"event": "cleanup_failed", "job_id": claim.job.pk, "error": str(e)},
                 )
             finally:
-                claim.exited.set()
                 self._done(
                     claim,
                     outcome
                     if outcome is not None
                     else _worker_error(RuntimeError("no outcome"), "while running the handler"),
                 )
+                # After the outcome is in: a stop that waits on this finds it to write.
+                claim.exited.set()
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         raise NotImplementedError

@@ -47,10 +47,6 @@ logger = logging.getLogger("django_leases.worker")
 GATHER_SECONDS = 0.001
 
 
-def _seconds(value: Any) -> str:
-    return "?" if value is None else f"{float(value):g}"
-
-
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -403,8 +399,8 @@ class Worker(Stopping):
             job.was_fence,
             # No claim is granted less than the least lease: this one was ended early
             # (expire_now(), the admin's action), as its failure record says too.
-            f"its lease of {_seconds(lease)} s ran out"
-            if lease is None or lease >= conf.MIN_LEASE_SECONDS
+            f"its lease of {float(lease):g} s ran out"
+            if lease is not None and lease >= conf.MIN_LEASE_SECONDS
             else "its lease was ended early",
             extra=claim_fields(
                 job,

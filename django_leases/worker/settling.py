@@ -100,8 +100,10 @@ class Settling:
             return False
         if outcome.kind is not Kind.LOST and (claim.begin_finish() or claim.state == FINISHING):
             return True
-        if outcome.kind is Kind.OK and claim.finish_released():
-            return True  # done before its release went: acknowledged, not run again
+        if outcome.kind not in (Kind.LOST, Kind.STOPPED) and claim.finish_released():
+            # Came back before its release went: a result is acknowledged (not run again),
+            # a failure raised before the notice recorded, as without the stop.
+            return True
         self._discard(claim, outcome)
         return False
 

@@ -173,6 +173,8 @@ class Stopping(Settling):
             if not self._unsent or self.stop_request.hurry:
                 break
         for claim, _ in self._unsent:
+            if claim.state == RELEASING:
+                continue  # its ack never went (finish_released()): released, as it was to be
             self.book.forget(claim)
             logger.error(
                 "Could not write the outcome of job=%s fence=%s worker=%s: the database is "
