@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -20,7 +21,7 @@ from django.db import connection, transaction
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
 from tests.testapp.models import Effect
-from tests.testapp.tasks import ack_then_linger, add, hold, record, stubborn
+from tests.testapp.tasks import ack_then_linger, add, hold, record, spawns, stubborn
 from tests.worker_helpers import ON_POSTGRES, PG_ONLY, Workers, process_ended, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -165,6 +166,31 @@ def test_sigstop_past_the_lease_then_sigcont_stops_the_first_handler(workers):
     for w in (a, b):
         w.signal(signal.SIGTERM)
         assert w.wait_exit() == 0
+
+
+def test_a_killed_handler_takes_the_processes_it_started_with_it(workers):
+    """(4) A process-isolated handler whose claim is lost is killed with the processes it
+    started (its process group): a subprocess left running would go on with the job while
+    another worker runs it again (before: the child alone was killed, and its `sleep`
+    outlived the worker)."""
+    result = spawns.enqueue("spawned", seconds=60)
+    a = workers.start("spawn-a", "--isolation", "process", *FAST)
+    wait_for(lambda: effects("spawned"), 20, "the handler's own process to start")
+    sleeper = Effect.objects.get(key="spawned").pid
+
+    def ended(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        return state in ("Z", "X")  # dead, whoever reaps it
+
+    assert not ended(sleeper)
+    Job.objects.filter(pk=job_of(result).pk).cancel()
+    wait_for(lambda: ended(sleeper), BEAT + 6, "the handler's own process to end")
+    assert a.events("process_killed", job_id=result.id), a.log()
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
 
 
 def test_a_handler_that_ignores_cancellation_is_killed_in_process_isolation(workers):

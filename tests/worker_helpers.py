@@ -166,10 +166,15 @@ class WorkerProcess:
         os.kill(self.pid, sig)
 
     def signal_group(self, sig: int) -> None:
-        """Signal the worker and its children at once (started with own_group=True), as
-        systemd's KillMode=control-group does."""
+        """Signal the worker and every process under it at once (started with
+        own_group=True), as systemd's KillMode=control-group does: the worker's process
+        group, and each handler child's (a child leads its own, child.py)."""
         assert self.own_group, "start the worker with own_group=True"
+        under = descendants(self.pid)
         os.killpg(self.pid, sig)
+        for pid in under:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def wait_exit(self, timeout: float = 15.0) -> int:
         try:
@@ -178,6 +183,7 @@ class WorkerProcess:
             raise AssertionError(f"{self.worker_id} did not exit:\n{self.log()[-3000:]}") from None
 
     def kill(self) -> None:
+        under = descendants(self.pid)
         if self.proc.poll() is None:
             for sig in (signal.SIGCONT, signal.SIGKILL):
                 with contextlib.suppress(ProcessLookupError):
@@ -187,7 +193,27 @@ class WorkerProcess:
             # Handler children left behind, if any.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
+        for pid in under:  # a handler child leads its own group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         self._log.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (children, theirs, ...), read from /proc (Linux)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+            text = stat.read_text()
+            parents[int(text.split(" ", 1)[0])] = int(text.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent]
+        found += children
+        frontier += children
+    return found
 
 
 class Workers:

@@ -14,6 +14,7 @@ the parent kills it with SIGKILL when it must.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -32,9 +33,29 @@ def _ignore_stop_signal(signum: int, frame: Any) -> None:
     processes a job starts could not be stopped with SIGTERM either; a handler is reset."""
 
 
+def own_group() -> bool:
+    """Whether this process leads its own process group (POSIX): what it starts joins it."""
+    return hasattr(os, "setpgid") and os.getpgid(0) == os.getpid()
+
+
+def _end_group(status: int) -> NoReturn:
+    """Exit, and end the processes the handler started with this one (its group): a worker
+    gone leaves no grandchild running the job on."""
+    if own_group():
+        with contextlib.suppress(OSError):
+            os.killpg(0, signal.SIGKILL)  # this process too
+    os._exit(status)
+
+
 def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked: Any) -> None:
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop_signal, _ignore_stop_signal)
+    if hasattr(os, "setpgid"):
+        # Its own process group, so that the worker's kill (executors.kill_handler) ends
+        # the processes the handler starts too: a subprocess left running would go on
+        # with the job after its claim was lost or released.
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
     import django
 
     django.setup()
@@ -98,7 +119,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked:
         if ending.acquire(blocking=False):
             # Armed first: a loss callback or the log write that blocks must not keep
             # this process alive.
-            threading.Timer(grace + 1.0, os._exit, args=(1,)).start()
+            threading.Timer(grace + 1.0, _end_group, args=(1,)).start()
             lost.set()
             link.fire()
             logger.warning(
@@ -118,7 +139,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked:
                 },
             )
             threading.Event().wait(grace)
-            os._exit(1)
+            _end_group(1)
         while True:  # the other caller ends the process
             threading.Event().wait(60)
 

@@ -15,6 +15,7 @@ import functools
 import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import queue
 import signal
 import threading
@@ -179,7 +180,7 @@ class ProcessExecutor(_Slots):
             children = list(self._children)
         for process in children:
             with contextlib.suppress(Exception):  # one that ended meanwhile
-                process.kill()
+                kill_handler(process)
 
     def new_flags(self) -> tuple[Any, Any, Any]:
         flag = functools.partial(self._mp.RawValue, "b", 0)
@@ -392,8 +393,23 @@ def _worker_error(exc: BaseException, doing: str) -> Outcome:
 
 def _kill(process: Any) -> None:
     """SIGKILL: the child ignores SIGTERM (child.py), and has had its grace already."""
-    process.kill()
+    kill_handler(process)
     process.join()
+
+
+def kill_handler(process: Any) -> None:
+    """SIGKILL a handler's process and what it started: its process group, which it leads
+    (child.py), or the process alone while it has yet to make the group. The process is
+    not reaped before this returns, so its id names no other process or group."""
+    pid = process.pid
+    if pid is not None and hasattr(os, "killpg"):
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+                return
+        except OSError:  # gone: kill() below is then a no-op
+            pass
+    process.kill()
 
 
 def _drop_broken_connections() -> None:

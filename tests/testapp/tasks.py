@@ -57,6 +57,30 @@ def record(key: str, first_seconds: float = 0.0, later_seconds: float = 0.0) -> 
 
 
 @task
+def spawns(key: str, seconds: float) -> None:
+    """Start a process of its own (a subprocess.run() of a tool, say) and wait, deaf to
+    cancellation; the effect names the started process's pid."""
+    import subprocess
+    import time
+
+    from django_leases.api import current_job
+
+    from .models import Effect
+
+    job = current_job()
+    sleeper = subprocess.Popen(["sleep", str(seconds)])
+    Effect.objects.create(
+        key=key,
+        job_id=job.job_id,
+        fence=job.fence,
+        worker_id=job.worker_id,
+        pid=sleeper.pid,
+        phase="start",
+    )
+    time.sleep(seconds)
+
+
+@task
 def returns_when_told(key: str) -> dict:
     """Work until told the claim is going (a stop, a lost claim), then return a result as
     a handler that finishes its batch does, instead of raising LeaseLost."""
