@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.db.models import F
 from django.db.models.functions import Now
 
 from django_leases import testing
@@ -41,6 +43,31 @@ def test_run_burst_leaves_no_expired_claim_behind_a_higher_priority_job():
         2,
         2,
     )
+
+
+@pytest.mark.skipif(
+    connection.vendor == "postgresql", reason="PostgreSQL claims in one statement: no race"
+)
+def test_a_burst_worker_whose_claim_lost_the_race_stays_while_jobs_are_claimable():
+    """(3) On SQLite and MariaDB a claim reads its rows, then takes those still as read. A
+    burst worker whose claim another took every row from (here: the row's fence moves
+    between the read and the UPDATE, as another worker's claim moves it) has nothing yet
+    while a job is still claimable: it stays and claims it (before: it left, "nothing
+    claimable", with the job pending)."""
+    result = add.enqueue(2, 3)
+    raced = []
+
+    def race(execute, sql, params, many, context):
+        if not raced and sql.lstrip().upper().startswith("UPDATE") and "claim_token" in sql:
+            raced.append(True)
+            Job.objects.filter(pk=int(result.id)).update(fence=F("fence") + 1)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(race):
+        testing.run_burst()
+    assert raced
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.state, job.result) == (JobState.SUCCEEDED, 5)
 
 
 def test_assert_ran_once_fails_for_a_job_claimed_twice():

@@ -209,17 +209,25 @@ class Worker(Stopping):
                 self._send_held(acks)  # no claim to ride with after all
                 acks = []
             if can_claim:
+                left = True
                 try:
                     got = self._claim(free, settle=first, acks=acks)
                     if not got and not first and (settle or self.burst):
                         # The slots the acks freed, should they not all have gone out.
                         free = min(self.concurrency - len(self.book), self._claims_left())
                         got = self._claim(free, settle=True) if free > 0 else 0
+                    if self.burst and not got and not self.book and not self._unsent:
+                        # A claim that took nothing may have lost every row to another
+                        # worker's (SQLite, MariaDB: read, then taken if still as read):
+                        # only no claimable job at all means done.
+                        left = (
+                            self.Job.objects.using(self.database).claim_order(self.queues).exists()
+                        )
                     self._backoff.reset()
                 except DB_ERRORS as e:
                     self._db_trouble("acknowledge and claim" if acks else "claim", e)
                     continue
-                if self.burst and not got and not self.book and not self._unsent:
+                if self.burst and not got and not self.book and not self._unsent and not left:
                     logger.info(
                         "Nothing claimable; leaving (--burst) worker=%s",
                         self.worker_id,
