@@ -15,6 +15,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
@@ -30,6 +31,7 @@ from .admin_lists import (
     LeaseAdminPaginator,
     LeaseFilter,
     QueueFilter,
+    SortableByOnlyChangeList,
     TaskFilter,
     age_seconds,
     heartbeat_seconds,
@@ -103,7 +105,7 @@ class JobAdmin(JobActions, _JobAdminBase):
     search_fields = ["id__exact", "task_path", "claimed_by__exact"]  # see get_search_fields
     search_help_text = _("A job id, part of a task path, or a worker id.")
     ordering = ["-id"]
-    sortable_by = ["id"]
+    sortable_by = ["id"]  # and ?o= for no other column (SortableByOnlyChangeList)
     list_per_page = 50
     list_max_show_all = 500
     show_full_result_count = False
@@ -147,6 +149,9 @@ class JobAdmin(JobActions, _JobAdminBase):
     readonly_fields = [
         name for _title, opts in fieldsets for name in cast("list[str]", opts["fields"])
     ]
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return SortableByOnlyChangeList
 
     def get_search_fields(self, request: HttpRequest) -> list[str]:
         # A number is a job id: searching the task names for it too would turn an index

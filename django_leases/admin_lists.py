@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -118,6 +119,17 @@ class LeaseAdminPaginator(_JobPaginatorBase):
         if (self.is_estimate or self.is_lower_bound) and page <= counted.num_pages:
             return counted.get_elided_page_range(page, on_each_side=on_each_side, on_ends=on_ends)
         return super().get_elided_page_range(page, on_each_side=on_each_side, on_ends=on_ends)
+
+
+class SortableByOnlyChangeList(ChangeList):
+    """Sorts by the columns ``sortable_by`` names, and no other: Django hides the other
+    headers' links but still takes ``?o=`` for any column, and sorting a million jobs by
+    an unindexed column is a full sort at every page."""
+
+    def get_ordering_field(self, field_name: Any) -> Any:
+        if self.sortable_by is not None and field_name not in self.sortable_by:
+            return None
+        return super().get_ordering_field(field_name)
 
 
 class CensusFilter(admin.SimpleListFilter):

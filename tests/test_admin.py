@@ -301,6 +301,27 @@ def test_counts_per_state_and_queue_above_the_list(admin_client, lease_mix):
     assert 'href="/admin/django_leases/job/?queue=emails&amp;state__exact=dead">1</a>' in page
 
 
+def test_the_job_list_sorts_by_id_whatever_the_query_string_asks(admin_client):
+    """(6) Sorting is by id only (docs/admin.md): ?o= naming another column, as a hand-made
+    or old link may, is ignored (before: Django sorted a million jobs by task path or
+    queue, an unindexed sort at every page, though no header offered it)."""
+    for path in ("b.task", "a.task", "c.task"):
+        Job.objects.enqueue(f"tests.testapp.tasks.{path}", [])
+    newest_first = list(Job.objects.order_by("-id").values_list("pk", flat=True))
+    # Column 1 is the id (0: the action checkbox); 2 the task path, 3 the queue.
+    for order, expected in (
+        ("2", newest_first),
+        ("-2.-3", newest_first),
+        ("3.1", newest_first[::-1]),
+        ("-1", newest_first),
+        ("1", newest_first[::-1]),
+    ):
+        response = admin_client.get(LIST, {"o": order})
+        assert response.status_code == 200
+        listed = [job.pk for job in response.context["cl"].result_list]
+        assert listed == expected, (order, listed)
+
+
 def test_paginator_counts_a_bounded_number_of_rows(admin_client, monkeypatch):
     """Counting stops at the bound; PostgreSQL then numbers pages from the planner's estimate."""
     monkeypatch.setattr(LeaseAdminPaginator, "exact_limit", 5)
