@@ -279,7 +279,7 @@ class OperatorVerbs(_VerbsBase):
         if since_days is not None:
             finished = finished.filter(
                 finished_at__gte=Now()
-                - Value(timedelta(days=checked_seconds("since_days", since_days)))
+                - Value(timedelta(seconds=checked_seconds("since_days", since_days * 86400)))
             )
         return (
             finished.order_by()

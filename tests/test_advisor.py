@@ -213,6 +213,27 @@ def test_command_json_and_check_exit_status():
 
 
 @pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--days", "40000"], "--days must be from 0 to 36,500, got 40000"),
+        (["--days", "99999999"], "--days must be from 0 to 36,500"),
+        (["--days", "nan"], "--days must be from 0 to 36,500, got nan"),
+        (["--headroom", "inf"], "--headroom must be from 1 to 100, got inf"),
+        (["--headroom", "nan"], "--headroom must be from 1 to 100, got nan"),
+        (["--headroom", "0.5"], "--headroom must be from 1 to 100"),
+        (["--min-lease", "nan"], "--min-lease must be from 1 to 43,200, got nan"),
+        (["--min-samples", "0"], "--min-samples must be from 1 to"),
+    ],
+)
+def test_command_options_out_of_range_are_refused_naming_them(argv, said):
+    """(6) Before: --days was checked as seconds (40000 accepted, 99999999 a DataError
+    traceback), --headroom inf or nan a traceback, --min-lease nan accepted and a 9 s
+    lease recommended below it."""
+    with pytest.raises(CommandError, match=re.escape(said)):
+        call_command("lease_report", *argv, stdout=StringIO())
+
+
+@pytest.mark.parametrize(
     ("value", "text"),
     [(0.25, "0.25 s"), (4.5, "4.5 s"), (12, "12 s"), (500, "8.3 min"), (7200, "2.0 h")],
 )

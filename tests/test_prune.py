@@ -10,7 +10,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection, connections, transaction
 from django.db.models import F
 from django.db.models.functions import Now
@@ -196,6 +196,13 @@ def tick_again(*names):
 
 def _fields(row):
     return EnqueueOptions.of({}).check(TASK)
+
+
+@pytest.mark.parametrize("days", ["1000000", "1e308", "nan", "-1"])
+def test_older_than_days_out_of_range_is_refused_naming_it(days):
+    """(6) Before: 1000000 was a DataError traceback and 1e308 an OverflowError one."""
+    with pytest.raises(CommandError, match=r"--older-than-days must be from 0 to 36,500"):
+        call_command("leases_prune", "--older-than-days", days, stdout=StringIO())
 
 
 def test_prune_deletes_old_jobs_a_schedule_made_and_unlinks_its_records():

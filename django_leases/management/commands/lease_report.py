@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from ... import advisor
+from ...conf import MAX_INTERVAL_DAYS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from ...durations import duration_text
 from ...exceptions import InvalidLeaseOption
 from .. import LeasesCommand
@@ -63,8 +64,17 @@ class Command(LeasesCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["headroom"] < 1:
-            raise CommandError("--headroom must be at least 1")
+        for option, low, high in (
+            ("days", 0, MAX_INTERVAL_DAYS),
+            ("headroom", 1, 100),
+            ("min_lease", MIN_LEASE_SECONDS, MAX_LEASE_SECONDS),
+            ("min_samples", 1, 10**9),
+        ):
+            value = options[option]
+            if not low <= value <= high:  # NaN too: no comparison holds
+                raise CommandError(
+                    f"--{option.replace('_', '-')} must be from {low:g} to {high:,}, got {value:g}"
+                )
         try:
             rows = advisor.report(
                 options["days"] or None,

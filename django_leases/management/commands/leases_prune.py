@@ -4,13 +4,12 @@ from cron (hourly is plenty)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from django.core.management.base import CommandError
 from django.db.models.functions import Now
 
-from django_leases.conf import get_options
+from django_leases.conf import MAX_INTERVAL_DAYS, get_options
 from django_leases.exceptions import InvalidLeaseOption
 from django_leases.management import LeasesCommand
 from django_leases.models import Job, ScheduleRun
@@ -65,8 +64,10 @@ class Command(LeasesCommand):
         except InvalidLeaseOption as e:
             raise CommandError(str(e)) from e
         days = lease_options.retention_days if older_than_days is None else older_than_days
-        if not 0 <= days < math.inf:
-            raise CommandError(f"--older-than-days must be a finite number >= 0, got {days:g}")
+        if not 0 <= days <= MAX_INTERVAL_DAYS:  # NaN too: no comparison holds
+            raise CommandError(
+                f"--older-than-days must be from 0 to {MAX_INTERVAL_DAYS:,}, got {days:g}"
+            )
         if batch_size < 1:
             raise CommandError(f"--batch-size must be >= 1, got {batch_size}")
         jobs = Job.objects.using(lease_options.database)
