@@ -506,11 +506,12 @@ def test_a_stop_signal_still_stops_the_worker(workers, isolation):
 
 
 @workers_db
-def test_ctrl_c_to_the_process_group_releases_a_handler_that_reenabled_sigint(workers):
-    """Ctrl-C reaches the worker and its children at once. A process-isolated handler that
-    put Python's SIGINT handler back raises KeyboardInterrupt; the worker is stopping, so
-    that is its stop, not the job's failure: the job is released, the attempt not
-    counted, as when a child dies of the signal (3)."""
+def test_sigint_to_every_process_releases_a_handler_that_reenabled_sigint(workers):
+    """SIGINT sent to every process of the service at once (a cgroup-wide kill: a handler
+    child leads its own process group, so a terminal's Ctrl-C does not reach it). A
+    process-isolated handler that put Python's SIGINT handler back raises
+    KeyboardInterrupt; the worker is stopping, so that is its stop, not the job's failure:
+    the job is released, the attempt not counted, as when a child dies of the signal (3)."""
     result = t.interruptible.enqueue(_key("ctrl-c"), 60)
     worker = workers.start(
         "ctrl-c", *STEADY, "--isolation", "process", "--grace", "20", own_group=True

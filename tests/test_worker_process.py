@@ -189,6 +189,12 @@ def test_a_killed_handler_takes_the_processes_it_started_with_it(workers):
     Job.objects.filter(pk=job_of(result).pk).cancel()
     wait_for(lambda: ended(sleeper), BEAT + 6, "the handler's own process to end")
     assert a.events("process_killed", job_id=result.id), a.log()
+    # A handler process that ends by itself (a crash) takes them with it too, before its
+    # job is retried (before: the retry ran beside the last attempt's subprocess).
+    crashed = spawns.using_lease(max_attempts=1).enqueue("crashed", seconds=60, crash=True)
+    wait_for(lambda: job_of(crashed).state == JobState.DEAD, 20, "the crash to be recorded")
+    crashed_sleeper = Effect.objects.get(key="crashed").pid
+    wait_for(lambda: ended(crashed_sleeper), 5, "the crashed handler's own process to end")
     a.signal(signal.SIGTERM)
     assert a.wait_exit() == 0
 

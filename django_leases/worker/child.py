@@ -6,10 +6,11 @@ fenced() they commit with the handler's writes (checkpoints.py). The parent sets
 lost flag when the claim goes; a watcher thread turns that into current_job().lost and
 cancels an async handler.
 
-Stop signals go to more than the worker: Ctrl-C reaches the terminal's whole process
-group, systemd (KillMode=control-group) and container runtimes signal every process of the
-unit. Only the parent decides when a job stops, so the child ignores SIGINT and SIGTERM;
-the parent kills it with SIGKILL when it must.
+Stop signals go to more than the worker: systemd (KillMode=control-group) and container
+runtimes signal every process of the unit. Only the parent decides when a job stops, so
+the child ignores SIGINT and SIGTERM; the parent kills it with SIGKILL when it must, with
+the processes the handler started: the child leads its own process group (so Ctrl-C in
+a terminal, sent to the worker's group, does not reach it either).
 """
 
 from __future__ import annotations
@@ -33,18 +34,14 @@ def _ignore_stop_signal(signum: int, frame: Any) -> None:
     processes a job starts could not be stopped with SIGTERM either; a handler is reset."""
 
 
-def own_group() -> bool:
-    """Whether this process leads its own process group (POSIX): what it starts joins it."""
-    return hasattr(os, "setpgid") and os.getpgid(0) == os.getpid()
-
-
-def _end_group(status: int) -> NoReturn:
-    """Exit, and end the processes the handler started with this one (its group): a worker
-    gone leaves no grandchild running the job on."""
-    if own_group():
+def _end_group() -> NoReturn:
+    """End this process and the processes the handler started (its group, which it leads):
+    a worker gone leaves no grandchild running the job on. Killed, not exited: SIGKILL
+    to the group reaches this process too."""
+    if hasattr(os, "killpg") and os.getpgid(0) == os.getpid():
         with contextlib.suppress(OSError):
-            os.killpg(0, signal.SIGKILL)  # this process too
-    os._exit(status)
+            os.killpg(0, signal.SIGKILL)
+    os._exit(1)
 
 
 def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked: Any) -> None:
@@ -53,9 +50,14 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked:
     if hasattr(os, "setpgid"):
         # Its own process group, so that the worker's kill (executors.kill_handler) ends
         # the processes the handler starts too: a subprocess left running would go on
-        # with the job after its claim was lost or released.
+        # with the job after its claim was lost or released. Out of the terminal's
+        # foreground group, stdin is /dev/null: a subprocess that read the terminal (a
+        # prompt, stty) would be stopped by the kernel, holding its job.
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.close(devnull)
     import django
 
     django.setup()
@@ -119,7 +121,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked:
         if ending.acquire(blocking=False):
             # Armed first: a loss callback or the log write that blocks must not keep
             # this process alive.
-            threading.Timer(grace + 1.0, _end_group, args=(1,)).start()
+            threading.Timer(grace + 1.0, _end_group).start()
             lost.set()
             link.fire()
             logger.warning(
@@ -139,7 +141,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked:
                 },
             )
             threading.Event().wait(grace)
-            _end_group(1)
+            _end_group()
         while True:  # the other caller ends the process
             threading.Event().wait(60)
 

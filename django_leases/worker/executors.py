@@ -244,8 +244,8 @@ class ProcessExecutor(_Slots):
             return self._supervise(claim, process, ours)
         finally:
             ours.close()
-            if process.is_alive():
-                _kill(process)
+            # Alive or not: what the handler started may outlive it (its group).
+            kill_handler(process)
             process.join()
             self._forget_child(process)
 
@@ -329,8 +329,9 @@ class ProcessExecutor(_Slots):
             and outcome.exception_class_path == "builtins.KeyboardInterrupt"
             and self._stopping_within(KILL_GRACE_SECONDS)
         ):
-            # Ctrl-C reached the whole process group and a handler that had put Python's
-            # SIGINT handler back: the worker's stop, not the job's failure.
+            # SIGINT sent to every process of the service (a cgroup-wide kill) reached a
+            # handler that had put Python's SIGINT handler back: the worker's stop, not the
+            # job's failure.
             return Outcome(Kind.STOPPED, message="handler interrupted while the worker stopped")
         return outcome
 
@@ -399,17 +400,15 @@ def _kill(process: Any) -> None:
 
 def kill_handler(process: Any) -> None:
     """SIGKILL a handler's process and what it started: its process group, which it leads
-    (child.py), or the process alone while it has yet to make the group. The process is
-    not reaped before this returns, so its id names no other process or group."""
+    (child.py), and the process itself, should it not have made the group yet. Also once
+    the process has ended: the group's id is its pid, which no new process gets while the
+    group has members, nor soon after (Linux hands pids out in turn)."""
     pid = process.pid
     if pid is not None and hasattr(os, "killpg"):
-        try:
-            if os.getpgid(pid) == pid:
-                os.killpg(pid, signal.SIGKILL)
-                return
-        except OSError:  # gone: kill() below is then a no-op
-            pass
-    process.kill()
+        with contextlib.suppress(OSError):  # no such group: not made yet, or all ended
+            os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):  # ended and reaped meanwhile
+        process.kill()
 
 
 def _drop_broken_connections() -> None:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..worker_helpers import read_records, wait_for
+from ..worker_helpers import descendants, read_records, wait_for
 from .cluster import Cluster
 from .proxy import Proxy
 
@@ -191,9 +191,13 @@ class Worker:
         return self.log_path.read_text(errors="replace")
 
     def reap(self) -> None:
+        under = descendants(self.pid)  # a handler child leads its own group (child.py)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGCONT)
             os.killpg(self.pid, signal.SIGKILL)
+        for pid in under:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
         self._log.close()

@@ -57,9 +57,11 @@ def record(key: str, first_seconds: float = 0.0, later_seconds: float = 0.0) -> 
 
 
 @task
-def spawns(key: str, seconds: float) -> None:
+def spawns(key: str, seconds: float, crash: bool = False) -> None:
     """Start a process of its own (a subprocess.run() of a tool, say) and wait, deaf to
-    cancellation; the effect names the started process's pid."""
+    cancellation, or (``crash``) end its own process at once; the effect names the started
+    process's pid."""
+    import os
     import subprocess
     import time
 
@@ -77,6 +79,8 @@ def spawns(key: str, seconds: float) -> None:
         pid=sleeper.pid,
         phase="start",
     )
+    if crash:
+        os._exit(3)
     time.sleep(seconds)
 
 

@@ -73,7 +73,7 @@ class Command(LeasesCommand):
             value = options[option]
             if not low <= value <= high:  # NaN too: no comparison holds
                 raise CommandError(
-                    f"--{option.replace('_', '-')} must be from {low:g} to {high:,}, got {value:g}"
+                    f"--{option.replace('_', '-')} must be from {low:g} to {high:,}, got {value!r}"
                 )
         try:
             rows = advisor.report(
