@@ -681,6 +681,24 @@ def test_actions_that_stop_or_delete_ask_first_and_change_nothing_until_confirme
     assert act(operator, action, [job])[0].startswith("1 of 1 ")
 
 
+def test_the_confirmation_names_the_owner_of_a_claimed_job_only(operator):
+    """A job whose attempt failed and waits for its retry keeps the id of its last worker
+    in claimed_by; the page asking to cancel it names an owner only for a job that is
+    claimed (before: "claimed by w2" for a pending job no worker held)."""
+    held = claimed_job("w1")
+    released = claimed_job("w2")
+    assert Job.objects.fail(released, message="boom", retry=True)
+    page = unescape(
+        operator.post(
+            LIST, {"action": "cancel", "_selected_action": [held.pk, released.pk]}
+        ).content.decode()
+    )
+    assert f"{held} — claimed by w1" in page
+    released = Job.objects.get(pk=released.pk)
+    assert released.claimed_by == "w2" and released.state == JobState.PENDING
+    assert f"{released}</li>" in page and "claimed by w2" not in page
+
+
 def test_a_confirmed_action_across_every_page_acts_on_the_filtered_jobs(operator):
     """select_across carries through the question: the filter, not the page, is acted on."""
     expired = [claimed_job("w1", expires_in=-5) for _ in range(3)]
