@@ -161,7 +161,7 @@ class EnqueueOptions:
         from .exceptions import InvalidLeaseOption
         from .retry import Retry, checked_ladder
 
-        checked_text("task_path", task_path, TASK_PATH_LENGTH)
+        task_path = checked_text("task_path", task_path, TASK_PATH_LENGTH)
         self._check_choices()
         lease, attempts = self.lease_seconds, self.max_attempts
         if defaults is not None:
@@ -198,15 +198,17 @@ class EnqueueOptions:
         if defaults is None:
             return None
         # The defaults filled both in when they were None.
+        # Names as plain str (checked_text()): a caller's subclass could answer the
+        # driver's encode() for itself.
         return JobFields(
             task_path,
-            self.queue_name,
+            checked_text("queue_name", self.queue_name, 100),
             checked_priority(self.priority),
             cast(float, lease),
             cast(int, attempts),
             retry,
             self.on_lease_lost,
-            self.unique_key,
+            None if self.unique_key is None else checked_text("unique_key", self.unique_key, 200),
             self.on_duplicate,
             run_after,
             delay,

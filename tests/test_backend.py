@@ -126,6 +126,8 @@ def test_get_results_reads_ids_as_get_result_does_and_keys_them_as_results():
     with pytest.raises(TypeError, match="result_ids must be an iterable of result ids"):
         backend.get_results(str(one.pk))
     assert backend.get_results([]) == {}
+    # None of the ids that name no job names one alone either.
+    assert backend.get_results([f"0{one.pk}", True, "abc", 2**70, -1, None]) == {}
 
 
 def test_a_row_naming_an_undeclared_function_is_never_imported():

@@ -362,6 +362,14 @@ def test_a_str_subclass_cannot_hide_what_a_database_refuses():
         with pytest.raises(InvalidLeaseOption, match=said):
             Job.objects.enqueue(TASK, [1, 2], **{option: bad})
     assert Job.objects.count() == jobs
+    # One that passes is stored as its plain value, not as what its methods say.
+    job = Job.objects.enqueue(
+        TASK, [1, 2], unique_key=_ShortSpoken("key-1"), queue_name=_ShortSpoken("default")
+    )
+    assert Job.objects.values_list("unique_key", "queue_name").get(pk=job.pk) == (
+        "key-1",
+        "default",
+    )
 
 
 def test_arguments_past_the_size_every_database_stores_are_refused_naming_them():
