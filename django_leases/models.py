@@ -167,6 +167,9 @@ class WorkerProcess(models.Model):
     """A run_lease_worker process, as it last reported itself (times on the DB clock)."""
 
     worker_id = models.CharField(_("worker id"), max_length=200, unique=True)
+    # A token of the process that holds the id now: a second process started under the same
+    # id neither marks this one stopped nor passes for it (WorkerQuerySet.register()).
+    instance = models.CharField(_("instance"), max_length=32, default="", editable=False)
     hostname = models.CharField(_("host"), max_length=255)
     pid = models.PositiveIntegerField(_("pid"))
     queues = models.JSONField(_("queues"), default=list)

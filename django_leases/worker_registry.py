@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
-from django.db import models
+from django.db import IntegrityError, models, transaction
 from django.db.models import Case, Q, Value, When
 from django.db.models.functions import Now
 
@@ -19,24 +19,54 @@ if TYPE_CHECKING:
 class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
     """The worker processes' own rows (times on the database clock)."""
 
-    def register(self, worker_id: str, *, hostname: str, pid: int, queues: list[str]) -> None:
-        self.update_or_create(
-            worker_id=worker_id,
-            defaults={
-                "hostname": hostname,
-                "pid": pid,
-                "queues": queues,
-                "started_at": Now(),
-                "last_seen_at": Now(),
-                "stopped_at": None,
-            },
+    def register(
+        self,
+        worker_id: str,
+        *,
+        instance: str,
+        hostname: str,
+        pid: int,
+        queues: list[str],
+        heartbeat_seconds: float,
+    ) -> WorkerProcess | None:
+        """Take ``worker_id`` for the process ``instance`` names and return None; or, while
+        another process holds the id (not stopped, seen within two heartbeat periods),
+        return its row, annotated with ``db_now``, and take nothing.
+
+        Two live processes under one id would read as one: the first to stop would mark
+        the other's healthy claims as a gone worker's. A stopped or silent holder is
+        taken over; a new id is inserted, and a racing insert reads as a live holder.
+        """
+        fields = {
+            "instance": instance,
+            "hostname": hostname,
+            "pid": pid,
+            "queues": queues,
+            "started_at": Now(),
+            "last_seen_at": Now(),
+            "stopped_at": None,
+        }
+        rows = self.filter(worker_id=worker_id)
+        while True:
+            if rows.filter(self._gone_q(heartbeat_seconds) | Q(instance=instance)).update(**fields):
+                return None
+            try:
+                with transaction.atomic(using=self.db):
+                    self.create(worker_id=worker_id, **fields)
+                return None
+            except IntegrityError:
+                holder = rows.annotate(db_now=Now()).first()
+            if holder is not None:
+                return holder
+
+    def seen(self, worker_id: str, instance: str) -> int:
+        """1 while this process still holds its id; 0 once another took it over."""
+        return self.filter(worker_id=worker_id, instance=instance).update(last_seen_at=Now())
+
+    def stopped(self, worker_id: str, instance: str) -> int:
+        return self.filter(worker_id=worker_id, instance=instance).update(
+            last_seen_at=Now(), stopped_at=Now()
         )
-
-    def seen(self, worker_id: str) -> int:
-        return self.filter(worker_id=worker_id).update(last_seen_at=Now())
-
-    def stopped(self, worker_id: str) -> int:
-        return self.filter(worker_id=worker_id).update(last_seen_at=Now(), stopped_at=Now())
 
     # -- admin views -------------------------------------------------------------------
 

@@ -98,9 +98,21 @@ def seconds_in(pattern: str, cells: list[str]) -> int:
 def jobs():
     """A small, lifelike queue: running, expired, stalled, failed, done and waiting jobs."""
     WorkerProcess.objects.register(
-        "web-1:4242", hostname="web-1", pid=4242, queues=["default", "emails"]
+        "web-1:4242",
+        instance="test",
+        heartbeat_seconds=10,
+        hostname="web-1",
+        pid=4242,
+        queues=["default", "emails"],
     )
-    WorkerProcess.objects.register("web-2:977", hostname="web-2", pid=977, queues=["reports"])
+    WorkerProcess.objects.register(
+        "web-2:977",
+        instance="test",
+        heartbeat_seconds=10,
+        hostname="web-2",
+        pid=977,
+        queues=["reports"],
+    )
     WorkerProcess.objects.filter(worker_id="web-2:977").update(last_seen_at=Now() - seconds(340))
     healthy = claim("web-1:4242", "shop.tasks.send_receipt", [1042], "emails")
     expired = claim("web-2:977", "shop.tasks.build_report", [{"month": "2026-10"}], "reports")

@@ -233,7 +233,10 @@ class Workers:
         own_group: bool = False,
         env_extra: dict[str, str] | None = None,
         log_format: str = "json",
+        log_name: str | None = None,
     ) -> WorkerProcess:
+        """Start ``run_lease_worker --worker-id worker_id *args``, logging to
+        ``log_name`` (default: the worker id) in the test's directory."""
         env = dict(os.environ)
         env.update(env_extra or {})
         env["LEASES_WORKER_DB_NAME"] = connection.settings_dict["NAME"]
@@ -245,7 +248,7 @@ class Workers:
         worker = WorkerProcess(
             worker_id,
             ["--log-format", log_format, *args, "-v", str(verbosity)],
-            self.tmp_path / f"{worker_id}.log",
+            self.tmp_path / f"{log_name or worker_id}.log",
             env,
             own_group,
         )

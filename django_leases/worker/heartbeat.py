@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connections
@@ -20,6 +21,7 @@ from django.db import connections
 from ..storable import first_line
 from .claims import RUNNING, ClaimBook, read_back_acks
 from .dberrors import DB_ERRORS
+from .identity import log_id_replaced
 from .logs import claim_fields
 from .vital import VitalThread
 from .waker import Waker
@@ -40,13 +42,18 @@ class Heartbeat(VitalThread):
         book: ClaimBook,
         database: str,
         worker_id: str,
+        instance: str,
         period: float,
         lease: float | None,
         waker: Waker,
+        on_replaced: Callable[[], None],
     ) -> None:
         super().__init__(worker_id=worker_id, waker=waker)
         self.book = book
         self.database = database
+        self.instance = instance
+        # Called once when the worker's row names another process (identity.py).
+        self.on_replaced: Callable[[], None] | None = on_replaced
         self.period = period
         self.lease = lease
         # time.monotonic() just before the last beat that went through began.
@@ -121,7 +128,8 @@ class Heartbeat(VitalThread):
             connections[self.database].ensure_connection()
             with connections[self.database].execute_wrapper(count):
                 held = Job.objects.using(self.database).renew([c.job for c in claims], self.lease)
-        WorkerProcess.objects.using(self.database).seen(self.worker_id)
+        if not WorkerProcess.objects.using(self.database).seen(self.worker_id, self.instance):
+            self._replaced()
         self.beat_ok_at = started
         missed = []
         for claim in claims:
@@ -168,6 +176,12 @@ class Heartbeat(VitalThread):
                     "lost": lost,
                 },
             )
+
+    def _replaced(self) -> None:
+        if self.on_replaced is not None:
+            log_id_replaced(self.worker_id)
+            self.on_replaced()
+            self.on_replaced = None
 
 
 class Watchdog(VitalThread):

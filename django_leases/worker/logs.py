@@ -27,6 +27,10 @@ EVENTS: dict[str, str] = {
     "db_back": "the database answered after the wait at start",
     "migrations_unchecked": "the migrations could not be checked at start (error)",
     "limits_unread": "the connection limits could not be read at start (error)",
+    "id_held": "another live process holds the worker id; waiting for it to stop or go "
+    "silent (host, pid)",
+    "id_taken": "the worker id was taken after that wait",
+    "id_replaced": "another process took the worker id over while this one was silent; stopping",
     "started": "the worker is registered and claiming (worker, queue)",
     "listening": "LISTEN for wake-ups is in place (PostgreSQL)",
     "listen_failed": "the wake-up connection failed; polling until it is back (error)",
@@ -106,6 +110,7 @@ FIELDS = (
     "lease",
     "error",
     "pid",
+    "host",
     "reason",
     "role",
     "signal",

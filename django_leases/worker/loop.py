@@ -27,6 +27,7 @@ from .claims import SETTLED, Claim, ClaimBook, Kind, Outcome
 from .dberrors import DB_ERRORS, contention
 from .executors import ProcessExecutor, ThreadExecutor
 from .heartbeat import Heartbeat, Watchdog
+from .identity import HELD_LOG_EVERY, default_worker_id, log_id_held, new_instance, silent_for
 from .listener import Listener
 from .logs import claim_fields
 from .running import unrunnable
@@ -45,10 +46,6 @@ logger = logging.getLogger("django_leases.worker")
 # that their acks and the claim for their slots go out together: short beside any real
 # handler, long beside the hand-off of one that does nothing.
 GATHER_SECONDS = 0.001
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class Backoff:
@@ -100,6 +97,7 @@ class Worker(Stopping):
         self.max_jobs = max_jobs
         self.grace = grace
         self.worker_id = worker_id or default_worker_id()
+        self.instance = new_instance()
         self.notify = notify
         # LISTEN_DATABASE: a direct connection when ``database`` goes through a pooler.
         self.listen_database = listen_database or database
@@ -488,19 +486,51 @@ class Worker(Stopping):
     # -- plumbing ----------------------------------------------------------------------
 
     def _register(self) -> bool:
-        while True:
+        """Take the worker id (identity.py), waiting while a live process holds it;
+        False if a stop came first."""
+        held_since: float | None = None
+        logged_at = float("-inf")
+        gone_after = 2 * self.heartbeat_seconds
+        while not self.stop_request.stopping:
             try:
-                self.WorkerProcess.objects.using(self.database).register(
+                holder = self.WorkerProcess.objects.using(self.database).register(
                     self.worker_id,
+                    instance=self.instance,
                     hostname=socket.gethostname(),
                     pid=os.getpid(),
                     queues=["*"] if self.queues is None else self.queues,
+                    heartbeat_seconds=self.heartbeat_seconds,
                 )
-                return True
             except DB_ERRORS as e:
                 self._db_trouble("register", e)
-                if self.stop_request.stopping:
-                    return False
+                continue
+            if holder is None:
+                if held_since is not None:
+                    logger.info(
+                        "Worker id %r taken after %.1f s",
+                        self.worker_id,
+                        time.monotonic() - held_since,
+                        extra={"event": "id_taken", "worker": self.worker_id},
+                    )
+                return True
+            now = time.monotonic()
+            held_since = now if held_since is None else held_since
+            if now - logged_at >= HELD_LOG_EVERY:
+                log_id_held(self.worker_id, holder, gone_after)
+                logged_at = now
+            # Look again when the holder would have been silent long enough.
+            self.waker.wait(min(max(gone_after - silent_for(holder), 0.1), self.heartbeat_seconds))
+        logger.info(
+            "Stopping on %s worker=%s: the worker id was still held; nothing was claimed",
+            self.stop_request.signal_name,
+            self.worker_id,
+            extra={
+                "event": "stopped",
+                "worker": self.worker_id,
+                "signal": self.stop_request.signal_name,
+            },
+        )
+        return False
 
     def _executor(self) -> Any:
         if self.isolation == "process":
@@ -519,9 +549,11 @@ class Worker(Stopping):
             book=self.book,
             database=self.database,
             worker_id=self.worker_id,
+            instance=self.instance,
             period=self.heartbeat_seconds,
             lease=self.lease,
             waker=self.waker,
+            on_replaced=lambda: self.stop_request.request("worker id taken over"),
         )
         watchdog = Watchdog(
             book=self.book,

@@ -54,6 +54,7 @@ class Stopping(Settling):
 
     if TYPE_CHECKING:
         WorkerProcess: type[WorkerProcessModel]
+        instance: str
         grace: float
         poll: float
         isolation: str
@@ -101,7 +102,9 @@ class Stopping(Settling):
         self._settle_before_exit()
         self._call_until_done(
             "mark stopped",
-            lambda: self.WorkerProcess.objects.using(self.database).stopped(self.worker_id),
+            lambda: self.WorkerProcess.objects.using(self.database).stopped(
+                self.worker_id, self.instance
+            ),
         )
         self._release_all(unfinished)
         logger.info(

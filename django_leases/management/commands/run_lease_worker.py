@@ -145,8 +145,8 @@ class Command(LeasesCommand):
         """Wait for the database before Django's system checks, some of which query it
         (a GeneratedField's, MySQL's features): started while the database is down or
         full, the worker waits as it does for any outage, then checks and starts."""
+        from ...worker.identity import default_worker_id
         from ...worker.logs import configure
-        from ...worker.loop import default_worker_id
         from ...worker.startup import wait_for_database
 
         configure(options["verbosity"], options["log_format"])

@@ -1,0 +1,65 @@
+"""The worker's id, and one live process per id.
+
+The admin tells claims apart by the id of the worker that holds them; a worker that stops
+marks its id stopped, and the claims of a stopped worker read as stalled. Two processes
+started with the same ``--worker-id`` would share one row, and the first to stop would
+make the other's healthy claims look like a gone worker's. So a process takes its id only
+from a holder that stopped or has been silent for two heartbeat periods (a crashed
+predecessor of a restart), waits while a live one holds it, and stops if another process
+takes it over while it was silent itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+logger = logging.getLogger("django_leases.worker")
+
+# How often a process waiting for its id says so again.
+HELD_LOG_EVERY = 60.0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def new_instance() -> str:
+    """This process's token in its worker row (WorkerProcess.instance)."""
+    return uuid.uuid4().hex
+
+
+def silent_for(holder: Any) -> float:
+    """Seconds since the holder's last heartbeat, on the database clock."""
+    seconds: float = (holder.db_now - holder.last_seen_at).total_seconds()
+    return max(seconds, 0.0)
+
+
+def log_id_held(worker_id: str, holder: Any, gone_after: float) -> None:
+    logger.warning(
+        "Worker id %r is held by a live process host=%s pid=%s, seen %.1f s ago; waiting "
+        "until it stops or is silent for %g s. Give each worker its own --worker-id",
+        worker_id,
+        holder.hostname,
+        holder.pid,
+        silent_for(holder),
+        gone_after,
+        extra={
+            "event": "id_held",
+            "worker": worker_id,
+            "host": holder.hostname,
+            "pid": holder.pid,
+        },
+    )
+
+
+def log_id_replaced(worker_id: str) -> None:
+    logger.error(
+        "Worker id %r was taken over by another process while this one could not reach "
+        "the database; stopping",
+        worker_id,
+        extra={"event": "id_replaced", "worker": worker_id},
+    )

@@ -1,0 +1,126 @@
+"""One live process per worker id (worker/identity.py, WorkerQuerySet.register()).
+
+Two processes sharing an id would share one worker row: the first to stop marks it
+stopped, and the other's healthy claims then read as a gone worker's, which the admin's
+"Expire stalled claims now" ends: a second execution while the first still runs
+(invariant 4). So a second process waits for the id, and a stale one never writes the row.
+"""
+
+from __future__ import annotations
+
+import signal
+from datetime import timedelta
+
+import pytest
+from django.db.models.functions import Now
+
+from django_leases.models import Job, WorkerProcess
+from django_leases.states import JobState
+from django_leases.worker.identity import silent_for
+from tests.testapp.models import Effect
+from tests.testapp.tasks import add, record
+from tests.worker_helpers import BEAT, FAST, job_of, wait_for
+
+
+def register(worker_id: str, instance: str, pid: int = 1) -> WorkerProcess | None:
+    return WorkerProcess.objects.register(
+        worker_id, instance=instance, hostname="h", pid=pid, queues=["*"], heartbeat_seconds=10
+    )
+
+
+def silence(worker_id: str, seconds: float) -> None:
+    WorkerProcess.objects.filter(worker_id=worker_id).update(
+        last_seen_at=Now() - timedelta(seconds=seconds)
+    )
+
+
+@pytest.mark.django_db
+def test_a_live_holder_keeps_its_id_and_its_row_from_a_second_process():
+    """(4) The second process takes nothing, and its heartbeat and its stop touch none of
+    the first's row: the first's claims never read as a gone worker's."""
+    assert register("twin", "first", pid=1) is None
+    holder = register("twin", "second", pid=2)
+    assert holder is not None
+    assert (holder.instance, holder.pid) == ("first", 1)
+    assert 0 <= silent_for(holder) < 10
+    assert WorkerProcess.objects.seen("twin", "second") == 0
+    assert WorkerProcess.objects.stopped("twin", "second") == 0
+    row = WorkerProcess.objects.get(worker_id="twin")
+    assert (row.instance, row.pid, row.stopped_at) == ("first", 1, None)
+    assert not WorkerProcess.objects.gone(10).exists()
+    # Silent for less than two periods (20 s of 10 s beats): still live.
+    silence("twin", 19)
+    assert register("twin", "second", pid=2) is not None
+    # The holder itself registering again (a retry whose first answer was lost) keeps it.
+    assert register("twin", "first", pid=1) is None
+    assert WorkerProcess.objects.seen("twin", "first") == 1
+
+
+@pytest.mark.django_db
+def test_an_id_is_taken_from_a_stopped_or_silent_holder_which_then_writes_nothing():
+    """A restart after a clean stop takes its id at once; after a crash, once the dead
+    holder has been silent for two heartbeat periods. The old holder, should it come
+    back, finds its row gone to the new process (seen() touches nothing, 2)."""
+    register("stopped", "old")
+    assert WorkerProcess.objects.stopped("stopped", "old") == 1
+    register("crashed", "old")
+    silence("crashed", 21)
+    for worker_id in ("stopped", "crashed"):
+        assert register(worker_id, "new", pid=2) is None
+        row = WorkerProcess.objects.get(worker_id=worker_id)
+        assert (row.instance, row.pid, row.stopped_at) == ("new", 2, None)
+        assert WorkerProcess.objects.seen(worker_id, "old") == 0
+        assert WorkerProcess.objects.stopped(worker_id, "old") == 0
+        assert WorkerProcess.objects.get(worker_id=worker_id).stopped_at is None
+
+
+def effects(key: str) -> list[str]:
+    return list(Effect.objects.filter(key=key).values_list("phase", flat=True))
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("end", ["SIGTERM", "SIGKILL"])
+def test_a_worker_started_under_a_live_id_waits_for_it_and_then_serves(workers, end):
+    """The second run_lease_worker under one --worker-id logs id_held and claims nothing
+    while the first is alive; once the first stops (SIGTERM) or has been silent for two
+    heartbeat periods (SIGKILL), it takes the id, logs id_taken and serves (3)."""
+    first = workers.start("twin", *FAST, log_name="twin-first")
+    second = workers.start("twin", *FAST, ready=False, log_name="twin-second")
+    held = second.wait_event("id_held", timeout=60, worker="twin")
+    assert held["pid"] == first.pid, held
+    running = record.enqueue("twin-running", first_seconds=60)
+    wait_for(lambda: effects("twin-running"), 20, "the first worker's handler to start")
+    assert job_of(running).claimed_by == "twin"
+    assert not second.events("started") and not second.events("claimed"), second.log()[-3000:]
+    first.signal(getattr(signal, end))
+    if end == "SIGTERM":
+        assert first.wait_exit(30) == 0
+    second.wait_event("id_taken", timeout=30, worker="twin")
+    second.wait_event("started", timeout=30, worker="twin")
+    row = WorkerProcess.objects.get(worker_id="twin")
+    assert (row.pid, row.stopped_at) == (second.pid, None)
+    done = add.enqueue(2, 3)
+    wait_for(lambda: job_of(done).state == JobState.SUCCEEDED, 30, "the second worker's ack")
+    assert second.events("acked", job_id=job_of(done).pk), second.log()[-3000:]
+    second.signal(signal.SIGTERM)
+    assert second.wait_exit(30) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_whose_id_was_taken_over_stops_and_leaves_the_row_to_the_new_holder(workers):
+    """A worker that finds its row naming another process (taken over while it could not
+    reach the database) logs id_replaced and stops as on SIGTERM: its running job is
+    released (3), and its stop does not mark the new holder's row stopped."""
+    job = record.enqueue("replaced-running", first_seconds=60)
+    worker = workers.start("replaced", "--grace", "1", *FAST)
+    wait_for(lambda: effects("replaced-running"), 20, "the handler to start")
+    WorkerProcess.objects.filter(worker_id="replaced").update(instance="newcomer")
+    worker.wait_event("id_replaced", timeout=10 * BEAT + 10, worker="replaced")
+    worker.wait_event("stopping", signal="worker id taken over")
+    assert worker.wait_exit(30) == 0
+    row = WorkerProcess.objects.get(worker_id="replaced")
+    assert (row.instance, row.stopped_at) == ("newcomer", None)
+    released = Job.objects.get(pk=job_of(job).pk)
+    assert (released.state, released.attempts) == (JobState.PENDING, 0), worker.log()[-3000:]
