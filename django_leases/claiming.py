@@ -27,8 +27,9 @@ from django.db.models.functions import Now
 
 from . import conf
 from .deadlocks import retry_deadlock_victims
+from .endings import PARK, ending, log_ended
 from .lease_statements import checked_lease, lease_end_by_job, on_postgresql, pg_answer, pg_sql
-from .states import DeadReason, FailureKind, JobState, LeaseLostPolicy
+from .states import FailureKind, JobState
 
 if TYPE_CHECKING:
     from .models import Job
@@ -46,21 +47,6 @@ def _count_if_expired() -> Case:
         default=F("leases_lost"),
         output_field=models.PositiveIntegerField(),
     )
-
-
-def _ending(job: Any) -> str | None:
-    """How a claim candidate ends instead of being claimed: a dead reason, "park", or None."""
-    if job.past_deadline:
-        return DeadReason.DEADLINE
-    if job.state != JobState.CLAIMED:
-        return None
-    if job.on_lease_lost == LeaseLostPolicy.DEAD:
-        return DeadReason.LEASE_LOST
-    if job.on_lease_lost == LeaseLostPolicy.PARK:
-        return "park"
-    if job.attempts >= job.max_attempts:
-        return DeadReason.ATTEMPTS
-    return None
 
 
 def _granted_lease(job: Job) -> float | None:
@@ -444,11 +430,11 @@ class ClaimVerbs(_VerbsBase):
         if not candidates:
             return []
         manager = self.model._default_manager.using(db)
-        endings = {j.pk: _ending(j) for j in candidates}
-        ending = {pk: e for pk, e in endings.items() if e is not None}
-        if ending:
-            self._settle(db, [j for j in candidates if j.pk in ending], ending)
-        wanted = [j for j in candidates if j.pk not in ending]
+        endings = {j.pk: ending(j) for j in candidates}
+        ends = {pk: e for pk, e in endings.items() if e is not None}
+        if ends:
+            self._settle(db, [j for j in candidates if j.pk in ends], ends, worker_id)
+        wanted = [j for j in candidates if j.pk not in ends]
         if not wanted:
             return []
         tokens = {j.pk: uuid.uuid4() for j in wanted}
@@ -522,17 +508,18 @@ class ClaimVerbs(_VerbsBase):
             ]
         )
 
-    def _settle(self, db: str, jobs: list[Job], ending: dict[Any, str]) -> None:
-        """End candidates that must not run again: dead-letter them, or park them."""
+    def _settle(self, db: str, jobs: list[Job], ends: dict[Any, str], worker_id: str) -> None:
+        """End candidates that must not run again: dead-letter them, or park them; each is
+        logged once the claim's transaction commits (endings.py)."""
         manager = self.model._default_manager.using(db)
         with transaction.atomic(using=db):
-            lost = []
+            lost, ended = [], []
             for job in jobs:
-                reason = ending[job.pk]
-                if reason == "park":
+                how = ends[job.pk]
+                if how == PARK:
                     changes: dict[str, Any] = {"state": JobState.PENDING, "available_at": None}
                 else:
-                    changes = {"state": JobState.DEAD, "dead_reason": reason, "finished_at": Now()}
+                    changes = {"state": JobState.DEAD, "dead_reason": how, "finished_at": Now()}
                 # One conditional UPDATE per job: state and token pin the row as it was found.
                 if (
                     manager.claimable()
@@ -544,7 +531,10 @@ class ClaimVerbs(_VerbsBase):
                         **changes,
                     )
                     == 1
-                    and job.state == JobState.CLAIMED
                 ):
-                    lost.append(job)
+                    ended.append((job, how))
+                    if job.state == JobState.CLAIMED:
+                        lost.append(job)
             self._record_expired(db, lost)
+            if ended:
+                transaction.on_commit(lambda: log_ended(worker_id, ended), using=db)

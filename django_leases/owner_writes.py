@@ -11,6 +11,7 @@ that just finished ride with the worker's next woken claim (``ack_and_claim_rows
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -46,6 +47,22 @@ _ACK_UPDATE = """UPDATE {job} AS j SET
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[]) AS v(id, token, result)
     WHERE j.id = v.id AND j.claim_token = v.token AND j.state = '{claimed}'
     RETURNING j.id"""
+
+
+@dataclass(frozen=True)
+class RecordedFailure:
+    """fail()'s answer when the claim still owned the job: the attempt recorded, and where
+    the job went: "pending", to run again in ``retry_in`` seconds (database clock), or
+    "dead", with its ``dead_reason``."""
+
+    attempt: int
+    state: str
+    dead_reason: str
+    retry_in: float | None
+
+    @property
+    def dead(self) -> bool:
+        return self.state == JobState.DEAD
 
 
 class OwnerVerbs(ClaimVerbs):
@@ -261,8 +278,9 @@ class OwnerVerbs(ClaimVerbs):
         retry: bool = True,
         retry_in: float | None = None,
         kind: str = FailureKind.EXCEPTION,
-    ) -> bool:
-        """Record a failed attempt if ``claim`` still owns the job.
+    ) -> RecordedFailure | None:
+        """Record a failed attempt if ``claim`` still owns the job, and say where the job
+        went (RecordedFailure); None, and nothing written, once the claim is lost.
 
         The job goes back to pending while it has attempts left, its deadline has not passed
         and ``retry`` is true, due after ``retry_in`` seconds on the database clock (by
@@ -316,10 +334,10 @@ class OwnerVerbs(ClaimVerbs):
                 )
                 != 1
             ):
-                return False
+                return None
             job = (
                 self.model._default_manager.using(db)
-                .only("attempts", "fence", "claimed_by")
+                .only("attempts", "fence", "claimed_by", "state", "dead_reason")
                 .get(pk=claim.pk)
             )
             apps.get_model("django_leases", "JobFailure").objects.using(db).create(
@@ -332,7 +350,12 @@ class OwnerVerbs(ClaimVerbs):
                 message=storable_text(message, MESSAGE_LIMIT),
                 traceback=storable_text(traceback, TRACEBACK_LIMIT, keep_tail=True),
             )
-        return True
+        return RecordedFailure(
+            attempt=job.attempts,
+            state=job.state,
+            dead_reason=job.dead_reason,
+            retry_in=None if job.state == JobState.DEAD else max(retry_in, 0.0),
+        )
 
     @retry_deadlock_victims
     def release(self, claim: ClaimRef) -> bool:

@@ -46,7 +46,7 @@ def test_a_failure_past_the_deadline_dead_letters_whatever_attempts_remain():
     job = enqueue(max_attempts=10)
     [claim] = Job.objects.claim("w")
     Job.objects.filter(pk=job.pk).update(deadline=Now() - timedelta(seconds=1))
-    assert Job.objects.fail(claim, message="boom") is True
+    assert Job.objects.fail(claim, message="boom") is not None
     job.refresh_from_db()
     assert (job.state, job.dead_reason) == (JobState.DEAD, DeadReason.DEADLINE)
 
@@ -101,6 +101,54 @@ def test_a_lost_lease_of_a_non_idempotent_task_is_not_run_again(policy, state, r
         assert job.available_at is None
         assert Job.objects.filter(pk=job.pk).retry_now() == 1  # a person releases it
         assert [j.pk for j in Job.objects.claim("w3")] == [job.pk]
+
+
+@pytest.mark.parametrize(
+    ("settings", "event", "reason"),
+    [
+        ({"max_attempts": 1}, "dead_lettered", DeadReason.ATTEMPTS),
+        ({"on_lease_lost": LeaseLostPolicy.DEAD}, "dead_lettered", DeadReason.LEASE_LOST),
+        ({"on_lease_lost": LeaseLostPolicy.PARK}, "parked", "park"),
+    ],
+)
+def test_a_claim_that_ends_a_job_says_so_in_a_warning_once_committed(
+    settings, event, reason, caplog, django_capture_on_commit_callbacks
+):
+    """Invariant 3, visibly: a job the claim dead-letters or parks ran no handler that
+    would report it, so the claim logs it (a warning naming the job, why, and the worker
+    whose lease ran out), after its transaction commits. Before, nothing said so."""
+    job = enqueue(**settings)
+    Job.objects.claim("w1")
+    Job.objects.filter(pk=job.pk).expire_now()
+    caplog.set_level("INFO", logger="django_leases.worker")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert Job.objects.claim("w2") == []
+        assert not caplog.records  # not before the commit
+    [record] = caplog.records
+    assert (record.levelname, record.event, record.reason) == ("WARNING", event, reason)
+    assert (record.job_id, record.fence, record.worker, record.previous_worker) == (
+        job.pk,
+        1,
+        "w2",
+        "w1",
+    )
+    assert (record.task, record.queue) == (TASK, "default")
+
+
+def test_a_claim_rolled_back_logs_no_ending(caplog, django_capture_on_commit_callbacks):
+    """The line is the commit's: a claim whose transaction rolls back ended nothing."""
+    job = enqueue(max_attempts=1)
+    Job.objects.claim("w1")
+    Job.objects.filter(pk=job.pk).expire_now()
+    caplog.set_level("INFO", logger="django_leases.worker")
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            assert Job.objects.claim("w2") == []
+            raise RuntimeError("rolled back")
+        assert Job.objects.claim("w3") == []  # the same job, settled for good this time
+    assert Job.objects.get(pk=job.pk).state == JobState.DEAD
+    assert len(callbacks) == 1
+    assert [(r.event, r.worker) for r in caplog.records] == [("dead_lettered", "w3")]
 
 
 def test_a_job_that_keeps_losing_its_lease_ends_dead_after_max_attempts():

@@ -17,7 +17,8 @@ from django_leases import enqueue as inserts
 from django_leases.exceptions import InvalidJobArgument, InvalidLeaseOption
 from django_leases.jsonsafe import ensure_json
 from django_leases.models import Job, JobFailure
-from django_leases.states import FailureKind, JobState
+from django_leases.owner_writes import RecordedFailure
+from django_leases.states import DeadReason, FailureKind, JobState
 from django_leases.worker.listener import listen
 
 pytestmark = pytest.mark.django_db
@@ -483,7 +484,7 @@ def test_an_expired_claim_is_taken_over_and_the_old_token_can_do_nothing():
 
     assert Job.objects.renew([old]) == set()
     assert Job.objects.ack(old, "stale") is False
-    assert Job.objects.fail(old, message="stale") is False
+    assert Job.objects.fail(old, message="stale") is None
     assert Job.objects.release(old) is False
     assert Job.objects.checkpoint(old, {"at": 99}) is False
 
@@ -572,19 +573,21 @@ def test_fail_retries_until_max_attempts_then_dead_letters_with_history():
     """Invariant 3: a failing job ends dead, each attempt recorded, never lost."""
     enqueue(max_attempts=2)
     [job] = Job.objects.claim("w1")
-    assert (
-        Job.objects.fail(
-            job,
-            exception_class_path="builtins.ValueError",
-            message="boom",
-            traceback="Traceback ...",
-            retry_in=0,
-        )
-        is True
-    )
+    # fail() says where the job went: the worker logs a retry and a dead letter apart.
+    assert Job.objects.fail(
+        job,
+        exception_class_path="builtins.ValueError",
+        message="boom",
+        traceback="Traceback ...",
+        retry_in=0,
+    ) == RecordedFailure(attempt=1, state=JobState.PENDING, dead_reason="", retry_in=0.0)
     assert Job.objects.get(pk=job.pk).state == JobState.PENDING
     [job] = Job.objects.claim("w2")
-    assert Job.objects.fail(job, exception_class_path="builtins.KeyError", message="again") is True
+    assert Job.objects.fail(
+        job, exception_class_path="builtins.KeyError", message="again"
+    ) == RecordedFailure(
+        attempt=2, state=JobState.DEAD, dead_reason=DeadReason.ATTEMPTS, retry_in=None
+    )
     dead = Job.objects.get(pk=job.pk)
     assert dead.state == JobState.DEAD and dead.finished_at is not None
     history = list(
@@ -632,7 +635,7 @@ def test_ack_refuses_a_result_json_cannot_hold_and_keeps_the_claim():
     with pytest.raises(InvalidJobArgument, match="result"):
         Job.objects.ack(job, object())
     assert Job.objects.get(pk=job.pk).state == JobState.CLAIMED
-    assert Job.objects.fail(job, message="bad result") is True
+    assert Job.objects.fail(job, message="bad result") is not None
 
 
 def test_checkpoint_stores_the_cursor_and_renews_for_the_owner_only():

@@ -122,7 +122,8 @@ class Queue(RuleBasedStateMachine):
     def fail(self, data, retry):
         self._owner_write(
             data.draw(st.sampled_from(self.claims)),
-            lambda c: Job.objects.fail(c, message="boom", retry=retry),
+            # RecordedFailure for the owner, None once the claim is lost.
+            lambda c: Job.objects.fail(c, message="boom", retry=retry) is not None,
         )
 
     @precondition(lambda self: self.claims)

@@ -21,7 +21,7 @@ from django.test import override_settings
 from django_leases.models import JobFailure
 from django_leases.states import FailureKind, JobState
 from django_leases.worker import logs
-from tests.testapp.tasks import add, boom, record
+from tests.testapp.tasks import add, boom, crash_worker, record
 from tests.worker_helpers import FAST, LEASE, job_of, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -109,6 +109,34 @@ def test_json_lines_carry_the_events_and_their_fields(workers):
     started = by_event["task_running"]
     assert (started["logger"], str(started["job_id"])) == ("django.tasks", result.id)
     assert by_event["task_successful"]["task"] == "tests.testapp.tasks.add"
+
+
+@pytest.mark.slow
+def test_a_retry_is_info_and_a_dead_letter_a_warning_naming_a_killing_signal(workers):
+    """Invariant 3, visibly: a failed attempt that will run again is INFO `failed` with the
+    attempt and its retry delay; the last one is a WARNING `dead_lettered` with the reason
+    (before, both were the same INFO line). A process-isolated handler killed by a signal
+    is recorded as killed by it, not as "exited with code -9"."""
+    retried = boom.using_lease(max_attempts=2, retry=[0]).enqueue()
+    killed = crash_worker.using_lease(max_attempts=1).enqueue()
+    w = workers.start("dead-a", "--isolation", "process", "--burst", *FAST, ready=False)
+    assert w.wait_exit(timeout=60) == 0, w.log()[-3000:]
+    [failed] = w.events("failed", job_id=retried.id)
+    assert (failed["level"], failed["attempt"], failed["retry_in"]) == ("INFO", 1, 0), failed
+    assert failed["error"] == "builtins.ValueError", failed
+    [dead] = w.events("dead_lettered", job_id=retried.id)
+    assert (dead["level"], dead["attempt"], dead["reason"]) == ("WARNING", 2, "attempts"), dead
+    [dead] = w.events("dead_lettered", job_id=killed.id)
+    assert (dead["level"], dead["reason"], dead["error"]) == (
+        "WARNING",
+        "attempts",
+        "django_leases.exceptions.HandlerDied",
+    ), dead
+    assert not w.events("failed", job_id=killed.id)
+    failure = JobFailure.objects.get(job_id=int(killed.id))
+    assert failure.message == (
+        "handler process was killed by SIGKILL (out of memory, or kill -9) before returning"
+    )
 
 
 @pytest.mark.slow

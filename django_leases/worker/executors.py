@@ -144,6 +144,19 @@ class ThreadExecutor(_Slots):
         return run_task(task, job.args, job.kwargs, claim.handle, claim.link, context)
 
 
+def exit_text(exitcode: int | None) -> str:
+    """How a handler process ended, for its failure's message: a negative exit code is
+    the signal that killed it (SIGKILL, most often the kernel's out-of-memory killer)."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = " (out of memory, or kill -9)" if -exitcode == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {exitcode}"
+
+
 class ProcessExecutor(_Slots):
     """Run each job in a fresh 'spawn' child and watch it until it reports or dies.
 
@@ -316,13 +329,13 @@ class ProcessExecutor(_Slots):
             if self._died_of_stopping(process):
                 return Outcome(
                     Kind.STOPPED,
-                    message=f"handler process exited with code "
-                    f"{process.exitcode} while the worker stopped",
+                    message=f"handler process {exit_text(process.exitcode)} while the worker "
+                    "stopped",
                 )
             return Outcome(
                 Kind.ERROR,
                 exception_class_path="django_leases.exceptions.HandlerDied",
-                message=f"handler process exited with code {process.exitcode} before returning",
+                message=f"handler process {exit_text(process.exitcode)} before returning",
             )
         if (
             outcome.kind is Kind.ERROR

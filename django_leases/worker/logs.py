@@ -57,7 +57,11 @@ EVENTS: dict[str, str] = {
     "ack_rejected": "an ack matched no row: the claim was lost first",
     "ack_refused": "the database refused a result; the attempt is failed instead (error)",
     "batch_ack_refused": "the database refused a batch of acks; sent one by one (error)",
-    "failed": "an attempt failed and was recorded (error)",
+    "failed": "an attempt failed and was recorded; the job runs again (error, attempt, retry_in)",
+    "dead_lettered": "a job ended dead: its attempt failed for the last time (error, reason, "
+    "attempt), or a claim found it must not run again (reason, previous_worker)",
+    "parked": "a claim found a job whose lease ran out and whose task parks it: pending, "
+    "due never, until an operator retries it (previous_worker)",
     "fail_rejected": "a failure matched no row: the claim was lost first",
     "failure_refused": "the database refused a failure record; a minimal one follows (error)",
     "failure_dropped": "the database refused even the minimal record; the lease runs out",
@@ -112,6 +116,7 @@ FIELDS = (
     "pid",
     "host",
     "reason",
+    "retry_in",
     "role",
     "signal",
     "jobs",

@@ -212,7 +212,7 @@ class Settling:
 
     def _fail(self, claim: Claim, outcome: Outcome) -> None:
         unrunnable = outcome.kind is Kind.UNRUNNABLE
-        ok = self.Job.objects.using(self.database).fail(
+        recorded = self.Job.objects.using(self.database).fail(
             claim.job,
             exception_class_path=outcome.exception_class_path,
             message=outcome.message,
@@ -222,28 +222,53 @@ class Settling:
             kind=FailureKind.UNRUNNABLE if unrunnable else FailureKind.EXCEPTION,
         )
         self._forget(claim)
-        if ok:
-            logger.info(
-                "Failed job=%s fence=%s worker=%s error=%s: %s",
-                claim.pk,
-                claim.job.fence,
-                self.worker_id,
-                outcome.exception_class_path or outcome.kind.value,
-                outcome.message,
-                extra=claim_fields(
-                    claim.job,
-                    self.worker_id,
-                    "failed",
-                    error=outcome.exception_class_path or outcome.kind.value,
-                ),
-            )
-        else:
+        error = outcome.exception_class_path or outcome.kind.value
+        if recorded is None:
             logger.warning(
                 "Fail rejected job=%s fence=%s worker=%s: the claim was lost first",
                 claim.pk,
                 claim.job.fence,
                 self.worker_id,
                 extra=claim_fields(claim.job, self.worker_id, "fail_rejected"),
+            )
+        elif recorded.dead:
+            # The end of the job, for an operator to look at: a warning of its own.
+            logger.warning(
+                "Dead-lettered job=%s fence=%s worker=%s reason=%s attempt=%s error=%s: %s",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                recorded.dead_reason,
+                recorded.attempt,
+                error,
+                outcome.message,
+                extra=claim_fields(
+                    claim.job,
+                    self.worker_id,
+                    "dead_lettered",
+                    error=error,
+                    reason=recorded.dead_reason,
+                    attempt=recorded.attempt,
+                ),
+            )
+        else:
+            logger.info(
+                "Failed job=%s fence=%s worker=%s attempt=%s error=%s: %s; retrying in %gs",
+                claim.pk,
+                claim.job.fence,
+                self.worker_id,
+                recorded.attempt,
+                error,
+                outcome.message,
+                recorded.retry_in,
+                extra=claim_fields(
+                    claim.job,
+                    self.worker_id,
+                    "failed",
+                    error=error,
+                    attempt=recorded.attempt,
+                    retry_in=recorded.retry_in,
+                ),
             )
 
     def _ack_or_refuse(self, oks: list[tuple[Claim, Outcome]]) -> list[tuple[Claim, Outcome]]:

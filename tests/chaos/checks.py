@@ -54,6 +54,8 @@ NAMES = {
     "claimed": "claimed",
     "takeover": "claimed",
     "failed": "failed",
+    # An attempt's last failure; or a claim ending a job for good, which runs no more.
+    "dead_lettered": "failed",
     "acked": "acked",
     "ack_rejected": "ack_rejected",
     "fail_rejected": "fail_rejected",
