@@ -74,6 +74,38 @@ def test_sigterm_to_the_whole_process_group_finishes_or_releases_process_isolate
     assert phases("group-long") == ["start"] and phases("group-mortal") == ["start"]
 
 
+@pytest.mark.parametrize("nohup", [False, True], ids=["hangup", "nohup"])
+def test_sighup_stops_and_releases_as_sigterm_does_unless_started_under_nohup(workers, nohup):
+    """A closed terminal (SIGHUP) stops the worker as SIGTERM does: the process-isolated
+    job is released at once, not left claimed until its lease runs out (3); before,
+    SIGHUP killed the worker outright. Under nohup, which ignores SIGHUP, the worker
+    ignores it too and runs on."""
+    long = record.enqueue("hup-long", first_seconds=60)
+    a = workers.start(
+        "hup-a",
+        "--isolation",
+        "process",
+        "--grace",
+        "1",
+        *FAST,
+        prefix=("nohup",) if nohup else (),
+    )
+    wait_for(lambda: phases("hup-long"), 30, "the handler to start")
+    a.signal(signal.SIGHUP)
+    if nohup:
+        renewed = len(a.events("renewed"))
+        wait_for(lambda: len(a.events("renewed")) >= renewed + 2, 10, "two more renewals")
+        assert a.proc.poll() is None and not a.events("stopping"), a.log()[-3000:]
+        assert job_of(long).state == JobState.CLAIMED
+        a.signal(signal.SIGTERM)
+    assert a.wait_exit(30) == 0, a.log()[-3000:]
+    if not nohup:
+        assert a.events("stopping", signal="SIGHUP"), a.log()[-3000:]
+    job = job_of(long)
+    assert (job.state, job.attempts, job.claim_token) == (JobState.PENDING, 0, None)
+    assert a.events("released", job_id=job.pk, fence=1, worker="hup-a"), a.log()[-3000:]
+
+
 @pytest.mark.parametrize("deaf_task", [stubborn, astubborn], ids=["sync", "async"])
 def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_worker_stopped(
     workers, deaf_task

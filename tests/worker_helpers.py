@@ -96,6 +96,7 @@ class WorkerProcess:
         log_path: Path,
         env: dict[str, str],
         own_group: bool = False,
+        prefix: tuple[str, ...] = (),
     ):
         self.worker_id = worker_id
         self.log_path = log_path
@@ -103,6 +104,7 @@ class WorkerProcess:
         self._log = open(log_path, "wb")  # noqa: SIM115 -- closed in kill()
         self._read, self._records = 0, []  # records(): what of the log is parsed so far
         cmd = [
+            *prefix,  # a command that execs the worker (nohup): the pid stays the worker's
             sys.executable,
             "-m",
             "django",
@@ -234,6 +236,7 @@ class Workers:
         env_extra: dict[str, str] | None = None,
         log_format: str = "json",
         log_name: str | None = None,
+        prefix: tuple[str, ...] = (),
     ) -> WorkerProcess:
         """Start ``run_lease_worker --worker-id worker_id *args``, logging to
         ``log_name`` (default: the worker id) in the test's directory."""
@@ -251,6 +254,7 @@ class Workers:
             self.tmp_path / f"{log_name or worker_id}.log",
             env,
             own_group,
+            prefix,
         )
         self.started.append(worker)
         if ready:

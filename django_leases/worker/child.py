@@ -8,7 +8,7 @@ cancels an async handler.
 
 Stop signals go to more than the worker: systemd (KillMode=control-group) and container
 runtimes signal every process of the unit. Only the parent decides when a job stops, so
-the child ignores SIGINT and SIGTERM; the parent kills it with SIGKILL when it must, with
+the child ignores SIGINT, SIGTERM and SIGHUP; the parent kills it with SIGKILL when it must, with
 the processes the handler started: the child leads its own process group (so Ctrl-C in
 a terminal, sent to the worker's group, does not reach it either).
 """
@@ -45,7 +45,7 @@ def _end_group() -> NoReturn:
 
 
 def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked: Any) -> None:
-    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+    for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop_signal, _ignore_stop_signal)
     if hasattr(os, "setpgid"):
         # Its own process group, so that the worker's kill (executors.kill_handler) ends

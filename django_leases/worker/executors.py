@@ -351,7 +351,7 @@ class ProcessExecutor(_Slots):
     def _died_of_stopping(self, process: Any) -> bool:
         """Whether the worker is stopping. A child killed by a stop signal may die before
         the parent's own signal handler has run, so that case waits a moment for it."""
-        stop_signals = (-signal.SIGTERM, -signal.SIGINT)
+        stop_signals = (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP)
         return self._stopping_within(KILL_GRACE_SECONDS if process.exitcode in stop_signals else 0)
 
     def _stopping_within(self, seconds: float) -> bool:

@@ -1,7 +1,10 @@
-"""SIGTERM/SIGINT: the first asks for a graceful stop, the second for an immediate one.
+"""SIGTERM/SIGINT/SIGHUP: the first asks for a graceful stop, the second for an immediate one.
 
-The handler only counts and wakes the main loop; the loop does the work. Handlers are
-installed on the main thread only and the previous ones are restored afterwards.
+SIGHUP is a closed terminal (or an SSH session gone): stopping as on SIGTERM releases the
+running jobs at once instead of leaving them to their leases, unless the worker was
+started under ``nohup`` (SIGHUP ignored), which is left as it is. The handler only counts
+and wakes the main loop; the loop does the work. Handlers are installed on the main thread
+only and the previous ones are restored afterwards.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any
 
 from .waker import Waker
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class StopRequest:
@@ -42,6 +45,8 @@ class StopRequest:
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in STOP_SIGNALS:
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # nohup: the terminal's hangup is to be ignored
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def restore(self) -> None:

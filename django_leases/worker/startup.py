@@ -1,7 +1,7 @@
 """Before the worker starts: wait for a database that is down or full, as for any outage.
 
 Django's system checks and the migration check query the database, so the command waits
-here first. SIGTERM/SIGINT while waiting ends the wait, and the command exits 0.
+here first. SIGTERM/SIGINT/SIGHUP while waiting ends the wait, and the command exits 0.
 """
 
 from __future__ import annotations

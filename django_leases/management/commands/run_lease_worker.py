@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 class Command(LeasesCommand):
     help = (
         "Run jobs of a django_leases backend: claim under a lease, renew it from a "
-        "heartbeat thread, acknowledge on success. Stops gracefully on SIGTERM/SIGINT."
+        "heartbeat thread, acknowledge on success. Stops gracefully on SIGTERM, SIGINT or SIGHUP."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -111,7 +111,9 @@ class Command(LeasesCommand):
             type=float,
             default=None,
             metavar="SECONDS",
-            help=_option_help("GRACE_SECONDS", f"{defaults.grace_seconds:g}; on SIGTERM/SIGINT"),
+            help=_option_help(
+                "GRACE_SECONDS", f"{defaults.grace_seconds:g}; on SIGTERM/SIGINT/SIGHUP"
+            ),
         )
         parser.add_argument(
             "--worker-id",
@@ -157,7 +159,7 @@ class Command(LeasesCommand):
         if kwargs is not None and not wait_for_database(
             kwargs["database"], kwargs["worker_id"] or default_worker_id()
         ):
-            return None  # stopped by SIGTERM/SIGINT while waiting: a clean exit
+            return None  # stopped by a stop signal while waiting: a clean exit
         return super().execute(*args, **options)
 
     def handle(self, *args: Any, **options: Any) -> None:
