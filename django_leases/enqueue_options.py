@@ -9,7 +9,6 @@ INSERT adds to the database clock.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.utils import timezone
 
 from . import conf
-from .jsonsafe import SENT_LIMIT, ensure_json, sent_length, shown, too_large
+from .jsonsafe import SENT_LIMIT, ensure_json, shown, size_as_sent, too_large
 from .lease_statements import after_now, json_param
 from .states import LeaseLostPolicy
 
@@ -96,13 +95,6 @@ def checked_text(name: str, value: Any, longest: int) -> str:
     except UnicodeEncodeError:
         raise InvalidLeaseOption(name, f"is not valid Unicode, got {shown(value)}") from None
     return str.__str__(value)
-
-
-def sent_size(args: Any, kwargs: Any) -> int:
-    """The size of a call's args and kwargs as a database is sent them: their JSON text
-    (ASCII), each backslash and quote counted twice, as MySQL's client escapes them in the
-    statement it builds."""
-    return sent_length(json.dumps(args)) + sent_length(json.dumps(kwargs))
 
 
 # The length of Job.task_path (models.py uses it): a longer path would be refused by the
@@ -351,20 +343,12 @@ class JobFields:
         return params
 
 
-# A call whose upper bound (ensure_json's, which counts a character as up to 14) passes this
-# is measured (sent_size()): against SENT_LIMIT, and for enqueue_many() to group rows into
-# INSERTs by their size, not by a bound up to 14 times it. Smaller calls are not: a dumps()
-# of each would cost more than the grouping gains.
-MEASURED_PAST = 64 * 2**10
-
-
 def checked_arguments(
     args: Any, kwargs: Any, path: str = "", bound: list[int] | None = None
 ) -> tuple[list[Any], dict[str, Any]]:
     """JSON-safe copies of one call's ``args`` (a list or tuple) and ``kwargs`` (a dict with
     str keys, or None); InvalidJobArgument names the argument, prefixed by ``path``.
-    ``bound``, if given, has an upper bound of their size as sent appended (ensure_json's,
-    or their size itself where that bound passed MEASURED_PAST and they were measured)."""
+    ``bound``, if given, has their size as sent appended (jsonsafe.size_as_sent())."""
     from .exceptions import InvalidJobArgument
 
     if not isinstance(args, list | tuple):
@@ -379,17 +363,14 @@ def checked_arguments(
         )
     size = [0]
     call = ensure_json(args, f"{path}args", size), ensure_json(kwargs or {}, f"{path}kwargs", size)
-    if size[0] > MEASURED_PAST:  # an upper bound: only then is the call measured
-        length = sent_size(*call)
-        if length > SENT_LIMIT:
-            raise InvalidJobArgument(
-                f"{path}args/kwargs",
-                f"{too_large(length, 'their')}; pass a reference to the data (an id, a "
-                "file's path)",
-            )
-        size[0] = length
+    length = size_as_sent(size[0], *call)
+    if length > SENT_LIMIT:
+        raise InvalidJobArgument(
+            f"{path}args/kwargs",
+            f"{too_large(length, 'their')}; pass a reference to the data (an id, a file's path)",
+        )
     if bound is not None:
-        bound.append(size[0])
+        bound.append(length)
     return call
 
 

@@ -14,6 +14,7 @@ comes back the same from every other:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Sequence
 from datetime import datetime
@@ -32,6 +33,12 @@ MAX_FLOAT = 1e16
 # more, but a value accepted on one database must be on every other.
 SENT_LIMIT = 8 * 2**20
 
+# Documents whose upper bound (ensure_json's, which counts a character as up to 14) passes
+# this are measured (size_as_sent()): against SENT_LIMIT, and so that statements carrying
+# many (enqueue_many(), ack_many()) are grouped by their size, not by a bound up to 14 times
+# it. Smaller ones are not: a dumps() of each would cost more than the grouping gains.
+MEASURED_PAST = 64 * 2**10
+
 
 def ensure_json(value: Any, path: str, size: list[int] | None = None) -> Any:
     """Return ``value`` with tuples as lists, or raise InvalidJobArgument naming ``path``.
@@ -42,25 +49,32 @@ def ensure_json(value: Any, path: str, size: list[int] | None = None) -> Any:
     change or cannot hold (dates, sets, objects, non-string keys, NaN, ints past 64 bits,
     nesting deeper than MAX_DEPTH) is refused, so a handler never receives something other
     than what its caller passed. ``size[0]`` grows by at least the size of ``value``'s
-    JSON form as a database is sent it (enqueue_options.sent_size), read on the way: no
-    dumps() is spent on small values.
+    JSON form as a database is sent it (sent_length()), read on the way: no dumps() is
+    spent on small values.
     """
     return _checked(value, path, 1, size if size is not None else [0])
 
 
 def stored_json(value: Any, path: str, size: list[int] | None = None) -> Any:
     """ensure_json(), refusing too (InvalidJobArgument naming ``path``) a value whose JSON
-    form as sent passes SENT_LIMIT: a result, a checkpoint's cursor. Measured only when
-    the upper bound read on the way passes it; ``size`` as for ensure_json."""
-    import json
-
+    form as sent passes SENT_LIMIT: a result, a checkpoint's cursor. ``size[0]``, if
+    given, grows by its size as sent (size_as_sent())."""
     bound = [0]
     checked = ensure_json(value, path, bound)
-    if bound[0] > SENT_LIMIT and (length := sent_length(json.dumps(checked))) > SENT_LIMIT:
+    length = size_as_sent(bound[0], checked)
+    if length > SENT_LIMIT:
         raise InvalidJobArgument(path, too_large(length))
     if size is not None:
-        size[0] += bound[0]
+        size[0] += length
     return checked
+
+
+def size_as_sent(bound: int, *documents: Any) -> int:
+    """The size as sent of ``documents`` (checked by ensure_json, which read ``bound`` for
+    them): ``bound`` itself up to MEASURED_PAST, an upper bound; their measure past it."""
+    if bound <= MEASURED_PAST:
+        return bound
+    return sum(sent_length(json.dumps(document)) for document in documents)
 
 
 def too_large(length: int, whose: str = "its") -> str:

@@ -14,14 +14,13 @@ takes at most ``jsonsafe.SENT_LIMIT`` as sent, as a call's arguments do.
 
 from __future__ import annotations
 
-import json
 import sys
 import traceback
 import types
 from typing import Any
 
 from .exceptions import InvalidJobArgument
-from .jsonsafe import SENT_LIMIT, ensure_json, sent_length, too_large
+from .jsonsafe import SENT_LIMIT, ensure_json, size_as_sent, too_large
 
 CLASS_PATH_LIMIT = 255
 MESSAGE_LIMIT = 10_000
@@ -170,27 +169,23 @@ def storable_result(value: Any) -> Any:
     the value (``result[0]['when']``) as enqueue's argument errors do."""
     if value is None or type(value) in (bool, str, int) and _is_plain_scalar(value):
         return value
+    bound = [0]
     try:
-        checked = ensure_json(value, "result")
-        text = json.dumps(checked, allow_nan=False)
+        # A fresh copy of plain types: no subclass of str or int (whose pickling a handler
+        # may have overridden) goes on to the worker.
+        checked = ensure_json(value, "result", bound)
     except InvalidJobArgument as e:
         raise TypeError(f"the task returned a value that cannot be stored as JSON: {e}") from None
-    except RecursionError:
-        raise TypeError(
-            "the task returned a value that cannot be stored as JSON: result: nested too deeply"
-        ) from None
-    except BaseException as e:  # noqa: BLE001 -- ValueError from json, or whatever the
-        # value's own methods raise (user code: even KeyboardInterrupt is its failure)
+    except BaseException as e:  # noqa: BLE001 -- whatever the value's own methods raise
+        # (user code: even KeyboardInterrupt is its failure)
         raise TypeError(
             f"the task returned a value that cannot be stored as JSON: result: {_message(e)}"
         ) from None
-    if (length := sent_length(text)) > SENT_LIMIT:
+    if (length := size_as_sent(bound[0], checked)) > SENT_LIMIT:
         raise TypeError(
             f"the task returned a value too large to store: result: {too_large(length)}"
         )
-    # A fresh copy of plain types: no subclass of str or int (whose pickling a handler may
-    # have overridden) goes on to the worker.
-    return json.loads(text)
+    return checked
 
 
 def _is_plain_scalar(value: Any) -> bool:

@@ -468,12 +468,29 @@ def test_enqueue_many_groups_large_calls_by_their_size_not_the_bound():
     enqueue_many() puts as many 10 KB calls in one INSERT as fit (before: each counted as
     the bound, 14 times a character, some 10 times fewer a statement); a small call counts
     its bound, never below its size."""
-    from django_leases.enqueue_options import checked_calls, sent_size
+    from django_leases.enqueue_options import checked_calls
+    from django_leases.jsonsafe import sent_length
+
+    def sent_size(args, kwargs):
+        return sent_length(json.dumps(args)) + sent_length(json.dumps(kwargs))
 
     bounds: list[int] = []
     calls = checked_calls([(["x" * 10_000], {}), ([1, "ab"], {"k": None})], bounds=bounds)
     assert bounds[0] == sent_size(*calls[0]) == 10_008
     assert bounds[1] >= sent_size(*calls[1])
+
+
+def test_a_large_result_or_cursor_counts_for_its_size_as_sent():
+    """(3) The owner's verbs group acks by stored_json()'s size, measured like a call's
+    past MEASURED_PAST (before: the bound, up to 14 times it, so ack_many() sent 10 KB
+    results a few to a statement); a small one counts its bound, never below its size."""
+    from django_leases.jsonsafe import sent_length, stored_json
+
+    for value, measured in ((["x" * 10_000], True), ({"k": [1, "ab"]}, False)):
+        size = [0]
+        checked = stored_json(value, "result", size)
+        length = sent_length(json.dumps(checked))
+        assert size[0] == length if measured else size[0] >= length, (size, length)
 
 
 @PROPERTY
