@@ -430,8 +430,7 @@ class ClaimVerbs(_VerbsBase):
         if not candidates:
             return []
         manager = self.model._default_manager.using(db)
-        endings = {j.pk: ending(j) for j in candidates}
-        ends = {pk: e for pk, e in endings.items() if e is not None}
+        ends = {j.pk: how for j in candidates if (how := ending(j)) is not None}
         if ends:
             self._settle(db, [j for j in candidates if j.pk in ends], ends, worker_id)
         wanted = [j for j in candidates if j.pk not in ends]
@@ -537,4 +536,6 @@ class ClaimVerbs(_VerbsBase):
                         lost.append(job)
             self._record_expired(db, lost)
             if ended:
-                transaction.on_commit(lambda: log_ended(worker_id, ended), using=db)
+                # robust: a logging filter that raises must not make a committed claim
+                # raise, its claimed rows never returned.
+                transaction.on_commit(lambda: log_ended(worker_id, ended), using=db, robust=True)

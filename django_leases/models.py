@@ -168,8 +168,13 @@ class WorkerProcess(models.Model):
 
     worker_id = models.CharField(_("worker id"), max_length=200, unique=True)
     # A token of the process that holds the id now: a second process started under the same
-    # id neither marks this one stopped nor passes for it (WorkerQuerySet.register()).
-    instance = models.CharField(_("instance"), max_length=32, default="", editable=False)
+    # id neither marks this one stopped nor passes for it (WorkerQuerySet.register()). The
+    # database fills both for a worker of an earlier release, which writes neither.
+    instance = models.CharField(_("instance"), max_length=32, db_default="", editable=False)
+    # Its renewal period: silent for two of them, it is taken for gone.
+    heartbeat_seconds = models.FloatField(
+        _("heartbeat (s)"), db_default=DEFAULT_LEASE_SECONDS / 3, editable=False
+    )
     hostname = models.CharField(_("host"), max_length=255)
     pid = models.PositiveIntegerField(_("pid"))
     queues = models.JSONField(_("queues"), default=list)

@@ -56,7 +56,7 @@ class RecordedFailure:
     "dead", with its ``dead_reason``."""
 
     attempt: int
-    state: str
+    state: JobState
     dead_reason: str
     retry_in: float | None
 
@@ -352,7 +352,7 @@ class OwnerVerbs(ClaimVerbs):
             )
         return RecordedFailure(
             attempt=job.attempts,
-            state=job.state,
+            state=JobState(job.state),
             dead_reason=job.dead_reason,
             retry_in=None if job.state == JobState.DEAD else max(retry_in, 0.0),
         )

@@ -23,14 +23,14 @@ from .enqueue import insert_job, insert_jobs
 from .enqueue_options import EnqueueOptions, check_queue, checked_arguments
 from .lease_statements import ClaimRef
 from .operators import OperatorVerbs
-from .owner_writes import OwnerVerbs
+from .owner_writes import OwnerVerbs, RecordedFailure
 from .pruning import PruneVerbs
 from .states import JobState
 
 if TYPE_CHECKING:
     from .models import Job
 
-__all__ = ["ClaimRef", "ClaimedJob", "EnqueueOptions", "JobQuerySet"]
+__all__ = ["ClaimRef", "ClaimedJob", "EnqueueOptions", "JobQuerySet", "RecordedFailure"]
 
 
 class JobQuerySet(OperatorVerbs, PruneVerbs, OwnerVerbs, models.QuerySet["Job"]):

@@ -30,34 +30,42 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
         heartbeat_seconds: float,
     ) -> WorkerProcess | None:
         """Take ``worker_id`` for the process ``instance`` names and return None; or, while
-        another process holds the id (not stopped, seen within two heartbeat periods),
-        return its row, annotated with ``db_now``, and take nothing.
+        another process holds the id (not stopped, seen within two of its own heartbeat
+        periods), return its row, annotated with ``db_now``, and take nothing.
 
         Two live processes under one id would read as one: the first to stop would mark
         the other's healthy claims as a gone worker's. A stopped or silent holder is
-        taken over; a new id is inserted, and a racing insert reads as a live holder.
+        taken over by a conditional UPDATE (its rowcount says who won a race); a new id
+        is inserted, and an insert that loses a race reads the winner.
         """
         fields = {
             "instance": instance,
             "hostname": hostname,
             "pid": pid,
             "queues": queues,
+            "heartbeat_seconds": heartbeat_seconds,
             "started_at": Now(),
             "last_seen_at": Now(),
             "stopped_at": None,
         }
         rows = self.filter(worker_id=worker_id)
-        while True:
-            if rows.filter(self._gone_q(heartbeat_seconds) | Q(instance=instance)).update(**fields):
+        for _ in range(3):
+            holder = rows.annotate(db_now=Now()).first()
+            if holder is None:
+                try:
+                    with transaction.atomic(using=self.db):
+                        self.create(worker_id=worker_id, **fields)
+                    return None
+                except IntegrityError as e:
+                    lost_race = e
+                    continue  # another process inserted it first: read its row
+            # Gone by its own period (the database clock decides), or this very process
+            # registering again after an answer that never came back.
+            takeable = self._gone_q(holder.heartbeat_seconds) | Q(instance=instance)
+            if rows.filter(instance=holder.instance).filter(takeable).update(**fields):
                 return None
-            try:
-                with transaction.atomic(using=self.db):
-                    self.create(worker_id=worker_id, **fields)
-                return None
-            except IntegrityError:
-                holder = rows.annotate(db_now=Now()).first()
-            if holder is not None:
-                return holder
+            return holder
+        raise lost_race  # inserted and never seen: not a race this loop can settle
 
     def seen(self, worker_id: str, instance: str) -> int:
         """1 while this process still holds its id; 0 once another took it over."""

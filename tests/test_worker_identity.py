@@ -12,6 +12,7 @@ import signal
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
 
 from django_leases.models import Job, WorkerProcess
@@ -22,9 +23,16 @@ from tests.testapp.tasks import add, record
 from tests.worker_helpers import BEAT, FAST, job_of, wait_for
 
 
-def register(worker_id: str, instance: str, pid: int = 1) -> WorkerProcess | None:
+def register(
+    worker_id: str, instance: str, pid: int = 1, heartbeat: float = 10
+) -> WorkerProcess | None:
     return WorkerProcess.objects.register(
-        worker_id, instance=instance, hostname="h", pid=pid, queues=["*"], heartbeat_seconds=10
+        worker_id,
+        instance=instance,
+        hostname="h",
+        pid=pid,
+        queues=["*"],
+        heartbeat_seconds=heartbeat,
     )
 
 
@@ -51,6 +59,13 @@ def test_a_live_holder_keeps_its_id_and_its_row_from_a_second_process():
     # Silent for less than two periods (20 s of 10 s beats): still live.
     silence("twin", 19)
     assert register("twin", "second", pid=2) is not None
+    # Gone or not by the holder's own period, not the newcomer's: a holder beating every
+    # 60 s is live for 120 s whatever the newcomer's heartbeat.
+    assert register("slow", "first", heartbeat=60) is None
+    silence("slow", 30)
+    assert register("slow", "second", pid=2, heartbeat=1) is not None
+    silence("slow", 121)
+    assert register("slow", "second", pid=2, heartbeat=1) is None
     # The holder itself registering again (a retry whose first answer was lost) keeps it.
     assert register("twin", "first", pid=1) is None
     assert WorkerProcess.objects.seen("twin", "first") == 1
@@ -74,6 +89,24 @@ def test_an_id_is_taken_from_a_stopped_or_silent_holder_which_then_writes_nothin
         assert WorkerProcess.objects.get(worker_id=worker_id).stopped_at is None
 
 
+@pytest.mark.django_db
+def test_a_row_a_worker_of_0_1_0_inserts_gets_the_databases_defaults():
+    """Workers of 0.1.0 keep running during an upgrade, and insert rows naming neither
+    new column: the database fills them (a Python-side default would leave them NULL and
+    the insert refused, so a restarted old worker never started)."""
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {quote(WorkerProcess._meta.db_table)} "
+            "(worker_id, hostname, pid, queues) VALUES (%s, %s, %s, %s)",
+            ["old-release", "h", 1, "[]"],
+        )
+    row = WorkerProcess.objects.get(worker_id="old-release")
+    assert (row.instance, row.heartbeat_seconds) == ("", 10.0)
+    holder = register("old-release", "new")
+    assert holder is not None and holder.instance == ""  # live: not taken
+
+
 def effects(key: str) -> list[str]:
     return list(Effect.objects.filter(key=key).values_list("phase", flat=True))
 
@@ -89,6 +122,16 @@ def test_a_worker_started_under_a_live_id_waits_for_it_and_then_serves(workers, 
     second = workers.start("twin", *FAST, ready=False, log_name="twin-second")
     held = second.wait_event("id_held", timeout=60, worker="twin")
     assert held["pid"] == first.pid, held
+    if end == "SIGTERM":
+        # A stop while waiting ends the wait: exit 0, nothing claimed, the row untouched.
+        third = workers.start("twin", *FAST, ready=False, log_name="twin-third")
+        third.wait_event("id_held", timeout=60, worker="twin")
+        third.signal(signal.SIGTERM)
+        assert third.wait_exit(30) == 0, third.log()[-3000:]
+        assert third.events("stopped", signal="SIGTERM"), third.log()[-3000:]
+        assert not third.events("started") and not third.events("claimed")
+        row = WorkerProcess.objects.get(worker_id="twin")
+        assert (row.pid, row.stopped_at) == (first.pid, None)
     running = record.enqueue("twin-running", first_seconds=60)
     wait_for(lambda: effects("twin-running"), 20, "the first worker's handler to start")
     assert job_of(running).claimed_by == "twin"

@@ -106,6 +106,40 @@ def test_sighup_stops_and_releases_as_sigterm_does_unless_started_under_nohup(wo
     assert a.events("released", job_id=job.pk, fence=1, worker="hup-a"), a.log()[-3000:]
 
 
+def test_sighup_is_taken_only_where_nothing_else_handles_it():
+    """The worker takes SIGHUP only from the default disposition: nohup's SIG_IGN and the
+    handler of a program that runs a Worker itself (reopening its logs, say) stay as they
+    were, while SIGTERM and SIGINT are taken and given back afterwards."""
+    from django_leases.worker.shutdown import StopRequest
+    from django_leases.worker.waker import Waker
+
+    def programs_own(signum, frame):
+        pass
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)}
+    waker = Waker()
+    try:
+        for disposition, taken in (
+            (signal.SIG_DFL, True),
+            (signal.SIG_IGN, False),
+            (programs_own, False),
+        ):
+            signal.signal(signal.SIGHUP, disposition)
+            stop = StopRequest(waker)
+            stop.install()
+            try:
+                assert (signal.getsignal(signal.SIGHUP) == stop._handle) is taken, disposition
+                assert signal.getsignal(signal.SIGTERM) == stop._handle
+            finally:
+                stop.restore()
+            assert signal.getsignal(signal.SIGHUP) == disposition
+            assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        waker.close()
+
+
 @pytest.mark.parametrize("deaf_task", [stubborn, astubborn], ids=["sync", "async"])
 def test_thread_isolation_releases_last_after_telling_handlers_and_marking_the_worker_stopped(
     workers, deaf_task

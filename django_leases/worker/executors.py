@@ -144,16 +144,19 @@ class ThreadExecutor(_Slots):
         return run_task(task, job.args, job.kwargs, claim.handle, claim.link, context)
 
 
-def exit_text(exitcode: int | None) -> str:
+def exit_text(exitcode: int | None, stopping: bool = False) -> str:
     """How a handler process ended, for its failure's message: a negative exit code is
-    the signal that killed it (SIGKILL, most often the kernel's out-of-memory killer)."""
-    if exitcode is not None and exitcode < 0:
+    the signal that killed it (SIGKILL out of the blue: most often the kernel's
+    out-of-memory killer; while the worker stops, maybe the supervisor's last word)."""
+    if exitcode is None:
+        return "did not exit"
+    if exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
-        hint = " (out of memory, or kill -9)" if -exitcode == signal.SIGKILL else ""
-        return f"was killed by {name}{hint}"
+        oom = -exitcode == signal.SIGKILL and not stopping
+        return f"was killed by {name}{' (out of memory, or kill -9)' if oom else ''}"
     return f"exited with code {exitcode}"
 
 
@@ -329,8 +332,8 @@ class ProcessExecutor(_Slots):
             if self._died_of_stopping(process):
                 return Outcome(
                     Kind.STOPPED,
-                    message=f"handler process {exit_text(process.exitcode)} while the worker "
-                    "stopped",
+                    message=f"handler process {exit_text(process.exitcode, stopping=True)} "
+                    "while the worker stopped",
                 )
             return Outcome(
                 Kind.ERROR,

@@ -490,7 +490,6 @@ class Worker(Stopping):
         False if a stop came first."""
         held_since: float | None = None
         logged_at = float("-inf")
-        gone_after = 2 * self.heartbeat_seconds
         while not self.stop_request.stopping:
             try:
                 holder = self.WorkerProcess.objects.using(self.database).register(
@@ -515,13 +514,14 @@ class Worker(Stopping):
                 return True
             now = time.monotonic()
             held_since = now if held_since is None else held_since
+            gone_after = 2 * holder.heartbeat_seconds
             if now - logged_at >= HELD_LOG_EVERY:
                 log_id_held(self.worker_id, holder, gone_after)
                 logged_at = now
             # Look again when the holder would have been silent long enough.
             self.waker.wait(min(max(gone_after - silent_for(holder), 0.1), self.heartbeat_seconds))
         logger.info(
-            "Stopping on %s worker=%s: the worker id was still held; nothing was claimed",
+            "Stopping on %s worker=%s before the worker id was taken; nothing was claimed",
             self.stop_request.signal_name,
             self.worker_id,
             extra={
@@ -531,6 +531,12 @@ class Worker(Stopping):
             },
         )
         return False
+
+    def _replaced(self) -> None:
+        """The heartbeat found the worker row another process's: stop as on SIGTERM (a
+        stop already under way goes on as it was, not hurried as by a second signal)."""
+        if not self.stop_request.stopping:
+            self.stop_request.request("worker id taken over")
 
     def _executor(self) -> Any:
         if self.isolation == "process":
@@ -553,7 +559,7 @@ class Worker(Stopping):
             period=self.heartbeat_seconds,
             lease=self.lease,
             waker=self.waker,
-            on_replaced=lambda: self.stop_request.request("worker id taken over"),
+            on_replaced=self._replaced,
         )
         watchdog = Watchdog(
             book=self.book,

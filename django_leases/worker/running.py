@@ -141,7 +141,7 @@ def _run(
     # Whatever the handler raises, BaseException included (SystemExit, KeyboardInterrupt,
     # GeneratorExit, a class of its own), fails its job, not the worker: no stop signal
     # lands here, since Python runs signal handlers on the main thread, and a handler runs
-    # on a slot thread, or in a child process that ignores SIGINT and SIGTERM (child.py).
+    # on a slot thread, or in a child process that ignores SIGINT, SIGTERM and SIGHUP (child.py).
     # CancelledError and LeaseLost mean "lost" only when the claim really was lost; raised
     # by the handler's own code on a claim still held, they are an error like any other,
     # or the job would sit claimed, unrenewed, until its lease ran out.

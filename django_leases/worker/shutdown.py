@@ -2,7 +2,8 @@
 
 SIGHUP is a closed terminal (or an SSH session gone): stopping as on SIGTERM releases the
 running jobs at once instead of leaving them to their leases, unless the worker was
-started under ``nohup`` (SIGHUP ignored), which is left as it is. The handler only counts
+started under ``nohup`` (SIGHUP ignored) or by a program with a SIGHUP handler of its
+own, which are left as they are. The handler only counts
 and wakes the main loop; the loop does the work. Handlers are installed on the main thread
 only and the previous ones are restored afterwards.
 """
@@ -45,8 +46,8 @@ class StopRequest:
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in STOP_SIGNALS:
-            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
-                continue  # nohup: the terminal's hangup is to be ignored
+            if sig == signal.SIGHUP and signal.getsignal(sig) != signal.SIG_DFL:
+                continue  # nohup ignores it, or a program running the worker handles it
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def restore(self) -> None:
