@@ -186,8 +186,17 @@ def report(
     floor: float = MIN_LEASE,
     min_samples: int = MIN_SAMPLES,
 ) -> list[TaskAdvice]:
-    """Advice for every task with succeeded jobs (finished in the last ``since_days``)."""
+    """Advice for every task with succeeded jobs (finished in the last ``since_days``).
+    An argument out of range raises InvalidLeaseOption naming it."""
     from .models import Job
+
+    headroom = conf.checked_number("headroom", headroom, low=1, high=100)
+    floor = conf.checked_number(
+        "floor", floor, low=conf.MIN_LEASE_SECONDS, high=conf.MAX_LEASE_SECONDS
+    )
+    min_samples = int(
+        conf.checked_number("min_samples", min_samples, low=1, high=10**9, integer=True)
+    )
 
     database = using or conf.get_options(alias).database
     durations: dict[str, array[float]] = {}

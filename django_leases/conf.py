@@ -24,6 +24,14 @@ DEFAULT_LEASE_SECONDS = 30.0
 MAX_LEASE_SECONDS = 12 * 60 * 60
 MIN_LEASE_SECONDS = 1.0
 
+
+def ended_early(granted: float | None) -> bool:
+    """Whether a claim whose last claim or renewal granted ``granted`` seconds (None:
+    unknown) was ended before its time (expire_now(), the admin's action) rather than run
+    out: no claim is granted less than MIN_LEASE_SECONDS."""
+    return granted is None or granted < MIN_LEASE_SECONDS
+
+
 # The times an enqueue may name (run_after, deadline), in UTC: MySQL's and MariaDB's DATETIME
 # range, which PostgreSQL and SQLite also hold.
 EARLIEST_TIME = datetime(1000, 1, 1, tzinfo=UTC)
@@ -140,9 +148,11 @@ OPTIONS: dict[str, Option] = {
 UNKNOWN_OPTION_ID = "django_leases.E003"
 
 
-def _number(
+def checked_number(
     name: str, value: Any, *, low: float, high: float | None = None, integer: bool = False
 ) -> float:
+    """``value`` if it is a number (a whole one if ``integer``) from ``low`` to ``high``,
+    else InvalidLeaseOption naming ``name``: NaN, infinities and bools are refused."""
     kind = "a whole number" if integer else "a number"
     if (
         isinstance(value, bool)
@@ -152,21 +162,26 @@ def _number(
         raise InvalidLeaseOption(name, f"must be {kind}, got {shown(value)}")
     # NaN fails both comparisons; math.isfinite() of a huge int would raise OverflowError.
     if not (low <= value and (high is None or value <= high)) or value in (math.inf, -math.inf):
-        upper = f" and at most {high:g}" if high is not None else ""
-        raise InvalidLeaseOption(name, f"must be at least {low:g}{upper}, got {shown(value)}")
+        upper = f" and at most {_plain(high)}" if high is not None else ""
+        raise InvalidLeaseOption(name, f"must be at least {_plain(low)}{upper}, got {shown(value)}")
     return value
+
+
+def _plain(number: float) -> str:
+    """A bound as written in a message: 36500 and 1000000000, not 1e+09; 0.01 as it is."""
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
 
 
 def validate_lease(value: Any, name: str = "LEASE_SECONDS") -> float:
     """Return the lease in seconds, or raise InvalidLeaseOption naming ``name``."""
-    return float(_number(name, value, low=MIN_LEASE_SECONDS, high=MAX_LEASE_SECONDS))
+    return float(checked_number(name, value, low=MIN_LEASE_SECONDS, high=MAX_LEASE_SECONDS))
 
 
 def validate_heartbeat(value: Any, lease: float, name: str = "HEARTBEAT_SECONDS") -> float:
     """Return the heartbeat period; it must be positive and shorter than the lease."""
     if value is None:
         return lease / 3
-    period = float(_number(name, value, low=0.01))
+    period = float(checked_number(name, value, low=0.01))
     if period >= lease:
         raise InvalidLeaseOption(
             name,
@@ -177,19 +192,19 @@ def validate_heartbeat(value: Any, lease: float, name: str = "HEARTBEAT_SECONDS"
 
 
 def validate_max_attempts(value: Any, name: str = "MAX_ATTEMPTS") -> int:
-    return int(_number(name, value, low=1, high=1000, integer=True))
+    return int(checked_number(name, value, low=1, high=1000, integer=True))
 
 
 def validate_poll(value: Any, name: str = "POLL_SECONDS") -> float:
-    return float(_number(name, value, low=0.001, high=3600))
+    return float(checked_number(name, value, low=0.001, high=3600))
 
 
 def validate_concurrency(value: Any, name: str = "CONCURRENCY") -> int:
-    return int(_number(name, value, low=1, high=1000, integer=True))
+    return int(checked_number(name, value, low=1, high=1000, integer=True))
 
 
 def validate_grace(value: Any, name: str = "GRACE_SECONDS") -> float:
-    return float(_number(name, value, low=0, high=MAX_LEASE_SECONDS))
+    return float(checked_number(name, value, low=0, high=MAX_LEASE_SECONDS))
 
 
 @dataclass(frozen=True)
@@ -270,8 +285,8 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
     checks: list[tuple[str, Callable[[Any], object]]] = [
         ("LEASE_SECONDS", lambda v: validate_lease(v)),
         ("MAX_ATTEMPTS", validate_max_attempts),
-        ("RETENTION_DAYS", lambda v: _number("RETENTION_DAYS", v, low=1 / 24, high=3650)),
-        ("MAX_AGE_DAYS", lambda v: _number("MAX_AGE_DAYS", v, low=1 / 1440, high=3650)),
+        ("RETENTION_DAYS", lambda v: checked_number("RETENTION_DAYS", v, low=1 / 24, high=3650)),
+        ("MAX_AGE_DAYS", lambda v: checked_number("MAX_AGE_DAYS", v, low=1 / 1440, high=3650)),
         ("RETRY", _validate_retry),
         ("POLL_SECONDS", validate_poll),
         ("CONCURRENCY", validate_concurrency),

@@ -277,18 +277,9 @@ class OperatorVerbs(_VerbsBase):
             state=JobState.SUCCEEDED, last_attempted_at__isnull=False, finished_at__isnull=False
         )
         if since_days is not None:
-            if (
-                isinstance(since_days, bool)
-                or not isinstance(since_days, int | float)
-                or not 0 <= since_days <= conf.MAX_INTERVAL_DAYS
-            ):
-                from .exceptions import InvalidLeaseOption
-                from .jsonsafe import shown
-
-                raise InvalidLeaseOption(
-                    "since_days",
-                    f"must be from 0 to {conf.MAX_INTERVAL_DAYS:,} days, got {shown(since_days)}",
-                )
+            since_days = conf.checked_number(
+                "since_days", since_days, low=0, high=conf.MAX_INTERVAL_DAYS
+            )
             finished = finished.filter(finished_at__gte=Now() - Value(timedelta(days=since_days)))
         return (
             finished.order_by()

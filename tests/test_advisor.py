@@ -19,6 +19,7 @@ from django.test import override_settings
 
 from django_leases import advisor
 from django_leases.durations import duration_text
+from django_leases.exceptions import InvalidLeaseOption
 from django_leases.models import Job
 from django_leases.states import JobState
 
@@ -215,14 +216,15 @@ def test_command_json_and_check_exit_status():
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["--days", "40000"], "--days must be from 0 to 36,500, got 40000"),
-        (["--days", "99999999"], "--days must be from 0 to 36,500"),
-        (["--days", "nan"], "--days must be from 0 to 36,500, got nan"),
-        (["--headroom", "inf"], "--headroom must be from 1 to 100, got inf"),
-        (["--headroom", "nan"], "--headroom must be from 1 to 100, got nan"),
-        (["--headroom", "0.5"], "--headroom must be from 1 to 100"),
-        (["--min-lease", "nan"], "--min-lease must be from 1 to 43,200, got nan"),
-        (["--min-samples", "0"], "--min-samples must be from 1 to"),
+        (["--days", "40000"], "--days: must be at least 0 and at most 36500, got 40000"),
+        (["--days", "99999999"], "--days: must be at least 0 and at most 36500"),
+        (["--days", "nan"], "--days: must be at least 0 and at most 36500, got nan"),
+        (["--days", "-1"], "--days: must be at least 0 and at most 36500, got -1"),
+        (["--headroom", "inf"], "--headroom: must be at least 1 and at most 100, got inf"),
+        (["--headroom", "nan"], "--headroom: must be at least 1 and at most 100, got nan"),
+        (["--headroom", "0.5"], "--headroom: must be at least 1 and at most 100"),
+        (["--min-lease", "nan"], "--min-lease: must be at least 1 and at most 43200, got nan"),
+        (["--min-samples", "0"], "--min-samples: must be at least 1 and at most 1000000000"),
     ],
 )
 def test_command_options_out_of_range_are_refused_naming_them(argv, said):
@@ -231,6 +233,26 @@ def test_command_options_out_of_range_are_refused_naming_them(argv, said):
     lease recommended below it."""
     with pytest.raises(CommandError, match=re.escape(said)):
         call_command("lease_report", *argv, stdout=StringIO())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"since_days": -1}, "since_days"),
+        ({"since_days": "7"}, "since_days"),
+        ({"headroom": float("nan")}, "headroom"),
+        ({"floor": 0.1}, "floor"),
+        ({"min_samples": 2.5}, "min_samples"),
+        ({"min_samples": True}, "min_samples"),
+    ],
+)
+def test_report_refuses_arguments_out_of_range_naming_them(kwargs, named):
+    """(6) advisor.report() is public: its own checks, not only the command's (before,
+    report(headroom=nan) recommended nan leases and report(min_samples=2.5) compared
+    counts with a float)."""
+    with pytest.raises(InvalidLeaseOption) as raised:
+        advisor.report(**kwargs)
+    assert raised.value.option == named
 
 
 @pytest.mark.parametrize(

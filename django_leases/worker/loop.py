@@ -403,11 +403,10 @@ class Worker(Stopping):
             self.worker_id,
             previous,
             job.was_fence,
-            # No claim is granted less than the least lease: this one was ended early
-            # (expire_now(), the admin's action), as its failure record says too.
-            f"its lease of {float(lease):g} s ran out"
-            if lease is not None and lease >= conf.MIN_LEASE_SECONDS
-            else "its lease was ended early",
+            # As its failure record says (claiming._expiry_message()).
+            "its lease was ended early"
+            if conf.ended_early(lease)
+            else f"its lease of {float(lease):g} s ran out",
             extra=claim_fields(
                 job,
                 self.worker_id,
