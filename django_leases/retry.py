@@ -31,22 +31,19 @@ class Retry:
     not come back at once.
     """
 
-    delays: tuple[float, ...] = ()
+    # None: exponential backoff. An empty ladder is refused rather than read as None: it
+    # may have been meant as "retry at once" or "do not retry".
+    delays: tuple[float, ...] | None = None
     base: float = 10.0
     factor: float = 2.0
     cap: float = 3600.0
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.delays, list | tuple):
-            # A set has no order to follow, a dict's keys or a string's characters are no
-            # delays meant: refused, as from_json() refuses them.
-            raise InvalidLeaseOption(
-                "retry.delays", f"must be a list of delays in seconds, got {self.delays!r}"
-            )
-        object.__setattr__(self, "delays", tuple(self.delays))
-        for i, d in enumerate(self.delays):
-            _non_negative(f"retry.delays[{i}]", d)
+        if self.delays is not None:
+            object.__setattr__(self, "delays", _ladder("retry.delays", self.delays))
+            for i, d in enumerate(self.delays):
+                _non_negative(f"retry.delays[{i}]", d)
         _non_negative("retry.base", self.base)
         _non_negative("retry.cap", self.cap)
         if (
@@ -111,7 +108,7 @@ def _ladder(name: str, delays: Any) -> tuple[Any, ...]:
     """``delays`` as a tuple, if it is a list or tuple of at least one: an empty one read
     as "no ladder" was the exponential default, neither "retry at once" nor "do not
     retry", which is what it may have meant; a string, set or dict has no order to
-    follow or is no list at all."""
+    follow or is no list at all. Retry() and from_json() both refuse through here."""
     if not isinstance(delays, list | tuple):
         raise InvalidLeaseOption(name, f"must be a list of delays in seconds, got {delays!r}")
     if not delays:
@@ -126,7 +123,7 @@ def _ladder(name: str, delays: Any) -> tuple[Any, ...]:
 def checked_ladder(retry: Retry) -> Retry:
     """``retry``, given as an option, if it lists at most MAX_STEPS delays. (Not checked
     where a job's stored ladder is read: a row written before the limit still runs.)"""
-    if len(retry.delays) > MAX_STEPS:
+    if retry.delays is not None and len(retry.delays) > MAX_STEPS:
         raise InvalidLeaseOption(
             "retry.delays",
             f"lists at most {MAX_STEPS} delays (the last one repeats), got {len(retry.delays)}",

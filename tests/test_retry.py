@@ -46,14 +46,23 @@ def test_bad_ladders_are_refused_naming_the_field(spec, named):
     assert info.value.option == named
 
 
-@pytest.mark.parametrize("delays", [{90, 10, 30}, {30: "x"}, range(3), "30", iter([1])])
+@pytest.mark.parametrize("delays", [{90, 10, 30}, {30: "x"}, range(3), "30", iter([1]), [], ()])
 def test_a_retry_made_in_code_takes_its_delays_as_a_list_only(delays):
     """(6) Retry(delays=...), the documented constructor, refuses what from_json() refuses
     (before: a set's arbitrary order, a dict's keys or a string's characters were taken as
-    the ladder)."""
+    the ladder, and an empty list, meant as "retry at once" or "never", as the exponential
+    default)."""
     with pytest.raises(InvalidLeaseOption) as info:
         Retry(delays=delays)
     assert info.value.option == "retry.delays"
+
+
+def test_no_ladder_is_the_exponential_default_and_survives_replace():
+    import dataclasses
+
+    assert Retry().delays is None and Retry().nominal(2) == 20
+    assert dataclasses.replace(Retry(), base=5).nominal(2) == 10
+    assert dataclasses.replace(Retry(delays=[1, 2]), base=5).nominal(2) == 2
 
 
 def test_ladders_round_trip_through_json():
