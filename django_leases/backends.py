@@ -206,7 +206,7 @@ class LeaseBackend(BaseTaskBackend):
             # and of another task if that one holds the key), and no task_enqueued.
             holder = task if job.task_path == task.module_path else self._task_of(job)
             return cast("TaskResult[P, R]", self._to_result(job, holder))
-        result = self._enqueued_result(task, *row)
+        result = self._enqueued_result(task, fields.priority, *row)
         task_enqueued.send(type(self), task_result=result)
         return result
 
@@ -218,17 +218,20 @@ class LeaseBackend(BaseTaskBackend):
             self.validate_task(task)
             raise InvalidTask(f"Cannot enqueue {task.module_path} in bulk with a unique_key")
         try:
+            fields = self._job_fields(task)
             rows = insert_job_rows(
                 Job,
                 self.database,
-                self._job_fields(task),
+                fields,
                 calls,
                 batch_size=1000,
                 fits=lambda args, kwargs, path: _check_fits(task, args, kwargs, path),
             )
         except (InvalidJobArgument, InvalidLeaseOption) as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
-        results: list[TaskResult[..., Any]] = [self._enqueued_result(task, *row) for row in rows]
+        results: list[TaskResult[..., Any]] = [
+            self._enqueued_result(task, fields.priority, *row) for row in rows
+        ]
         for result in results:
             task_enqueued.send(type(self), task_result=result)
         return results
@@ -352,14 +355,18 @@ class LeaseBackend(BaseTaskBackend):
         return task
 
     def _enqueued_result[**P, R](
-        self, task: Task[P, R], pk: Any, enqueued_at: Any, args: list[Any], kwargs: dict[str, Any]
+        self,
+        task: Task[P, R],
+        priority: int,
+        pk: Any,
+        enqueued_at: Any,
+        args: list[Any],
+        kwargs: dict[str, Any],
     ) -> TaskResult[P, R]:
         """The TaskResult of a job just inserted: READY, not started, no errors; its task
-        and arguments as get_result() will read them back."""
+        (with the ``priority`` stored) and arguments as get_result() will read them back."""
         if type(task.priority) is not int:  # 5.0 or Decimal(5), stored as 5
-            task = cast(
-                "Task[P, R]", registry.copied_task(task, priority=checked_priority(task.priority))
-            )
+            task = cast("Task[P, R]", registry.copied_task(task, priority=priority))
         return TaskResult(
             task=task,
             id=str(pk),

@@ -9,6 +9,7 @@ INSERT adds to the database clock.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -231,24 +232,16 @@ class EnqueueOptions:
             checked_text("unique_key", key, 200)
 
 
-def whole_priority(priority: Any) -> int | None:
-    """``priority`` as the int stored, if it is a whole number from -100 to 100 (5.0 too,
-    as Django's validate_task accepts it); else None. Not a bool."""
-    if isinstance(priority, bool) or not isinstance(priority, int | float | Decimal):
-        return None
-    try:
-        whole = int(priority)
-    except (ValueError, OverflowError):  # NaN, infinities
-        return None
-    return whole if whole == priority and -100 <= whole <= 100 else None
-
-
 def checked_priority(priority: Any) -> int:
-    """whole_priority(), or InvalidLeaseOption naming ``priority``."""
+    """``priority`` as the int stored, if it is a whole number from -100 to 100 (5.0 too,
+    as Django's validate_task accepts it; not a bool); else InvalidLeaseOption naming it."""
     from .exceptions import InvalidLeaseOption
 
-    whole = whole_priority(priority)
-    if whole is None:
+    whole = None
+    if not isinstance(priority, bool) and isinstance(priority, int | float | Decimal):
+        with contextlib.suppress(ValueError, OverflowError):  # NaN, infinities
+            whole = int(priority)
+    if whole is None or whole != priority or not -100 <= whole <= 100:
         raise InvalidLeaseOption(
             "priority", f"must be a whole number from -100 to 100, got {shown(priority)}"
         )
