@@ -40,10 +40,13 @@ def log_ended(worker_id: str, ended: list[tuple[Any, str]]) -> None:
     """One warning per job the claim of ``worker_id`` settled: (job as read, its ending)."""
     for job, how in ended:
         previous = job.claimed_by if job.state == JobState.CLAIMED else None
-        said = (job.pk, job.fence, worker_id, how, previous or "-")
+        # What the claim found: a claim whose last lease ran out, or a job past its deadline.
+        found = f"the lease of {previous} ran out" if previous else "past its deadline"
+        said = (job.pk, job.fence, worker_id, how, found)
         if how == PARK:
             logger.warning(
-                "Parked job=%s fence=%s worker=%s reason=%s previous_worker=%s",
+                "Parked job=%s fence=%s by the claim of worker=%s reason=%s: %s; pending "
+                "until retried by hand",
                 *said,
                 extra={
                     "event": "parked",
@@ -58,7 +61,7 @@ def log_ended(worker_id: str, ended: list[tuple[Any, str]]) -> None:
             )
         else:
             logger.warning(
-                "Dead-lettered job=%s fence=%s worker=%s reason=%s previous_worker=%s",
+                "Dead-lettered job=%s fence=%s by the claim of worker=%s reason=%s: %s",
                 *said,
                 extra={
                     "event": "dead_lettered",

@@ -205,6 +205,17 @@ def test_older_than_days_out_of_range_is_refused_naming_it(days):
         call_command("leases_prune", "--older-than-days", days, stdout=StringIO())
 
 
+def test_prune_says_nothing_at_verbosity_0():
+    """Run hourly from cron, a run that went as usual mails nothing (before: three lines
+    at -v 0 too)."""
+    quiet, told = StringIO(), StringIO()
+    call_command("leases_prune", verbosity=0, stdout=quiet)
+    call_command("leases_prune", "--dry-run", verbosity=0, stdout=quiet)
+    call_command("leases_prune", stdout=told)
+    assert quiet.getvalue() == ""
+    assert told.getvalue().count("\n") == 3, told.getvalue()
+
+
 def test_prune_deletes_old_jobs_a_schedule_made_and_unlinks_its_records():
     """Invariant 3: a job a schedule made is pruned like any other (its run record pointed
     at it, and the foreign key refused the raw DELETE of every such job until prune

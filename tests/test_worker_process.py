@@ -422,7 +422,9 @@ def test_sigterm_finishes_within_grace_then_releases_and_nothing_is_lost(workers
 
 
 def test_a_second_signal_releases_at_once(workers):
-    """A second SIGTERM does not wait out --grace: jobs are released and the worker exits (3)."""
+    """A second SIGTERM does not wait out --grace: jobs are released and the worker exits (3),
+    and says so (`hurried`, naming the signal; before, nothing told an early release from
+    the end of the grace)."""
     result = hold.enqueue(60)
     a = workers.start("twice-a", "--grace", "60", *FAST)
     a.wait_event("claimed", job_id=result.id)
@@ -432,6 +434,7 @@ def test_a_second_signal_releases_at_once(workers):
     a.signal(signal.SIGINT)
     assert a.wait_exit() == 0
     assert time.monotonic() - sent < 3
+    assert a.events("hurried", signal="SIGINT"), a.log()[-3000:]
     job = job_of(result)
     assert (job.state, job.attempts) == (JobState.PENDING, 0)
 

@@ -93,3 +93,21 @@ def test_notify_wakes_a_worker_of_every_queue_for_any_queue(workers):
     assert time.monotonic() - enqueued < 5, "woken by the poll, not by NOTIFY"
     w.signal(signal.SIGTERM)
     assert w.wait_exit() == 0
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "said"),
+    [
+        ("", "must be 1-200 characters"),
+        ("w" * 201, "must be 1-200 characters"),
+        ("   ", "printable characters with no space at either end"),
+        (" web-1", "printable characters with no space at either end"),
+        ("new\nline", "printable characters with no space at either end"),
+        ("tab\there", "printable characters with no space at either end"),
+    ],
+)
+def test_a_worker_id_that_would_name_nobody_or_split_log_lines_is_refused(worker_id, said):
+    """(6) The id names the worker in every log line and the admin (before: a blank id
+    was taken, and a newline split each text line in two)."""
+    with pytest.raises(CommandError, match=rf"--worker-id: .*{said}"):
+        call_command("run_lease_worker", "--worker-id", worker_id, "--burst")

@@ -129,7 +129,7 @@ class Heartbeat(VitalThread):
             with connections[self.database].execute_wrapper(count):
                 held = Job.objects.using(self.database).renew([c.job for c in claims], self.lease)
         if not WorkerProcess.objects.using(self.database).seen(self.worker_id, self.instance):
-            self._replaced()
+            self._replaced(WorkerProcess)
         self.beat_ok_at = started
         missed = []
         for claim in claims:
@@ -177,9 +177,15 @@ class Heartbeat(VitalThread):
                 },
             )
 
-    def _replaced(self) -> None:
+    def _replaced(self, WorkerProcess: Any) -> None:
         if self.on_replaced is not None:
-            log_id_replaced(self.worker_id)
+            holder = (
+                WorkerProcess.objects.using(self.database)
+                .filter(worker_id=self.worker_id)
+                .values_list("hostname", "pid")
+                .first()
+            )
+            log_id_replaced(self.worker_id, holder)
             self.on_replaced()
             self.on_replaced = None
 

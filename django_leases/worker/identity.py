@@ -40,8 +40,8 @@ def silent_for(holder: Any) -> float:
 
 def log_id_held(worker_id: str, holder: Any, gone_after: float) -> None:
     logger.warning(
-        "Worker id %r is held by a live process host=%s pid=%s, seen %.1f s ago; waiting "
-        "until it stops or is silent for %g s. Give each worker its own --worker-id",
+        "Worker id %r is held by host=%s pid=%s, not stopped and seen %.1f s ago; waiting "
+        "until it stops or has been silent for %g s. Give each worker its own --worker-id",
         worker_id,
         holder.hostname,
         holder.pid,
@@ -56,10 +56,14 @@ def log_id_held(worker_id: str, holder: Any, gone_after: float) -> None:
     )
 
 
-def log_id_replaced(worker_id: str) -> None:
+def log_id_replaced(worker_id: str, holder: Any) -> None:
+    """``holder``: the row's (hostname, pid) now, or None if the row is gone."""
+    host, pid = holder or ("?", "?")
     logger.error(
-        "Worker id %r was taken over by another process while this one could not reach "
-        "the database; stopping",
+        "Worker id %r was taken over by host=%s pid=%s while this process was silent for "
+        "two heartbeat periods (the database unreachable, or this process paused); stopping",
         worker_id,
-        extra={"event": "id_replaced", "worker": worker_id},
+        host,
+        pid,
+        extra={"event": "id_replaced", "worker": worker_id, "host": host, "pid": pid},
     )

@@ -30,11 +30,13 @@ EVENTS: dict[str, str] = {
     "id_held": "another live process holds the worker id; waiting for it to stop or go "
     "silent (host, pid)",
     "id_taken": "the worker id was taken after that wait",
-    "id_replaced": "another process took the worker id over while this one was silent; stopping",
+    "id_replaced": "another process took the worker id over while this one was silent; "
+    "stopping (host, pid: the new holder's)",
     "started": "the worker is registered and claiming (worker, queue)",
     "listening": "LISTEN for wake-ups is in place (PostgreSQL)",
     "listen_failed": "the wake-up connection failed; polling until it is back (error)",
     "stopping": "a stop signal came: claiming nothing more (signal)",
+    "hurried": "a second stop signal: the rest of the grace is skipped (signal)",
     "handlers_running": "handlers still running at the end of the grace, released anyway (jobs)",
     "max_jobs": "the worker ran its --max-jobs",
     "burst_done": "nothing claimable under --burst; leaving",

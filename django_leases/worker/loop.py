@@ -517,8 +517,9 @@ class Worker(Stopping):
             if now - logged_at >= HELD_LOG_EVERY:
                 log_id_held(self.worker_id, holder, gone_after)
                 logged_at = now
-            # Look again when the holder would have been silent long enough.
-            self.waker.wait(min(max(gone_after - silent_for(holder), 0.1), self.heartbeat_seconds))
+            # Look again within a second (a holder that stops is followed at once), or when
+            # it would have been silent long enough.
+            self.waker.wait(min(max(gone_after - silent_for(holder), 0.1), 1.0))
         logger.info(
             "Stopping on %s worker=%s before the worker id was taken; nothing was claimed",
             self.stop_request.signal_name,

@@ -97,6 +97,18 @@ class Stopping(Settling):
                 break
             if self.book:
                 self.waker.wait(min(self.poll, max(deadline - time.monotonic(), 0.0)))
+        if self.stop_request.hurry and self.book:
+            logger.info(
+                "Second %s worker=%s: the rest of the grace skipped; %d running told to stop",
+                self.stop_request.signal_name,
+                self.worker_id,
+                len(self.book),
+                extra={
+                    "event": "hurried",
+                    "worker": self.worker_id,
+                    "signal": self.stop_request.signal_name,
+                },
+            )
         self._settle()
         unfinished = self._tell_to_stop()
         self._settle_before_exit()

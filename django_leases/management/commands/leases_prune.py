@@ -49,6 +49,13 @@ class Command(LeasesCommand):
         )
         parser.add_argument("--dry-run", action="store_true", help="Count, delete nothing.")
 
+    verbosity = 1
+
+    def _say(self, line: str) -> None:
+        """A line of the report, unless -v 0 (cron: no mail for a run that went as usual)."""
+        if self.verbosity:
+            self.stdout.write(line)
+
     def handle(
         self,
         *args: Any,
@@ -59,6 +66,7 @@ class Command(LeasesCommand):
         dry_run: bool,
         **options: Any,
     ) -> None:
+        self.verbosity = options["verbosity"]
         try:
             lease_options = get_options(backend)
         except InvalidLeaseOption as e:
@@ -76,19 +84,19 @@ class Command(LeasesCommand):
             late = jobs.filter(state=JobState.PENDING, deadline__lt=Now()).count()
             prunable = jobs.all().prunable(days, include_dead=include_dead)
             count = prunable.count()
-            self.stdout.write(f"Would dead-letter {late} pending jobs past their deadline.")
-            self.stdout.write(f"Would delete {count} jobs finished more than {days:g} days ago.")
+            self._say(f"Would dead-letter {late} pending jobs past their deadline.")
+            self._say(f"Would delete {count} jobs finished more than {days:g} days ago.")
             count = runs.prunable(days, jobs=prunable).count()
-            self.stdout.write(
+            self._say(
                 f"Would delete {count} schedule runs recorded more than {days:g} days ago, "
                 "of those jobs or without a job."
             )
             return
         late = jobs.all().dead_letter_past_deadline(batch_size=batch_size)
-        self.stdout.write(f"Dead-lettered {late} pending jobs past their deadline.")
+        self._say(f"Dead-lettered {late} pending jobs past their deadline.")
         deleted = jobs.all().prune(days, include_dead=include_dead, batch_size=batch_size)
-        self.stdout.write(f"Deleted {deleted} jobs finished more than {days:g} days ago.")
+        self._say(f"Deleted {deleted} jobs finished more than {days:g} days ago.")
         deleted = runs.prune(days, batch_size=batch_size)
-        self.stdout.write(
+        self._say(
             f"Deleted {deleted} schedule runs without a job recorded more than {days:g} days ago."
         )

@@ -118,7 +118,8 @@ class Command(LeasesCommand):
         parser.add_argument(
             "--worker-id",
             default=None,
-            help="Name recorded as claimed_by and in the worker table (default: host-pid).",
+            help="Name recorded as claimed_by and in the worker table (default: host-pid); "
+            "one live process per id: a second waits until the first stops or goes silent.",
         )
         parser.add_argument(
             "--log-format",
@@ -246,8 +247,15 @@ class Command(LeasesCommand):
                 f"{unknown!r} not in TASKS[{alias!r}]['QUEUES'] ({', '.join(declared or ())})",
             )
         worker_id = options["worker_id"]
-        if worker_id is not None and not 0 < len(worker_id) <= 200:
-            raise InvalidLeaseOption("worker_id", "must be 1-200 characters")
+        if worker_id is not None:
+            checked_text("worker_id", worker_id, 200)
+            # It names the worker in every log line and the admin: a blank one, or one with
+            # a newline or another control character, would name nobody or split lines.
+            if worker_id.strip() != worker_id or not worker_id.isprintable():
+                raise InvalidLeaseOption(
+                    "worker_id",
+                    f"must be printable characters with no space at either end, got {worker_id!r}",
+                )
         return {
             "alias": alias,
             "database": backend.database,
