@@ -60,7 +60,7 @@ def _granted_lease(job: Job) -> float | None:
 def _expiry_message(granted: float | None, owner: str) -> str:
     """The message of a lease_expired failure (the PostgreSQL claim writes the same)."""
     owner = owner or "its worker"
-    if conf.ended_early(granted):
+    if granted is None or conf.ended_early(granted):
         return f"lease was ended early, before {owner} acknowledged"
     return f"lease of {granted:g} s ran out before {owner} acknowledged"
 

@@ -40,37 +40,31 @@ def log_ended(worker_id: str, ended: list[tuple[Any, str]]) -> None:
     """One warning per job the claim of ``worker_id`` settled: (job as read, its ending)."""
     for job, how in ended:
         previous = job.claimed_by if job.state == JobState.CLAIMED else None
-        # What the claim found: a claim whose last lease ran out, or a job past its deadline.
-        found = f"the lease of {previous} ran out" if previous else "past its deadline"
-        said = (job.pk, job.fence, worker_id, how, found)
+        # What the claim found: a job past its deadline, a claim whose last lease ran out.
+        found = [
+            "past its deadline" if how == DeadReason.DEADLINE else "",
+            f"the lease of {previous} ran out" if previous else "",
+        ]
+        said = (job.pk, job.fence, worker_id, how, "; ".join(f for f in found if f))
+        facts = {
+            "job_id": job.pk,
+            "task": job.task_path,
+            "queue": job.queue_name,
+            "fence": job.fence,
+            "worker": worker_id,
+            "reason": how,
+            "previous_worker": previous,
+        }
         if how == PARK:
             logger.warning(
                 "Parked job=%s fence=%s by the claim of worker=%s reason=%s: %s; pending "
                 "until retried by hand",
                 *said,
-                extra={
-                    "event": "parked",
-                    "job_id": job.pk,
-                    "task": job.task_path,
-                    "queue": job.queue_name,
-                    "fence": job.fence,
-                    "worker": worker_id,
-                    "reason": how,
-                    "previous_worker": previous,
-                },
+                extra={"event": "parked", **facts},
             )
         else:
             logger.warning(
                 "Dead-lettered job=%s fence=%s by the claim of worker=%s reason=%s: %s",
                 *said,
-                extra={
-                    "event": "dead_lettered",
-                    "job_id": job.pk,
-                    "task": job.task_path,
-                    "queue": job.queue_name,
-                    "fence": job.fence,
-                    "worker": worker_id,
-                    "reason": how,
-                    "previous_worker": previous,
-                },
+                extra={"event": "dead_lettered", **facts},
             )

@@ -341,7 +341,8 @@ def checked_arguments(
 ) -> tuple[list[Any], dict[str, Any]]:
     """JSON-safe copies of one call's ``args`` (a list or tuple) and ``kwargs`` (a dict with
     str keys, or None); InvalidJobArgument names the argument, prefixed by ``path``.
-    ``bound``, if given, has their size as sent appended (jsonsafe.size_as_sent())."""
+    ``bound``, if given, has their size as sent appended: measured past MEASURED_PAST,
+    ensure_json's upper bound of it below (jsonsafe.size_as_sent())."""
     from .exceptions import InvalidJobArgument
 
     if not isinstance(args, list | tuple):

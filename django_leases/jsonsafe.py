@@ -58,7 +58,8 @@ def ensure_json(value: Any, path: str, size: list[int] | None = None) -> Any:
 def stored_json(value: Any, path: str, size: list[int] | None = None) -> Any:
     """ensure_json(), refusing too (InvalidJobArgument naming ``path``) a value whose JSON
     form as sent passes SENT_LIMIT: a result, a checkpoint's cursor. ``size[0]``, if
-    given, grows by its size as sent (size_as_sent())."""
+    given, grows by its size as sent: measured past MEASURED_PAST, ensure_json's upper
+    bound of it below (size_as_sent())."""
     bound = [0]
     checked = ensure_json(value, path, bound)
     length = size_as_sent(bound[0], checked)

@@ -100,6 +100,7 @@ class Retry:
             raise InvalidLeaseOption("retry", f"unknown keys {sorted(unknown)}")
         options: dict[str, Any] = dict(data)
         if "delays" in data:
+            # Here too: the constructor reads None as "no ladder", a stored null is not.
             options["delays"] = _ladder("retry.delays", data["delays"])
         return cls(**options)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
 from django.db import IntegrityError, models, transaction
@@ -49,6 +49,8 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
             "stopped_at": None,
         }
         rows = self.filter(worker_id=worker_id)
+        holder: Any = None  # a WorkerProcess with db_now
+        lost_race: IntegrityError | None = None
         for _ in range(3):
             holder = rows.annotate(db_now=Now()).first()
             if holder is None:
@@ -59,12 +61,21 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
                 except IntegrityError as e:
                     lost_race = e
                     continue  # another process inserted it first: read its row
-            # Gone by its own period (the database clock decides), or this very process
-            # registering again after an answer that never came back.
+            silent = (holder.db_now - holder.last_seen_at).total_seconds()
+            if (
+                holder.instance != instance
+                and holder.stopped_at is None
+                and silent <= 2 * holder.heartbeat_seconds
+            ):
+                return cast("WorkerProcess", holder)  # live, by its own period (database clock)
+            # Gone (or this very process registering again after an answer that never
+            # came back): take it, unless another process did first; then read again.
             takeable = self._gone_q(holder.heartbeat_seconds) | Q(instance=instance)
             if rows.filter(instance=holder.instance).filter(takeable).update(**fields):
                 return None
-            return holder
+        if holder is not None:
+            return cast("WorkerProcess", holder)
+        assert lost_race is not None
         raise lost_race  # inserted and never seen: not a race this loop can settle
 
     def seen(self, worker_id: str, instance: str) -> int:

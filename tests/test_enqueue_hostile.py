@@ -481,9 +481,9 @@ def test_enqueue_many_groups_large_calls_by_their_size_not_the_bound():
 
 
 def test_a_large_result_or_cursor_counts_for_its_size_as_sent():
-    """(3) The owner's verbs group acks by stored_json()'s size, measured like a call's
-    past MEASURED_PAST (before: the bound, up to 14 times it, so ack_many() sent 10 KB
-    results a few to a statement); a small one counts its bound, never below its size."""
+    """(3) stored_json() reports a result's size as sent, measured like a call's past
+    MEASURED_PAST (before: the bound, up to 14 times it), which ack_many() groups acks by
+    (statement_runs()); a small one counts its bound, never below its size."""
     from django_leases.jsonsafe import sent_length, stored_json
 
     for value, measured in ((["x" * 10_000], True), ({"k": [1, "ab"]}, False)):

@@ -58,6 +58,8 @@ def test_a_retry_made_in_code_takes_its_delays_as_a_list_only(delays):
 
 
 def test_no_ladder_is_the_exponential_default_and_survives_replace():
+    """No ladder is delays=None, not an empty one (refused above): so
+    dataclasses.replace() of a Retry, which passes its delays again, still works."""
     import dataclasses
 
     assert Retry().delays is None and Retry().nominal(2) == 20

@@ -159,8 +159,11 @@ def test_a_worker_whose_id_was_taken_over_stops_and_leaves_the_row_to_the_new_ho
     job = record.enqueue("replaced-running", first_seconds=60)
     worker = workers.start("replaced", "--grace", "1", *FAST)
     wait_for(lambda: effects("replaced-running"), 20, "the handler to start")
-    WorkerProcess.objects.filter(worker_id="replaced").update(instance="newcomer")
-    worker.wait_event("id_replaced", timeout=10 * BEAT + 10, worker="replaced")
+    WorkerProcess.objects.filter(worker_id="replaced").update(
+        instance="newcomer", hostname="web-9", pid=4242
+    )
+    replaced = worker.wait_event("id_replaced", timeout=10 * BEAT + 10, worker="replaced")
+    assert (replaced["host"], replaced["pid"]) == ("web-9", 4242), replaced
     worker.wait_event("stopping", signal="worker id taken over")
     assert worker.wait_exit(30) == 0
     row = WorkerProcess.objects.get(worker_id="replaced")

@@ -21,7 +21,6 @@ from django.db import connections
 from ..storable import first_line
 from .claims import RUNNING, ClaimBook, read_back_acks
 from .dberrors import DB_ERRORS
-from .identity import log_id_replaced
 from .logs import claim_fields
 from .vital import VitalThread
 from .waker import Waker
@@ -46,14 +45,15 @@ class Heartbeat(VitalThread):
         period: float,
         lease: float | None,
         waker: Waker,
-        on_replaced: Callable[[], None],
+        on_replaced: Callable[[Any], None],
     ) -> None:
         super().__init__(worker_id=worker_id, waker=waker)
         self.book = book
         self.database = database
         self.instance = instance
-        # Called once when the worker's row names another process (identity.py).
-        self.on_replaced: Callable[[], None] | None = on_replaced
+        # Called once when the worker's row names another process (identity.py), with
+        # the row's (hostname, pid) now, or None if the row is gone.
+        self.on_replaced: Callable[[Any], None] | None = on_replaced
         self.period = period
         self.lease = lease
         # time.monotonic() just before the last beat that went through began.
@@ -185,8 +185,7 @@ class Heartbeat(VitalThread):
                 .values_list("hostname", "pid")
                 .first()
             )
-            log_id_replaced(self.worker_id, holder)
-            self.on_replaced()
+            self.on_replaced(holder)
             self.on_replaced = None
 
 

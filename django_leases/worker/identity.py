@@ -58,7 +58,14 @@ def log_id_held(worker_id: str, holder: Any, gone_after: float) -> None:
 
 def log_id_replaced(worker_id: str, holder: Any) -> None:
     """``holder``: the row's (hostname, pid) now, or None if the row is gone."""
-    host, pid = holder or ("?", "?")
+    if holder is None:
+        logger.error(
+            "Worker id %r: its worker row was deleted; stopping",
+            worker_id,
+            extra={"event": "id_replaced", "worker": worker_id},
+        )
+        return
+    host, pid = holder
     logger.error(
         "Worker id %r was taken over by host=%s pid=%s while this process was silent for "
         "two heartbeat periods (the database unreachable, or this process paused); stopping",

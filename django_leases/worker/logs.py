@@ -36,7 +36,8 @@ EVENTS: dict[str, str] = {
     "listening": "LISTEN for wake-ups is in place (PostgreSQL)",
     "listen_failed": "the wake-up connection failed; polling until it is back (error)",
     "stopping": "a stop signal came: claiming nothing more (signal)",
-    "hurried": "a second stop signal: the rest of the grace is skipped (signal)",
+    "hurried": "a second stop signal with handlers still running: the rest of the grace is "
+    "skipped (signal)",
     "handlers_running": "handlers still running at the end of the grace, released anyway (jobs)",
     "max_jobs": "the worker ran its --max-jobs",
     "burst_done": "nothing claimable under --burst; leaving",

@@ -27,7 +27,14 @@ from .claims import SETTLED, Claim, ClaimBook, Kind, Outcome
 from .dberrors import DB_ERRORS, contention
 from .executors import ProcessExecutor, ThreadExecutor
 from .heartbeat import Heartbeat, Watchdog
-from .identity import HELD_LOG_EVERY, default_worker_id, log_id_held, new_instance, silent_for
+from .identity import (
+    HELD_LOG_EVERY,
+    default_worker_id,
+    log_id_held,
+    log_id_replaced,
+    new_instance,
+    silent_for,
+)
 from .listener import Listener
 from .logs import claim_fields
 from .running import unrunnable
@@ -405,7 +412,7 @@ class Worker(Stopping):
             job.was_fence,
             # As its failure record says (claiming._expiry_message()).
             "its lease was ended early"
-            if conf.ended_early(lease)
+            if lease is None or conf.ended_early(lease)
             else f"its lease of {float(lease):g} s ran out",
             extra=claim_fields(
                 job,
@@ -532,10 +539,13 @@ class Worker(Stopping):
         )
         return False
 
-    def _replaced(self) -> None:
-        """The heartbeat found the worker row another process's: stop as on SIGTERM (a
-        stop already under way goes on as it was, not hurried as by a second signal)."""
+    def _replaced(self, holder: Any) -> None:
+        """The heartbeat found the worker row another process's (``holder``: its hostname
+        and pid, None if the row is gone): stop as on SIGTERM. A stop under way goes on as
+        it was, not hurried as by a second signal; its row, marked stopped, may be taken
+        by a waiting process meanwhile, which is no news."""
         if not self.stop_request.stopping:
+            log_id_replaced(self.worker_id, holder)
             self.stop_request.request("worker id taken over")
 
     def _executor(self) -> Any:

@@ -3,9 +3,9 @@
 SIGHUP is a closed terminal (or an SSH session gone): stopping as on SIGTERM releases the
 running jobs at once instead of leaving them to their leases, unless the worker was
 started under ``nohup`` (SIGHUP ignored) or by a program with a SIGHUP handler of its
-own, which are left as they are. The handler only counts
-and wakes the main loop; the loop does the work. Handlers are installed on the main thread
-only and the previous ones are restored afterwards.
+own, which are left as they are. The handler only counts and wakes the main loop; the
+loop does the work. Handlers are installed on the main thread only and the previous ones
+are restored afterwards.
 """
 
 from __future__ import annotations

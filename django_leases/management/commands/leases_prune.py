@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.db.models.functions import Now
 
-from django_leases.conf import MAX_INTERVAL_DAYS, get_options
+from django_leases.conf import MAX_INTERVAL_DAYS, checked_number, get_options
 from django_leases.exceptions import InvalidLeaseOption
 from django_leases.management import LeasesCommand
 from django_leases.models import Job, ScheduleRun
@@ -72,10 +72,10 @@ class Command(LeasesCommand):
         except InvalidLeaseOption as e:
             raise CommandError(str(e)) from e
         days = lease_options.retention_days if older_than_days is None else older_than_days
-        if not 0 <= days <= MAX_INTERVAL_DAYS:  # NaN too: no comparison holds
-            raise CommandError(
-                f"--older-than-days must be from 0 to {MAX_INTERVAL_DAYS:,}, got {days:g}"
-            )
+        try:
+            checked_number("--older-than-days", days, low=0, high=MAX_INTERVAL_DAYS)
+        except InvalidLeaseOption as e:
+            raise CommandError(str(e)) from e
         if batch_size < 1:
             raise CommandError(f"--batch-size must be >= 1, got {batch_size}")
         jobs = Job.objects.using(lease_options.database)
