@@ -25,6 +25,7 @@ from django_leases.admin_lists import LeaseAdminPaginator
 from django_leases.durations import duration_text
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
+from tests.worker_helpers import ROW_INSTANCE, worker_row
 
 pytestmark = pytest.mark.django_db
 
@@ -151,9 +152,7 @@ def test_lease_column_ignores_the_web_servers_clock(admin_client):
 
 def test_a_claim_whose_worker_is_gone_is_stalled_though_it_renewed_recently(admin_client):
     """Invariant 4: a stalled claim is only shown; its lease is left to run out."""
-    WorkerProcess.objects.register(
-        "w-gone", instance="test", heartbeat_seconds=10, hostname="h1", pid=7, queues=["default"]
-    )
+    worker_row("w-gone", "h1", 7, ["default"])
     WorkerProcess.objects.filter(worker_id="w-gone").update(last_seen_at=Now() - seconds(60))
     job = claimed_job("w-gone", expires_in=30.5, heartbeat_ago=1)
     response = admin_client.get(LIST)
@@ -188,10 +187,8 @@ def test_duration_text(value, text):
 
 @pytest.fixture
 def lease_mix():
-    WorkerProcess.objects.register(
-        "w-stopped", instance="test", heartbeat_seconds=10, hostname="h", pid=1, queues=["default"]
-    )
-    WorkerProcess.objects.stopped("w-stopped", "test")
+    worker_row("w-stopped", "h", 1, ["default"])
+    WorkerProcess.objects.stopped("w-stopped", ROW_INSTANCE)
     jobs = {
         "healthy": claimed_job("w1", expires_in=25),
         "expired": claimed_job("w2", expires_in=-5),
@@ -585,32 +582,11 @@ def test_actions_apply_to_every_row_selected_across_pages(operator):
 
 def test_workers_page_shows_hosts_claims_and_who_looks_gone(admin_client):
     """Invariant 1: "gone" is judged on the database clock (last_seen_at vs Now())."""
-    WorkerProcess.objects.register(
-        "w-alive",
-        instance="test",
-        heartbeat_seconds=10,
-        hostname="web-1",
-        pid=101,
-        queues=["default", "emails"],
-    )
-    WorkerProcess.objects.register(
-        "w-quiet",
-        instance="test",
-        heartbeat_seconds=10,
-        hostname="web-2",
-        pid=102,
-        queues=["reports"],
-    )
+    worker_row("w-alive", "web-1", 101, ["default", "emails"])
+    worker_row("w-quiet", "web-2", 102, ["reports"])
     WorkerProcess.objects.filter(worker_id="w-quiet").update(last_seen_at=Now() - seconds(95.5))
-    WorkerProcess.objects.register(
-        "w-stopped",
-        instance="test",
-        heartbeat_seconds=10,
-        hostname="web-3",
-        pid=103,
-        queues=["default"],
-    )
-    WorkerProcess.objects.stopped("w-stopped", "test")
+    worker_row("w-stopped", "web-3", 103, ["default"])
+    WorkerProcess.objects.stopped("w-stopped", ROW_INSTANCE)
     claimed_job("w-alive")
     claimed_job("w-alive", expires_in=-10)
     claimed_job("w-quiet", queue="reports")
@@ -649,9 +625,7 @@ def test_workers_page_counts_every_workers_claims_in_one_grouped_statement(admin
     """A subquery per worker walked every claimed job once for each worker listed (14 s for
     20 workers among 51,000 claims, docs/scale.md); the page now asks the jobs table once."""
     for n in range(3):
-        WorkerProcess.objects.register(
-            f"w{n}", instance="test", heartbeat_seconds=10, hostname="h", pid=n, queues=["default"]
-        )
+        worker_row(f"w{n}", "h", n, ["default"])
         claimed_job(f"w{n}")
     claimed_job("w0", expires_in=-10)
     with CaptureQueriesContext(connection) as queries:
@@ -673,9 +647,7 @@ def test_workers_page_counts_every_workers_claims_in_one_grouped_statement(admin
 
 
 def test_workers_page_is_read_only(admin_client):
-    WorkerProcess.objects.register(
-        "w1", instance="test", heartbeat_seconds=10, hostname="h", pid=1, queues=["default"]
-    )
+    worker_row("w1", "h", 1, ["default"])
     worker = WorkerProcess.objects.get()
     assert admin_client.get("/admin/django_leases/workerprocess/add/").status_code == 403
     response = admin_client.post(

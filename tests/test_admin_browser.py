@@ -23,6 +23,7 @@ from django.db.models.functions import Now
 
 from django_leases.models import Job, WorkerProcess
 from django_leases.states import JobState
+from tests.worker_helpers import worker_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,22 +98,8 @@ def seconds_in(pattern: str, cells: list[str]) -> int:
 @pytest.fixture
 def jobs():
     """A small, lifelike queue: running, expired, stalled, failed, done and waiting jobs."""
-    WorkerProcess.objects.register(
-        "web-1:4242",
-        instance="test",
-        heartbeat_seconds=10,
-        hostname="web-1",
-        pid=4242,
-        queues=["default", "emails"],
-    )
-    WorkerProcess.objects.register(
-        "web-2:977",
-        instance="test",
-        heartbeat_seconds=10,
-        hostname="web-2",
-        pid=977,
-        queues=["reports"],
-    )
+    worker_row("web-1:4242", "web-1", 4242, ["default", "emails"])
+    worker_row("web-2:977", "web-2", 977, ["reports"])
     WorkerProcess.objects.filter(worker_id="web-2:977").update(last_seen_at=Now() - seconds(340))
     healthy = claim("web-1:4242", "shop.tasks.send_receipt", [1042], "emails")
     expired = claim("web-2:977", "shop.tasks.build_report", [{"month": "2026-10"}], "reports")

@@ -275,6 +275,25 @@ LEASE, BEAT, POLL = 2.0, 0.5, 0.2
 FAST = ["--lease", str(LEASE), "--heartbeat", str(BEAT), "--poll", str(POLL)]
 
 
+# The process token of rows worker_row() registers (WorkerProcess.instance).
+ROW_INSTANCE = "test"
+
+
+def worker_row(worker_id: str, hostname: str = "h", pid: int = 1, queues=("default",)) -> None:
+    """A worker's row as run_lease_worker registers it (10 s beats), for a test that needs
+    one without starting a worker."""
+    from django_leases.models import WorkerProcess
+
+    WorkerProcess.objects.register(
+        worker_id,
+        instance=ROW_INSTANCE,
+        hostname=hostname,
+        pid=pid,
+        queues=list(queues),
+        heartbeat_seconds=10,
+    )
+
+
 def job_of(result):
     """The job row behind a django.tasks TaskResult."""
     from django_leases.models import Job
