@@ -10,13 +10,12 @@ and the admin's reads in operators.py, prune in pruning.py.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db import models, router
-from django.db.models import Case, Q, Value, When
-from django.db.models.functions import Now
+from django.db.models import Case, OuterRef, Q, Subquery, Value, When
+from django.db.models.functions import Coalesce, Now
 
 from .claiming import ClaimedJob
 from .enqueue import insert_job, insert_jobs
@@ -26,6 +25,7 @@ from .operators import OperatorVerbs
 from .owner_writes import OwnerVerbs, RecordedFailure
 from .pruning import PruneVerbs
 from .states import JobState
+from .worker_registry import silent_since
 
 if TYPE_CHECKING:
     from .models import Job
@@ -40,8 +40,8 @@ class JobQuerySet(OperatorVerbs, PruneVerbs, OwnerVerbs, models.QuerySet["Job"])
 
     # -- lease views -------------------------------------------------------------------
     # "Stalled" is the design's full definition, the one the admin shows: renewals stopped
-    # for more than two heartbeat periods, or the worker that holds the claim is stopped or
-    # unseen for as long. Every comparison uses Now().
+    # for SILENT_PERIODS of the holder's own heartbeat period, or the worker that holds the
+    # claim is stopped or unseen for as long. Every comparison uses Now().
 
     def claimable(self) -> JobQuerySet:
         """Pending and due, or claimed with a lease that has run out."""
@@ -66,15 +66,20 @@ class JobQuerySet(OperatorVerbs, PruneVerbs, OwnerVerbs, models.QuerySet["Job"])
         return self.filter(state=JobState.CLAIMED, lease_expires_at__gte=Now())
 
     def _stalled_q(self, heartbeat_seconds: float) -> Q:
-        workers = apps.get_model("django_leases", "WorkerProcess")
-        gone = workers.objects.using(self.db).gone(heartbeat_seconds).values("worker_id")
+        workers = apps.get_model("django_leases", "WorkerProcess").objects.using(self.db)
+        holders_period = workers.filter(worker_id=OuterRef("claimed_by")).values(
+            "heartbeat_seconds"
+        )[:1]
+        period = Coalesce(Subquery(holders_period), Value(float(heartbeat_seconds)))
         return Q(state=JobState.CLAIMED, lease_expires_at__gte=Now()) & (
-            Q(heartbeat_at__lt=Now() - Value(timedelta(seconds=2 * heartbeat_seconds)))
-            | Q(claimed_by__in=gone)
+            Q(heartbeat_at__lt=silent_since(period))
+            | Q(claimed_by__in=workers.gone().values("worker_id"))
         )
 
     def stalled_claims(self, heartbeat_seconds: float) -> JobQuerySet:
-        """Claimed with a valid lease, but silent for two heartbeat periods or its worker gone."""
+        """Claimed with a valid lease, but its renewals silent for SILENT_PERIODS of its
+        worker's heartbeat period (as the worker registered it; ``heartbeat_seconds`` for a
+        claim whose worker has no row), or its worker gone."""
         return self.filter(self._stalled_q(heartbeat_seconds))
 
     def with_lease_status(self, heartbeat_seconds: float) -> JobQuerySet:

@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from .admin_lists import EMPTY, age_seconds, heartbeat_seconds
+from .admin_lists import EMPTY, age_seconds
 from .durations import duration_text
 from .models import Job, WorkerProcess
 from .states import JobState
@@ -96,9 +96,7 @@ class WorkerProcessAdmin(_WorkerAdminBase):
 
     def get_queryset(self, request: HttpRequest) -> WorkerQuerySet:
         # WorkerProcess's default manager is a WorkerQuerySet's.
-        return cast("WorkerQuerySet", super().get_queryset(request)).with_status(
-            heartbeat_seconds()
-        )
+        return cast("WorkerQuerySet", super().get_queryset(request)).with_status()
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[WorkerChangeList]:
         return WorkerChangeList

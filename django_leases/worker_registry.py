@@ -2,18 +2,48 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
 from django.db import IntegrityError, models, transaction
-from django.db.models import Case, Q, Value, When
+from django.db.models import Case, F, Func, Q, Value, When
 from django.db.models.functions import Now
 
 from .states import JobState
 
 if TYPE_CHECKING:
     from .models import WorkerProcess  # noqa: F401 -- the queryset's type argument below
+
+
+SILENT_PERIODS = 2
+"""How many of its own heartbeat periods a worker (or a claim's renewals) may miss before
+it looks gone: one missed renewal is a slow statement, two are a stopped heartbeat."""
+
+
+class Seconds(Func):
+    """A duration of ``expression`` seconds (a float column or expression), on every
+    database: lets a comparison on the database clock use a period stored per row."""
+
+    output_field = models.DurationField()
+    # SQLite and MariaDB keep durations as microseconds; Django writes them into the date
+    # arithmetic (MariaDB: INTERVAL … MICROSECOND).
+    template = "CAST((%(expressions)s) * 1000000 AS INTEGER)"
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(
+            compiler, connection, template="CAST((%(expressions)s) * 1000000 AS SIGNED)", **extra
+        )
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(
+            compiler, connection, template="make_interval(secs => %(expressions)s)", **extra
+        )
+
+
+def silent_since(period: Any) -> Any:
+    """The time on the database clock before which a heartbeat of ``period`` seconds (a
+    number, column or expression) has missed SILENT_PERIODS renewals."""
+    return Now() - Seconds(period * SILENT_PERIODS)
 
 
 class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
@@ -30,8 +60,8 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
         heartbeat_seconds: float,
     ) -> WorkerProcess | None:
         """Take ``worker_id`` for the process ``instance`` names and return None; or, while
-        another process holds the id (not stopped, seen within two of its own heartbeat
-        periods), return its row, annotated with ``db_now``, and take nothing.
+        another process holds the id (it does not look gone: see gone()), return its row,
+        annotated with ``db_now``, and take nothing.
 
         Two live processes under one id would read as one: the first to stop would mark
         the other's healthy claims as a gone worker's. A stopped or silent holder is
@@ -52,7 +82,7 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
         holder: Any = None  # a WorkerProcess with db_now
         lost_race: IntegrityError | None = None
         for _ in range(3):
-            holder = rows.annotate(db_now=Now()).first()
+            holder = rows.with_status().first()
             if holder is None:
                 try:
                     with transaction.atomic(using=self.db):
@@ -61,16 +91,11 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
                 except IntegrityError as e:
                     lost_race = e
                     continue  # another process inserted it first: read its row
-            silent = (holder.db_now - holder.last_seen_at).total_seconds()
-            if (
-                holder.instance != instance
-                and holder.stopped_at is None
-                and silent <= 2 * holder.heartbeat_seconds
-            ):
+            if holder.instance != instance and not holder.looks_gone:
                 return cast("WorkerProcess", holder)  # live, by its own period (database clock)
             # Gone (or this very process registering again after an answer that never
             # came back): take it, unless another process did first; then read again.
-            takeable = self._gone_q(holder.heartbeat_seconds) | Q(instance=instance)
+            takeable = self._gone_q() | Q(instance=instance)
             if rows.filter(instance=holder.instance).filter(takeable).update(**fields):
                 return None
         if holder is not None:
@@ -89,28 +114,30 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
 
     # -- admin views -------------------------------------------------------------------
 
-    def _gone_q(self, heartbeat_seconds: float) -> Q:
+    def _gone_q(self) -> Q:
         return Q(stopped_at__isnull=False) | Q(
-            last_seen_at__lt=Now() - Value(timedelta(seconds=2 * heartbeat_seconds))
+            last_seen_at__lt=silent_since(F("heartbeat_seconds"))
         )
 
-    def gone(self, heartbeat_seconds: float) -> WorkerQuerySet:
-        """Stopped, or not seen for more than two heartbeat periods (database clock)."""
-        return self.filter(self._gone_q(heartbeat_seconds))
+    def gone(self) -> WorkerQuerySet:
+        """Stopped, or not seen for SILENT_PERIODS of the worker's own heartbeat period
+        (``heartbeat_seconds``, as it registered: ``--heartbeat`` may differ from the
+        settings the admin reads), on the database clock."""
+        return self.filter(self._gone_q())
 
-    def with_status(self, heartbeat_seconds: float) -> WorkerQuerySet:
+    def with_status(self) -> WorkerQuerySet:
         """Annotate ``db_now`` and ``looks_gone``. The claims each worker holds are
         JobQuerySet.claims_per_worker(): one grouped count for a page of workers."""
         return self.annotate(
             db_now=Now(),
             looks_gone=Case(
-                When(self._gone_q(heartbeat_seconds), then=Value(True)),
+                When(self._gone_q(), then=Value(True)),
                 default=Value(False),
                 output_field=models.BooleanField(),
             ),
         )
 
-    def with_claims(self, heartbeat_seconds: float) -> WorkerQuerySet:
+    def with_claims(self) -> WorkerQuerySet:
         """with_status(), plus ``claims_held`` and ``claims_expired``: a subquery per worker,
         each reading every claimed job (the admin counts a page of workers at once instead)."""
         from django.db.models.functions import Coalesce
@@ -128,6 +155,6 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
             )
             return Coalesce(models.Subquery(held), 0)
 
-        return self.with_status(heartbeat_seconds).annotate(
+        return self.with_status().annotate(
             claims_held=count(), claims_expired=count(lease_expires_at__lt=Now())
         )

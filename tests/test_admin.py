@@ -642,7 +642,7 @@ def test_workers_page_counts_every_workers_claims_in_one_grouped_statement(admin
     assert "GROUP BY" in reading_jobs[0]
     assert WorkerProcess._meta.db_table not in reading_jobs[0]
     # The per-worker annotations stay for code that reads a worker or two.
-    w0 = WorkerProcess.objects.with_claims(10).get(worker_id="w0")
+    w0 = WorkerProcess.objects.with_claims().get(worker_id="w0")
     assert (w0.claims_held, w0.claims_expired, w0.looks_gone) == (2, 1, False)
 
 

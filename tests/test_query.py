@@ -16,7 +16,7 @@ from django.utils import timezone
 from django_leases import enqueue as inserts
 from django_leases.exceptions import InvalidJobArgument, InvalidLeaseOption
 from django_leases.jsonsafe import ensure_json
-from django_leases.models import Job, JobFailure
+from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.owner_writes import RecordedFailure
 from django_leases.states import DeadReason, FailureKind, JobState
 from django_leases.worker.listener import listen
@@ -702,6 +702,49 @@ def test_lease_views_split_claimed_jobs_into_healthy_stalled_and_expired():
         b.pk
     }
     assert set(Job.objects.expired().values_list("pk", flat=True)) == {c.pk}
+
+
+def test_stalled_and_gone_are_judged_by_the_heartbeat_each_worker_registered():
+    """Invariant 4: a worker started with ``--heartbeat 60`` while the settings the admin
+    reads say 10 is live after 30 s of silence, and its claim healthy: "Expire stalled
+    claims now" must not end a running handler's lease. Past two of its own periods it is
+    gone. A claim whose worker has no row is judged by the period the caller gives."""
+    for worker_id, beat in (("slow", 60.0), ("quick", 10.0)):
+        WorkerProcess.objects.register(
+            worker_id,
+            instance=worker_id,
+            hostname="h",
+            pid=1,
+            queues=["*"],
+            heartbeat_seconds=beat,
+        )
+    claims = {}
+    for worker_id in ("slow", "quick", "no-row"):
+        enqueue()
+        [claims[worker_id]] = Job.objects.claim(worker_id)
+
+    def silence(seconds):
+        WorkerProcess.objects.update(last_seen_at=Now() - timedelta(seconds=seconds))
+        Job.objects.update(heartbeat_at=Now() - timedelta(seconds=seconds))
+
+    def stalled(period=10):
+        by_pk = {job.pk: w for w, job in claims.items()}
+        return {by_pk[pk] for pk in Job.objects.stalled_claims(period).values_list("pk", flat=True)}
+
+    silence(30)
+    assert set(WorkerProcess.objects.gone().values_list("worker_id", flat=True)) == {"quick"}
+    assert stalled() == {"quick", "no-row"}
+    assert stalled(period=60) == {"quick"}
+    status = dict(Job.objects.with_lease_status(10).values_list("pk", "lease_status"))
+    assert status[claims["slow"].pk] == "healthy"
+    assert Job.objects.expire_stalled_now(10) == 2
+    assert Job.objects.lease_valid().get().pk == claims["slow"].pk
+    silence(121)
+    assert set(WorkerProcess.objects.gone().values_list("worker_id", flat=True)) == {
+        "slow",
+        "quick",
+    }
+    assert stalled() == {"slow"}
 
 
 def test_prune_deletes_only_finished_jobs_past_retention():
