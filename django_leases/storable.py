@@ -19,6 +19,8 @@ import traceback
 import types
 from typing import Any
 
+from django.utils.json import normalize_json
+
 from .exceptions import InvalidJobArgument
 from .jsonsafe import SENT_LIMIT, ensure_json, size_as_sent, too_large
 
@@ -166,7 +168,10 @@ def _readable(path: str) -> str | None:
 def storable_result(value: Any) -> Any:
     """``value`` as the job's JSON ``result`` column will hold it (plain lists, dicts, str,
     int, float, bool, None), or raise TypeError saying why it cannot be, naming where in
-    the value (``result[0]['when']``) as enqueue's argument errors do."""
+    the value (``result[0]['when']``) as enqueue's argument errors do.
+
+    What Django's own backends store (``django.utils.json.normalize_json``: UTF-8 bytes as
+    str, any mapping as a dict, any sequence as a list) is stored so too."""
     if value is None or type(value) in (bool, str, int) and _is_plain_scalar(value):
         return value
     bound = [0]
@@ -175,7 +180,13 @@ def storable_result(value: Any) -> Any:
         # may have overridden) goes on to the worker.
         checked = ensure_json(value, "result", bound)
     except InvalidJobArgument as e:
-        raise TypeError(f"the task returned a value that cannot be stored as JSON: {e}") from None
+        try:
+            bound = [0]
+            checked = ensure_json(normalize_json(value), "result", bound)
+        except BaseException:  # noqa: BLE001 -- refused by both: the first reason says where
+            raise TypeError(
+                f"the task returned a value that cannot be stored as JSON: {e}"
+            ) from None
     except BaseException as e:  # noqa: BLE001 -- whatever the value's own methods raise
         # (user code: even KeyboardInterrupt is its failure)
         raise TypeError(

@@ -85,11 +85,14 @@ def _finished_signals(job_id: int) -> list[tuple[str, str]]:
     return list(Effect.objects.filter(job_id=job_id).values_list("phase", "worker_id"))
 
 
-def _assert_failed_once(result, path: str, message: str | None = None):
-    """The job ended dead after one attempt, nothing half-written, with one failure of
-    ``path`` whose text any database stores; task_finished was sent once, FAILED."""
+def _assert_failed_once(
+    result, path: str, message: str | None = None, reason: str = DeadReason.ATTEMPTS
+):
+    """The job ended dead after one attempt (for ``reason``), nothing half-written, with
+    one failure of ``path`` whose text any database stores; task_finished was sent once,
+    FAILED."""
     job = Job.objects.get(pk=result.id)
-    assert (job.state, job.dead_reason, job.attempts) == (JobState.DEAD, DeadReason.ATTEMPTS, 1)
+    assert (job.state, job.dead_reason, job.attempts) == (JobState.DEAD, reason, 1)
     assert job.result is None and job.claim_token is None and job.finished_at is not None
     failure = job.failures.get()
     assert (failure.kind, failure.exception_class_path) == (FailureKind.EXCEPTION, path)
@@ -242,12 +245,17 @@ def test_a_return_value_that_cannot_be_stored_fails_as_type_error(workers, isola
             _key(kind), kind
         )
     plain = t.hostile_return.enqueue(_key("plain"), "str_subclass_reduce")
+    # What Django's own backends store (normalize_json) is stored so too.
+    normalized = {
+        kind: t.hostile_return.enqueue(_key(kind), kind)
+        for kind in ("utf8_bytes", "range", "mapping")
+    }
     good = t.add.enqueue(2, 3)
 
     assert _burst(workers, f"return-{isolation}", isolation) == 0
 
     for name, result in poison.items():
-        failure = _assert_failed_once(result, "builtins.TypeError")
+        failure = _assert_failed_once(result, "builtins.TypeError", reason=DeadReason.NON_RETRYABLE)
         assert failure.message.startswith("the task returned a value "), failure.message
         for words in where[name.removeprefix("async ")]:
             assert words in failure.message, (name, failure.message)
@@ -255,17 +263,27 @@ def test_a_return_value_that_cannot_be_stored_fails_as_type_error(workers, isola
     done = _result(plain.id)
     assert (done.status, done.return_value) == (TaskResultStatus.SUCCESSFUL, ["fine as JSON"])
     assert _finished_signals(int(plain.id)) == [("finished:SUCCESSFUL", "")]
+    assert {kind: _result(r.id).return_value for kind, r in normalized.items()} == {
+        "utf8_bytes": "café",
+        "range": [0, 1, 2],
+        "mapping": {"a": [1, "x"]},
+    }
     assert Job.objects.get(pk=good.id).result == 5
 
 
 @workers_db
-def test_an_unstorable_result_follows_the_retry_ladder(workers):
-    """A TypeError from the return value is a failure like any other: the job goes back to
-    pending for its next attempt while it has attempts left (6)."""
+def test_an_unstorable_result_is_not_retried(workers):
+    """The handler's work is done: running it again would repeat its effects only to
+    return the same kind of value. With attempts left, the job is dead at once, its
+    TypeError recorded, the handler run once (6, 3)."""
     result = t.hostile_return.using_lease(max_attempts=3).enqueue(_key("retry"), "set")
     assert _burst(workers, "retry", "thread") == 0
     job = Job.objects.get(pk=result.id)
-    assert (job.state, job.attempts, job.dead_reason) == (JobState.PENDING, 1, "")
+    assert (job.state, job.attempts, job.dead_reason) == (
+        JobState.DEAD,
+        1,
+        DeadReason.NON_RETRYABLE,
+    )
     assert job.failures.get().exception_class_path == "builtins.TypeError"
 
 
@@ -575,7 +593,7 @@ def _check(spec, result) -> None:
             assert Job.objects.get(pk=result.id).result == ["fine as JSON"]
             assert _finished_signals(int(result.id)) == [("finished:SUCCESSFUL", "")]
             return
-        failure = _assert_failed_once(result, "builtins.TypeError")
+        failure = _assert_failed_once(result, "builtins.TypeError", reason=DeadReason.NON_RETRYABLE)
         assert failure.message.startswith("the task returned a value that cannot be stored")
         return
     _, kind, codepoints, repeat, is_async = spec

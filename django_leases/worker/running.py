@@ -167,7 +167,9 @@ def _run(
             # in process isolation only plain JSON travels back to the worker.
             result = storable_result(result)
         except BaseException as e:  # noqa: BLE001 -- TypeError, or what a hostile value's methods raise
-            return _failed(task, started, e)
+            # Not retried: the handler's work is done, and running it again would repeat
+            # its effects only to return the same kind of value.
+            return _failed(task, started, e, retryable=False)
         outcome = Outcome(Kind.OK, result=result)
     _send(
         task_finished,
@@ -177,16 +179,23 @@ def _run(
     return outcome
 
 
-def _failed(task: Any, started: TaskResult[..., Any] | None, exc: BaseException) -> Outcome:
+def _failed(
+    task: Any,
+    started: TaskResult[..., Any] | None,
+    exc: BaseException,
+    *,
+    retryable: bool | None = None,
+) -> Outcome:
     """The failed outcome of ``exc``, every field storable; sends task_finished (FAILED).
-    Called inside the except block, so that receivers see sys.exc_info()."""
+    Called inside the except block, so that receivers see sys.exc_info(). ``retryable``
+    None: as the task's ``non_retryable`` says."""
     path, message, trace = describe_exception(exc)
     outcome = Outcome(
         Kind.ERROR,
         exception_class_path=path,
         message=message,
         traceback=trace,
-        retryable=_retryable(task, exc),
+        retryable=_retryable(task, exc) if retryable is None else retryable,
     )
     _send(
         task_finished,

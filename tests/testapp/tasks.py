@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import django
@@ -789,6 +790,10 @@ def hostile_value(kind: str, size: int = 3000) -> object:
         "nameless": lambda: [Nameless("x")],
         "dict_items_raise": lambda: _ItemsRaise(a=1),
         "dict_items_interrupt": lambda: _ItemsInterrupt(a=1),
+        # Not hostile: what django.utils.json.normalize_json (Django's own backends) stores.
+        "utf8_bytes": lambda: "café".encode(),
+        "range": lambda: range(3),
+        "mapping": lambda: types.MappingProxyType({"a": (1, b"x")}),
     }[kind]()
 
 
