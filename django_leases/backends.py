@@ -22,7 +22,7 @@ from .enqueue_options import (
     checked_priority,
     checked_text,
 )
-from .exceptions import InvalidJobArgument, InvalidLeaseOption
+from .exceptions import InvalidJobArgument, InvalidLeaseOption, InvalidTaskArguments
 from .fits import task_misfit
 from .jsonsafe import MAX_INT, shown
 from .states import FailureKind, JobState, LeaseLostPolicy
@@ -199,7 +199,9 @@ class LeaseBackend(BaseTaskBackend):
                 row = job.pk, job.enqueued_at, job.args, job.kwargs
             else:
                 row, merged = insert_job_row(Job, self.database, fields, args, kwargs), False
-        except (InvalidJobArgument, InvalidLeaseOption) as e:
+        except InvalidJobArgument as e:
+            raise InvalidTaskArguments(f"Cannot enqueue {task.module_path}: {e}") from e
+        except InvalidLeaseOption as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
         if merged:
             # Nothing was enqueued: the job holding the key, as it stands (running, say,
@@ -227,7 +229,9 @@ class LeaseBackend(BaseTaskBackend):
                 batch_size=1000,
                 fits=lambda args, kwargs, path: _check_fits(task, args, kwargs, path),
             )
-        except (InvalidJobArgument, InvalidLeaseOption) as e:
+        except InvalidJobArgument as e:
+            raise InvalidTaskArguments(f"Cannot enqueue {task.module_path}: {e}") from e
+        except InvalidLeaseOption as e:
             raise InvalidTask(f"Cannot enqueue {task.module_path}: {e}") from e
         results: list[TaskResult[..., Any]] = [
             self._enqueued_result(task, fields.priority, *row) for row in rows

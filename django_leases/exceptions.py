@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.tasks.exceptions import InvalidTask
+
 
 class LeasesError(Exception):
     """Base class for django_leases errors. Do not raise directly."""
@@ -14,6 +16,13 @@ class InvalidJobArgument(LeasesError, ValueError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class InvalidTaskArguments(InvalidTask, TypeError, ValueError):
+    """The lease backend's enqueue refused a call's arguments (from InvalidJobArgument,
+    its ``__cause__``): Django's InvalidTask, as for every refused enqueue here, and the
+    TypeError (ValueError for bytes that are not UTF-8) Django's own backends raise for
+    arguments JSON cannot hold, so an ``except`` written for either catches it."""
 
 
 class InvalidLeaseOption(LeasesError, ValueError):
