@@ -498,6 +498,21 @@ def first_lease_backend() -> str | None:
     return aliases[0] if aliases else None
 
 
+def lease_backend(alias: str | None, option: str = "backend") -> str:
+    """``alias`` (None: the first lease backend), or InvalidLeaseOption naming ``option``
+    when it names no lease backend: a command given another backend's alias would read
+    default options, and prune under the default retention."""
+    aliases = lease_backend_aliases()
+    chosen = alias if alias is not None else (aliases[0] if aliases else None)
+    if chosen is None or chosen not in aliases:
+        raise InvalidLeaseOption(
+            option,
+            f"{chosen!r} is not a django_leases backend in settings.TASKS "
+            f"(lease backends: {', '.join(aliases) or 'none'})",
+        )
+    return chosen
+
+
 def served_queues(alias: str) -> list[str] | None:
     """The queues a worker of backend ``alias`` serves by default: its QUEUES, or None
     (every queue) when it lists none."""

@@ -10,6 +10,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection, connections, transaction
 from django.db.models import F
@@ -205,6 +206,23 @@ def test_older_than_days_out_of_range_is_refused_naming_it(days):
         CommandError, match=r"--older-than-days: must be at least 0 and at most 36500, got"
     ):
         call_command("leases_prune", "--older-than-days", days, stdout=StringIO())
+
+
+@pytest.mark.parametrize("command", ["leases_prune", "lease_report"])
+def test_a_backend_alias_that_is_no_lease_backend_is_refused_naming_the_flag(command):
+    """(3) Before, another backend's alias (or none at all) read the default options:
+    prune deleted jobs under the default 14 days where the lease backend kept 90."""
+    other = {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}
+    tasks = {**settings.TASKS, "other": other}
+    finished = job(JobState.SUCCEEDED, days_ago=30)
+    with override_settings(TASKS=tasks):
+        for alias, names in (("other", "'other'"), ("nope", "'nope'")):
+            with pytest.raises(CommandError, match=rf"--backend: {names} is not a django_leases"):
+                call_command(command, "--backend", alias, stdout=StringIO())
+    no_lease_backend = override_settings(TASKS={"other": other})
+    with no_lease_backend, pytest.raises(CommandError, match=r"None is not .*backends: none"):
+        call_command(command, stdout=StringIO())
+    assert Job.objects.filter(pk=finished.pk).exists()
 
 
 def test_prune_says_nothing_at_verbosity_0():

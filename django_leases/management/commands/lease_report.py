@@ -18,6 +18,7 @@ _FLAGS = {
     "headroom": "--headroom",
     "floor": "--min-lease",
     "min_samples": "--min-samples",
+    "alias": "--backend",
 }
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.db.models.functions import Now
 
-from django_leases.conf import MAX_INTERVAL_DAYS, checked_number, get_options
+from django_leases.conf import MAX_INTERVAL_DAYS, checked_number, get_options, lease_backend
 from django_leases.exceptions import InvalidLeaseOption
 from django_leases.management import LeasesCommand
 from django_leases.models import Job, ScheduleRun
@@ -68,7 +68,7 @@ class Command(LeasesCommand):
     ) -> None:
         self.verbosity = options["verbosity"]
         try:
-            lease_options = get_options(backend)
+            lease_options = get_options(lease_backend(backend, "--backend"))
         except InvalidLeaseOption as e:
             raise CommandError(str(e)) from e
         days = lease_options.retention_days if older_than_days is None else older_than_days

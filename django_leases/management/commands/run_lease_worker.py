@@ -187,14 +187,7 @@ class Command(LeasesCommand):
 
     def _worker_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
         """Check every option before anything is claimed; raise InvalidLeaseOption naming it."""
-        aliases = conf.lease_backend_aliases()
-        alias = options["backend"] or conf.first_lease_backend()
-        if alias is None or alias not in aliases:
-            raise InvalidLeaseOption(
-                "backend",
-                f"{alias!r} is not a django_leases backend in settings.TASKS "
-                f"(lease backends: {', '.join(aliases) or 'none'})",
-            )
+        alias = conf.lease_backend(options["backend"] or None)
         try:
             backend = conf.get_options(alias)
         except InvalidLeaseOption as e:
