@@ -7,7 +7,7 @@ Django 6.0's decorator passes no extra arguments, so there the options come from
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -33,7 +33,9 @@ class LeaseTask(_TaskBase):
     # Claims a job may use before it is dead-lettered (None: queue/backend default).
     max_attempts: int | None = None
     # Retry ladder for ordinary failures: a Retry, a list of delays or a dict (None: default).
-    retry: Any = None
+    # Left out of the hash (a list or dict has none), as schedule is: a task stays usable
+    # as a dict key or in a set, as Django's Task is.
+    retry: Any = field(default=None, hash=False)
     # What an expired claim means for this task's jobs: "retry", "dead" or "park".
     on_lease_lost: str = "retry"
     # Exception classes that dead-letter the job at once instead of retrying it.
@@ -49,7 +51,7 @@ class LeaseTask(_TaskBase):
     max_age: float | None = None
     # Run by itself: a schedules.Periodic (or a list of them), enqueued by the workers, each
     # tick exactly once (docs/periodic.md).
-    schedule: Any = None
+    schedule: Any = field(default=None, hash=False)
 
     def enqueue_many(self, calls: Any) -> list[Any]:
         """Enqueue one job per ``(args, kwargs)`` pair in bulk INSERTs, in the caller's

@@ -255,6 +255,22 @@ def test_using_lease_sets_per_task_options_on_every_django_version():
     assert Retry.from_json(job.retry) == Retry(delays=(5, 50))
 
 
+def test_a_task_with_a_list_or_dict_ladder_or_schedules_stays_hashable():
+    """Django's Task is a frozen dataclass, usable as a dict key or in a set; a ladder
+    given as a list (as the docs show) or a dict, or a list of schedules, made hashing
+    the task raise TypeError."""
+    from django_leases.schedules import Periodic
+
+    variants = [
+        add.using_lease(retry=[5, 50]),
+        add.using_lease(retry={"base": 5, "factor": 2}),
+        add.using_lease(schedule=[Periodic(every=60, args=[1, 2])]),
+    ]
+    assert {task: i for i, task in enumerate(variants)}[variants[0]] == 0
+    assert hash(variants[0]) == hash(add.using_lease(retry=[5, 50]))
+    assert variants[0] == add.using_lease(retry=[5, 50]) != variants[1]
+
+
 def test_a_duplicate_unique_key_through_django_tasks_raises_and_writes_nothing():
     from django_leases.exceptions import DuplicateJob
 
