@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -256,6 +257,25 @@ def test_the_json_formatter_writes_one_object_with_the_fields():
     assert parsed["message"] == "Acked job=7"
     assert (parsed["event"], parsed["job_id"], parsed["worker"]) == ("acked", 7, "w\u00e9")
     assert parsed["time"].endswith("+00:00") and parsed["level"] == "INFO"
+
+
+@pytest.mark.parametrize("formatter", [logs.JsonFormatter, logs.TextFormatter])
+def test_a_traceback_in_a_log_line_is_cut_as_a_stored_one_is(formatter):
+    """(6) A handler's 2 MB message in Django's task_finished line (its exc_info) made a
+    2 MB log line: cut to TRACEBACK_LIMIT with its head and tail, as the stored traceback."""
+    from django_leases.storable import TRACEBACK_LIMIT
+
+    try:
+        raise ValueError("head " + "m" * 2_000_000 + " tail")
+    except ValueError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord(
+        "django.tasks", logging.ERROR, __file__, 1, "Task id=%s", (7,), exc_info
+    )
+    line = formatter().format(record)
+    assert len(line) < TRACEBACK_LIMIT + 1000
+    assert "Traceback (most recent call last)" in line and "characters in all, cut to" in line
+    assert line.rstrip().endswith("m tail") or json.loads(line)["exc_info"].endswith("m tail")
 
 
 # -- every event in one list -------------------------------------------------------------

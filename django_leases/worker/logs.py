@@ -15,6 +15,8 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from ..storable import TRACEBACK_LIMIT, storable_text
+
 WORKER_LOGGER = "django_leases.worker"
 TASKS_LOGGER = "django.tasks"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -183,10 +185,23 @@ def _name_the_claim(record: logging.LogRecord, args: tuple[Any, ...]) -> None:
     record.args = (*args, handle.fence, handle.attempt, handle.worker_id)
 
 
+def bounded_traceback(formatter: logging.Formatter, exc_info: Any) -> str:
+    """``exc_info`` formatted, cut as a stored traceback is (TRACEBACK_LIMIT, head and
+    tail): a handler's 20 MB message made a 20 MB log line, which log shippers split or
+    drop (Docker at 16 KiB, journald at 48 KiB) and a JSON reader then cannot parse."""
+    return storable_text(
+        logging.Formatter.formatException(formatter, exc_info), TRACEBACK_LIMIT, keep_tail=True
+    )
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time (UTC, ISO 8601), level, logger, message, then the
-    record's structured fields; a traceback as ``exc_info``. Usable from LOGGING too:
+    record's structured fields; a traceback as ``exc_info`` (at most TRACEBACK_LIMIT
+    characters). Usable from LOGGING too:
     ``{"()": "django_leases.worker.logs.JsonFormatter"}``."""
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 -- logging's name
+        return bounded_traceback(self, ei)
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -214,6 +229,9 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self, fmt: str | None = TEXT_FORMAT, *args: Any, **kwargs: Any) -> None:
         super().__init__(fmt, *args, **kwargs)
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 -- logging's name
+        return bounded_traceback(self, ei)
 
     def format(self, record: logging.LogRecord) -> str:
         return printable(super().format(record))
