@@ -9,7 +9,8 @@ comes back the same from every other:
 - integers: MySQL's JSON type keeps integers outside 64 bits as doubles, so ints must lie
   within ``MIN_INT``..``MAX_INT``;
 - floats: PostgreSQL's jsonb prints a float of magnitude 1e16 or more without an exponent,
-  so it comes back as an int; such floats are refused (``MAX_FLOAT``).
+  so it comes back as an int; such floats are refused (``MAX_FLOAT``). It gives -0.0 back
+  as 0.0 (equal in Python), so -0.0 is stored as 0.0 everywhere.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
                 f"is the float {value!r}, which PostgreSQL's jsonb would give back as an "
                 "integer; pass int(value) or a string",
             )
-        return value
+        return 0.0 if value == 0 else value
     if isinstance(value, list | tuple | dict):
         if depth > MAX_DEPTH:
             raise InvalidJobArgument(

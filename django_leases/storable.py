@@ -45,7 +45,7 @@ def storable_text(value: Any, limit: int, *, keep_tail: bool = False) -> str:
         escaped = _escape(text)
         if len(escaped) <= limit:
             return escaped
-    note = f"\n[... {len(text):,} characters in all, cut to {limit:,} ...]\n"
+    note = _cut_note(text, limit)
     room = max(limit - len(note), 0)
     if not keep_tail:
         return (_escape(text[:room])[:room] + note)[:limit]
@@ -53,6 +53,22 @@ def storable_text(value: Any, limit: int, *, keep_tail: bool = False) -> str:
     return (_escape(text[:head])[:head] + note + (_escape(text[-tail:])[-tail:] if tail else ""))[
         :limit
     ]
+
+
+def _cut_note(text: str, limit: int) -> str:
+    return f"\n[... {len(text):,} characters in all, cut to {limit:,} ...]\n"
+
+
+def cut_middle(text: str, limit: int) -> str:
+    """``text`` as it is, or its head and tail around a note of how much was cut, in at
+    most ``limit`` characters: a log line's traceback (nothing escaped; the log formats do
+    that as each needs)."""
+    if len(text) <= limit:
+        return text
+    note = _cut_note(text, limit)
+    room = max(limit - len(note), 0)
+    head, tail = room - room // 2, room // 2
+    return (text[:head] + note + (text[-tail:] if tail else ""))[:limit]
 
 
 def storable_name(value: Any, limit: int = CLASS_PATH_LIMIT) -> str:

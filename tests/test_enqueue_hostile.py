@@ -330,6 +330,18 @@ def test_limits_themselves_are_accepted_and_read_back_exactly():
     assert longest.deadline - longest.enqueued_at == timedelta(days=conf.MAX_INTERVAL_DAYS)
 
 
+def test_negative_zero_is_stored_as_zero_on_every_database():
+    """PostgreSQL's jsonb gives -0.0 back as 0.0, SQLite and MariaDB as -0.0: a value
+    accepted on one database reads back the same on every other, so it goes in as 0.0."""
+    import math
+
+    job = Job.objects.enqueue(TASK, [-0.0, [-0.0]], {"x": -0.0})
+    back = Job.objects.get(pk=job.pk)
+    zeros = [back.args[0], back.args[1][0], back.kwargs["x"]]
+    assert zeros == [0.0] * 3 and all(type(z) is float for z in zeros)
+    assert [math.copysign(1.0, z) for z in zeros] == [1.0] * 3
+
+
 class _ShortSpoken(str):
     """A caller's str that says it is empty and holds nothing a database refuses: its
     content is what is stored."""

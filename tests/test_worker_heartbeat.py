@@ -187,3 +187,51 @@ def test_no_claims_while_a_renewal_hangs_for_longer_than_the_lease(workers):
     assert a.events("heartbeat_back", worker="stuck-a")
     a.signal(signal.SIGTERM)
     assert a.wait_exit() == 0
+
+
+def test_a_handler_that_returns_past_its_lease_by_the_local_clock_is_lost_unsignalled():
+    """Invariants 2 and 4: a handler that held the GIL through its lease starved the
+    heartbeat thread; another worker may run the job now. What it returns or raises then is
+    a lost claim's (discarded; the database decides), and task_finished is not sent: it
+    said SUCCESSFUL for a result the worker then discarded."""
+    from django.tasks.signals import task_finished
+
+    from django_leases.api import JobHandle, Stamp, WorkerLink
+    from django_leases.worker.claims import Kind
+    from django_leases.worker.running import run_task
+    from tests.testapp.tasks import boom
+
+    def claim(task):
+        Job.objects.enqueue(task.module_path, [1, 2] if task is add else [])
+        [job] = Job.objects.claim("w")
+        link = WorkerLink(lost=threading.Event(), stamp=Stamp(time.monotonic()), checkpointer=bool)
+        handle = JobHandle(
+            job_id=job.pk,
+            fence=job.fence,
+            attempt=job.attempts,
+            cursor=None,
+            lease_seconds=job.lease_seconds,
+            worker_id="w",
+            claim_token=job.claim_token,
+            link=link,
+        )
+        return job, handle, link
+
+    sent = []
+
+    def receiver(sender, task_result, **kwargs):
+        sent.append((task_result.id, task_result.status))
+
+    task_finished.connect(receiver)
+    try:
+        job, handle, link = claim(add)
+        assert run_task(add, [1, 2], {}, handle, link).kind is Kind.OK
+        assert sent == [(str(job.pk), "SUCCESSFUL")]
+        for task, args in ((add, [1, 2]), (boom, [])):
+            sent.clear()
+            job, handle, link = claim(task)
+            link.stamp.value = time.monotonic() - job.lease_seconds - 0.1
+            assert run_task(task, args, {}, handle, link).kind is Kind.LOST, task
+            assert sent == [], task
+    finally:
+        task_finished.disconnect(receiver)

@@ -15,7 +15,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from ..storable import TRACEBACK_LIMIT, storable_text
+from ..storable import TRACEBACK_LIMIT, cut_middle
 
 WORKER_LOGGER = "django_leases.worker"
 TASKS_LOGGER = "django.tasks"
@@ -189,9 +189,7 @@ def bounded_traceback(formatter: logging.Formatter, exc_info: Any) -> str:
     """``exc_info`` formatted, cut as a stored traceback is (TRACEBACK_LIMIT, head and
     tail): a handler's 20 MB message made a 20 MB log line, which log shippers split or
     drop (Docker at 16 KiB, journald at 48 KiB) and a JSON reader then cannot parse."""
-    return storable_text(
-        logging.Formatter.formatException(formatter, exc_info), TRACEBACK_LIMIT, keep_tail=True
-    )
+    return cut_middle(logging.Formatter.formatException(formatter, exc_info), TRACEBACK_LIMIT)
 
 
 class JsonFormatter(logging.Formatter):

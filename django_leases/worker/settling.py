@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -174,7 +175,12 @@ class Settling:
             claim.pk,
             claim.job.fence,
             self.worker_id,
-            claim.lost_reason or "handler stopped on LeaseLost",
+            claim.lost_reason
+            or (
+                "no renewal succeeded for longer than the lease"
+                if claim.expired_locally(time.monotonic())
+                else "handler stopped on LeaseLost"
+            ),
             extra=claim_fields(claim.job, self.worker_id, "discarded"),
         )
 
