@@ -79,10 +79,12 @@ def runnable(alias: str, task_path: str, queue_name: str) -> Task[..., Any] | No
     """The task a worker of ``alias`` runs for a job of ``task_path`` in ``queue_name``:
     the one declared for ``alias``, else one declared for another lease backend (sent here
     with ``Task.using(backend=alias)``, which declares the copy in the process that made
-    it only, or enqueued by path on this backend's database), moved to ``alias`` and the
-    job's queue so that its results and signals are this backend's. A moved task is kept
-    apart, never declared: lookup() and the schedules still see only what each backend
-    declares."""
+    it only, or enqueued by path on this backend's database), else a task of any other
+    backend that a discovered module holds (``Task.using(backend=alias)`` of a task
+    declared for Django's ImmediateBackend, say: no lease backend declares it), moved to
+    ``alias`` and the job's queue so that its results and signals are this backend's. A
+    moved task is kept apart, never declared: lookup() and the schedules still see only
+    what each backend declares."""
     task = lookup(alias, task_path)
     if task is not None:
         return task
@@ -90,13 +92,39 @@ def runnable(alias: str, task_path: str, queue_name: str) -> Task[..., Any] | No
     with _lock:
         moved = _moved.get(key)
         elsewhere = [t[task_path] for a, t in sorted(_declared.items()) if task_path in t]
-    if moved is not None or not elsewhere:
+    if moved is not None:
         return moved
+    if not elsewhere:
+        held = _held_by_discovered(task_path)
+        if held is None:
+            return None
+        elsewhere = [held]
     moved = _moved_to(elsewhere[0], alias, queue_name)
     with _lock:
         if len(_moved) >= 1024:  # paths from rows: bounded
             _moved.clear()
         return _moved.setdefault(key, moved)
+
+
+def _held_by_discovered(task_path: str) -> Task[..., Any] | None:
+    """A Task (of any backend) named ``task_path`` that a discovered module, or its own
+    module inside one, holds: read from the namespaces of modules already imported, never
+    imported on the row's say-so (the rule is_discovered() applies at enqueue)."""
+    from django.tasks import Task
+
+    found = discovered_modules()
+    own = task_path.rpartition(".")[0]
+    names = sorted(found)
+    if own not in found and any(own.startswith(f"{name}.") for name in found):
+        names.append(own)
+    for name in names:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, Task) and value.module_path == task_path:
+                return value
+    return None
 
 
 def _moved_to(task: Task[..., Any], alias: str, queue_name: str) -> Task[..., Any]:

@@ -142,6 +142,9 @@ TASKS: dict[str, dict[str, Any]] = {
         "QUEUES": [],
         "OPTIONS": {"LEASE_SECONDS": 30},
     },
+    # Not a lease backend: a task declared for it and sent to a lease backend with
+    # using(backend=...) is run by that backend's workers (tests/test_tasks_api.py).
+    "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
 }
 LOGGING = {
     "version": 1,

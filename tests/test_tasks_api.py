@@ -339,11 +339,16 @@ def test_a_task_sent_to_another_backend_with_using_is_run_by_that_backends_worke
     """Task.using(backend=...) is Django's way to send a task to another backend: add,
     declared for "default", sent to "queue", is run by the "queue" worker, its results
     that backend's (before: the worker, which had it declared for "default" only, ended
-    the job dead as an UnknownTask). A path declared for no backend still ends dead."""
+    the job dead as an UnknownTask). So is a task declared for Django's ImmediateBackend,
+    which no lease backend declares (before: dead as an UnknownTask). A path declared for
+    no backend still ends dead."""
     from django.tasks import TaskResultStatus as Status
+
+    from tests.testapp.tasks import immediate_add
 
     sent = add.using(backend="queue", queue_name="bulk")
     result = sent.enqueue(20, 22)
+    from_immediate = immediate_add.using(backend="queue", queue_name="bulk").enqueue(1, 2)
     stray = Job.objects.db_manager("queue").enqueue(
         "tests.testapp.tasks.not_a_task", [], None, queue_name="bulk"
     )
@@ -354,6 +359,8 @@ def test_a_task_sent_to_another_backend_with_using_is_run_by_that_backends_worke
     assert finished(result).status == Status.SUCCESSFUL and result.return_value == 42
     assert result.worker_ids == [f"using-{isolation}"] and result.backend == "queue"
     assert sent.get_result(result.id).status == Status.SUCCESSFUL
+    assert finished(from_immediate).status == Status.SUCCESSFUL
+    assert from_immediate.return_value == 3 and from_immediate.backend == "queue"
     # Run, never declared: the schedules and lookup() see only what each backend declares
     # (send_receipt: add's copy made above is declared for "queue" in this process).
     from django_leases import registry

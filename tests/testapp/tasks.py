@@ -14,6 +14,13 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+@task(backend="immediate")
+def immediate_add(a: int, b: int) -> int:
+    """Declared for Django's ImmediateBackend, which no worker serves: sent to a lease
+    backend with using(backend=...), no lease backend declares it."""
+    return a + b
+
+
 @task(queue_name="emails", priority=10)
 def send_receipt(order_id: int) -> str:
     return f"receipt {order_id}"
