@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, cast
 
+from django.conf import settings
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
@@ -15,6 +16,7 @@ from . import conf, registry
 from .conf import LeaseOptions
 from .enqueue import insert_job_row, insert_job_rows, insert_or_merge_job
 from .enqueue_options import (
+    USE_TZ_NEEDED,
     EnqueueOptions,
     JobFields,
     check_task_options,
@@ -145,7 +147,6 @@ def _check_schedule_option(task: Any) -> None:
 class LeaseBackend(BaseTaskBackend):
     """Stores tasks as jobs claimed under leases by ``manage.py run_lease_worker``."""
 
-    supports_defer = True
     supports_async_task = True
     supports_get_result = True
     supports_priority = True
@@ -155,6 +156,12 @@ class LeaseBackend(BaseTaskBackend):
         super().__init__(alias, params)
         # What each task's jobs get, checked once per task (see _job_fields).
         self._checked_tasks: dict[Any, JobFields] = {}
+
+    @property
+    def supports_defer(self) -> bool:  # type: ignore[override]  # Django's: a class attribute
+        """run_after is taken only with USE_TZ = True: a naive datetime names no instant
+        to compare with the database clock (check W003)."""
+        return bool(settings.USE_TZ)
 
     @property
     def lease_options(self) -> LeaseOptions:
@@ -167,6 +174,9 @@ class LeaseBackend(BaseTaskBackend):
 
     def validate_task(self, task: Any) -> None:
         _check_compared_fields(task)
+        if task.run_after is not None and not self.supports_defer:
+            # Before Django's own "does not support run_after": this one says why.
+            raise InvalidTask(f"{task.module_path}: run_after: {USE_TZ_NEEDED}")
         super().validate_task(task)
         try:
             check_task_options(task)

@@ -291,6 +291,10 @@ def test_use_tz_false_is_warned_of_and_a_time_given_is_refused_naming_it():
         [warning] = [m for m in check_backend("default", options) if m not in before]
         assert isinstance(warning, Warning) and warning.id == "django_leases.W003"
         assert "USE_TZ" in warning.msg
+        # What the backend says it supports is what it takes (before: True, and refused).
+        from django.tasks import task_backends
+
+        assert task_backends["default"].supports_defer is False
         for when in (timezone.now(), datetime(2030, 1, 1, tzinfo=UTC)):
             with pytest.raises(InvalidTask, match="run_after: needs USE_TZ = True"):
                 add.using(run_after=when + timedelta(minutes=5)).enqueue(1, 2)
@@ -303,6 +307,7 @@ def test_use_tz_false_is_warned_of_and_a_time_given_is_refused_naming_it():
         with override_settings(TASKS=tasks):
             found = {m.id for m in check_backend("long", tasks["long"]["OPTIONS"])}
         assert {"django_leases.W002", "django_leases.W003"} <= found
+    assert task_backends["default"].supports_defer is True
 
 
 def run_in_project_without_the_app(*command: str) -> subprocess.CompletedProcess:
