@@ -225,6 +225,17 @@ def test_a_backend_alias_that_is_no_lease_backend_is_refused_naming_the_flag(com
     assert Job.objects.filter(pk=finished.pk).exists()
 
 
+def test_prune_counts_one_job_as_one_job():
+    """A line a person reads in a cron mail (before: "Deleted 1 jobs ... 1 days ago")."""
+    job(JobState.SUCCEEDED, days_ago=3)
+    out = StringIO()
+    call_command("leases_prune", "--older-than-days", "1", "--dry-run", stdout=out)
+    assert "Would delete 1 job finished more than 1 day ago." in out.getvalue()
+    call_command("leases_prune", "--older-than-days", "1", stdout=out)
+    assert "Deleted 1 job finished more than 1 day ago." in out.getvalue()
+    assert "Deleted 0 schedule runs" in out.getvalue()
+
+
 def test_prune_says_nothing_at_verbosity_0():
     """Run hourly from cron, a run that went as usual mails nothing (before: three lines
     at -v 0 too)."""
@@ -258,7 +269,7 @@ def test_prune_deletes_old_jobs_a_schedule_made_and_unlinks_its_records():
     assert list(Job.objects.all().prunable(14).values_list("pk", flat=True)) == [made.pk]
     out = StringIO()
     call_command("leases_prune", "--dry-run", stdout=out)
-    assert "Would delete 1 jobs" in out.getvalue()
+    assert "Would delete 1 job finished" in out.getvalue()
     assert "Would delete 2 schedule runs" in out.getvalue()  # made's, and the old skip
 
     with held(Schedule.objects.all, 2):  # as the schedules' tick decisions do

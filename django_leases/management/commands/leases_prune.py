@@ -84,19 +84,29 @@ class Command(LeasesCommand):
             late = jobs.filter(state=JobState.PENDING, deadline__lt=Now()).count()
             prunable = jobs.all().prunable(days, include_dead=include_dead)
             count = prunable.count()
-            self._say(f"Would dead-letter {late} pending jobs past their deadline.")
-            self._say(f"Would delete {count} jobs finished more than {days:g} days ago.")
+            self._say(f"Would dead-letter {_count(late, 'pending job')} past their deadline.")
+            self._say(f"Would delete {_count(count, 'job')} finished more than {_days(days)} ago.")
             count = runs.prunable(days, jobs=prunable).count()
             self._say(
-                f"Would delete {count} schedule runs recorded more than {days:g} days ago, "
-                "of those jobs or without a job."
+                f"Would delete {_count(count, 'schedule run')} recorded more than "
+                f"{_days(days)} ago, of those jobs or without a job."
             )
             return
         late = jobs.all().dead_letter_past_deadline(batch_size=batch_size)
-        self._say(f"Dead-lettered {late} pending jobs past their deadline.")
+        self._say(f"Dead-lettered {_count(late, 'pending job')} past their deadline.")
         deleted = jobs.all().prune(days, include_dead=include_dead, batch_size=batch_size)
-        self._say(f"Deleted {deleted} jobs finished more than {days:g} days ago.")
+        self._say(f"Deleted {_count(deleted, 'job')} finished more than {_days(days)} ago.")
         deleted = runs.prune(days, batch_size=batch_size)
         self._say(
-            f"Deleted {deleted} schedule runs without a job recorded more than {days:g} days ago."
+            f"Deleted {_count(deleted, 'schedule run')} without a job recorded more than "
+            f"{_days(days)} ago."
         )
+
+
+def _count(n: int, noun: str) -> str:
+    """ "1 job", "2 jobs": a line a person reads in a cron mail."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _days(days: float) -> str:
+    return "1 day" if days == 1 else f"{days:g} days"
