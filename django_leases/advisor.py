@@ -198,7 +198,8 @@ def report(
         conf.checked_number("min_samples", min_samples, low=1, high=10**9, integer=True)
     )
 
-    alias = conf.lease_backend(alias, "alias")
+    if using is None or alias is not None:
+        alias = conf.lease_backend(alias, "alias")
     database = using or conf.get_options(alias).database
     durations: dict[str, array[float]] = {}
     leases: dict[str, set[float]] = {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -41,7 +41,9 @@ SENT_LIMIT = 8 * 2**20
 MEASURED_PAST = 64 * 2**10
 
 
-def ensure_json(value: Any, path: str, size: list[int] | None = None) -> Any:
+def ensure_json(
+    value: Any, path: str, size: list[int] | None = None, *, as_django_stores: bool = False
+) -> Any:
     """Return ``value`` with tuples as lists, or raise InvalidJobArgument naming ``path``.
 
     Tuples become lists (as django.tasks normalizes them), a subclass of str, int or float
@@ -53,7 +55,7 @@ def ensure_json(value: Any, path: str, size: list[int] | None = None) -> Any:
     JSON form as a database is sent it (sent_length()), read on the way: no dumps() is
     spent on small values.
     """
-    return _checked(value, path, 1, size if size is not None else [0])
+    return _checked(value, path, 1, size if size is not None else [0], as_django_stores)
 
 
 def stored_json(value: Any, path: str, size: list[int] | None = None) -> Any:
@@ -96,7 +98,7 @@ def too_large(length: int, whose: str = "its") -> str:
 _PER_CHARACTER, _PER_STRING, _PER_SCALAR, _PER_ITEM = 14, 4, 24, 4
 
 
-def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
+def _checked(value: Any, path: str, depth: int, size: list[int], lenient: bool = False) -> Any:
     if value is None or isinstance(value, bool):
         size[0] += _PER_SCALAR
         return value
@@ -134,10 +136,14 @@ def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
                 "supported database's JSON holds)",
             )
         if isinstance(value, dict):
-            return _checked_dict(value, path, depth, size)
-        items = [_checked(item, f"{path}[{i}]", depth + 1, size) for i, item in enumerate(value)]
+            return _checked_dict(value, path, depth, size, lenient)
+        items = [
+            _checked(item, f"{path}[{i}]", depth + 1, size, lenient) for i, item in enumerate(value)
+        ]
         size[0] += _PER_ITEM * len(items)
         return items
+    if lenient and isinstance(value, bytes | Mapping | Sequence):
+        return _checked(_as_django_stores(value, path), path, depth, size, lenient)
     raise InvalidJobArgument(
         path,
         f"is of type {type(value).__module__}.{type(value).__qualname__}, which does not "
@@ -145,7 +151,27 @@ def _checked(value: Any, path: str, depth: int, size: list[int]) -> Any:
     )
 
 
-def _checked_dict(value: dict[Any, Any], path: str, depth: int, size: list[int]) -> dict[str, Any]:
+def _as_django_stores(value: bytes | Mapping[Any, Any] | Sequence[Any], path: str) -> Any:
+    """What django.utils.json.normalize_json makes of ``value`` at this level (UTF-8 bytes
+    a str, a mapping a dict, a sequence a list), refused before anything is built when its
+    length alone passes what SENT_LIMIT holds (``range(10**10)`` is 48 bytes)."""
+    length = len(value)
+    # Each byte is at least a character as sent, each item at least two.
+    if length > (SENT_LIMIT if isinstance(value, bytes) else SENT_LIMIT // 2):
+        raise InvalidJobArgument(path, f"holds {length:,} items, more than a document stores")
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidJobArgument(path, "is bytes that are not UTF-8") from None
+    if isinstance(value, Mapping):
+        return dict(value.items())
+    return list(value)
+
+
+def _checked_dict(
+    value: dict[Any, Any], path: str, depth: int, size: list[int], lenient: bool = False
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, item in value.items():
         if not isinstance(key, str):
@@ -159,7 +185,7 @@ def _checked_dict(value: dict[Any, Any], path: str, depth: int, size: list[int])
             # Keys of a caller's str subclass, unequal to it, equal as the plain str stored.
             raise InvalidJobArgument(where, "is a key given twice")
         size[0] += _PER_CHARACTER * str.__len__(key) + _PER_STRING + _PER_ITEM
-        out[key] = _checked(item, where, depth + 1, size)
+        out[key] = _checked(item, where, depth + 1, size, lenient)
     return out
 
 

@@ -25,7 +25,7 @@ from .operators import OperatorVerbs
 from .owner_writes import OwnerVerbs, RecordedFailure
 from .pruning import PruneVerbs
 from .states import JobState
-from .worker_registry import silent_since
+from .worker_registry import registered_period, silent_since
 
 if TYPE_CHECKING:
     from .models import Job
@@ -67,9 +67,11 @@ class JobQuerySet(OperatorVerbs, PruneVerbs, OwnerVerbs, models.QuerySet["Job"])
 
     def _stalled_q(self, heartbeat_seconds: float) -> Q:
         workers = apps.get_model("django_leases", "WorkerProcess").objects.using(self.db)
-        holders_period = workers.filter(worker_id=OuterRef("claimed_by")).values(
-            "heartbeat_seconds"
-        )[:1]
+        holders_period = (
+            workers.filter(worker_id=OuterRef("claimed_by"))
+            .annotate(period=registered_period(heartbeat_seconds))
+            .values("period")[:1]
+        )
         period = Coalesce(Subquery(holders_period), Value(float(heartbeat_seconds)))
         return Q(state=JobState.CLAIMED, lease_expires_at__gte=Now()) & (
             Q(heartbeat_at__lt=silent_since(period))
@@ -79,7 +81,8 @@ class JobQuerySet(OperatorVerbs, PruneVerbs, OwnerVerbs, models.QuerySet["Job"])
     def stalled_claims(self, heartbeat_seconds: float) -> JobQuerySet:
         """Claimed with a valid lease, but its renewals silent for SILENT_PERIODS of its
         worker's heartbeat period (as the worker registered it; ``heartbeat_seconds`` for a
-        claim whose worker has no row), or its worker gone."""
+        claim whose worker has no row or a 0.1.0 worker's, which says none), or its worker
+        gone."""
         return self.filter(self._stalled_q(heartbeat_seconds))
 
     def with_lease_status(self, heartbeat_seconds: float) -> JobQuerySet:

@@ -19,8 +19,6 @@ import traceback
 import types
 from typing import Any
 
-from django.utils.json import normalize_json
-
 from .exceptions import InvalidJobArgument
 from .jsonsafe import SENT_LIMIT, ensure_json, size_as_sent, too_large
 
@@ -194,15 +192,9 @@ def storable_result(value: Any) -> Any:
     try:
         # A fresh copy of plain types: no subclass of str or int (whose pickling a handler
         # may have overridden) goes on to the worker.
-        checked = ensure_json(value, "result", bound)
+        checked = ensure_json(value, "result", bound, as_django_stores=True)
     except InvalidJobArgument as e:
-        try:
-            bound = [0]
-            checked = ensure_json(normalize_json(value), "result", bound)
-        except BaseException:  # noqa: BLE001 -- refused by both: the first reason says where
-            raise TypeError(
-                f"the task returned a value that cannot be stored as JSON: {e}"
-            ) from None
+        raise TypeError(f"the task returned a value that cannot be stored as JSON: {e}") from None
     except BaseException as e:  # noqa: BLE001 -- whatever the value's own methods raise
         # (user code: even KeyboardInterrupt is its failure)
         raise TypeError(

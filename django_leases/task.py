@@ -33,13 +33,13 @@ class LeaseTask(_TaskBase):
     # Claims a job may use before it is dead-lettered (None: queue/backend default).
     max_attempts: int | None = None
     # Retry ladder for ordinary failures: a Retry, a list of delays or a dict (None: default).
-    # Left out of the hash (a list or dict has none), as schedule is: a task stays usable
-    # as a dict key or in a set, as Django's Task is.
+    # Left out of the hash (a list or dict has none), as schedule and non_retryable are: a
+    # task stays usable as a dict key or in a set, as Django's Task is.
     retry: Any = field(default=None, hash=False)
     # What an expired claim means for this task's jobs: "retry", "dead" or "park".
     on_lease_lost: str = "retry"
     # Exception classes that dead-letter the job at once instead of retrying it.
-    non_retryable: tuple[type[BaseException], ...] = ()
+    non_retryable: tuple[type[BaseException], ...] = field(default=(), hash=False)
     # At most one pending or claimed job per key; a second enqueue raises DuplicateJob
     # ("refuse"), or answers the job that holds the key ("merge").
     unique_key: str | None = None

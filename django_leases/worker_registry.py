@@ -9,6 +9,7 @@ from django.db import IntegrityError, models, transaction
 from django.db.models import Case, F, Func, Q, Value, When
 from django.db.models.functions import Now
 
+from . import conf
 from .states import JobState
 
 if TYPE_CHECKING:
@@ -38,6 +39,17 @@ class Seconds(Func):
         return self.as_sql(
             compiler, connection, template="make_interval(secs => %(expressions)s)", **extra
         )
+
+
+def registered_period(fallback: float) -> Any:
+    """The heartbeat period a row's worker registered; ``fallback`` for a row of a 0.1.0
+    worker (no ``instance``): it wrote no period, and the 10 s the database filled in
+    would read a worker beating every 100 s (a 300 s lease) as gone after 20 s."""
+    return Case(
+        When(instance="", then=Value(float(fallback))),
+        default=F("heartbeat_seconds"),
+        output_field=models.FloatField(),
+    )
 
 
 def silent_since(period: Any) -> Any:
@@ -115,14 +127,16 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
     # -- admin views -------------------------------------------------------------------
 
     def _gone_q(self) -> Q:
+        legacy = conf.get_options().heartbeat_seconds
         return Q(stopped_at__isnull=False) | Q(
-            last_seen_at__lt=silent_since(F("heartbeat_seconds"))
+            last_seen_at__lt=silent_since(registered_period(legacy))
         )
 
     def gone(self) -> WorkerQuerySet:
         """Stopped, or not seen for SILENT_PERIODS of the worker's own heartbeat period
         (``heartbeat_seconds``, as it registered: ``--heartbeat`` may differ from the
-        settings the admin reads), on the database clock."""
+        settings the admin reads; the first lease backend's HEARTBEAT_SECONDS for a 0.1.0
+        worker's row), on the database clock."""
         return self.filter(self._gone_q())
 
     def with_status(self) -> WorkerQuerySet:

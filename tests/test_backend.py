@@ -255,7 +255,7 @@ def test_using_lease_sets_per_task_options_on_every_django_version():
     assert Retry.from_json(job.retry) == Retry(delays=(5, 50))
 
 
-def test_a_task_with_a_list_or_dict_ladder_or_schedules_stays_hashable():
+def test_a_task_with_list_or_dict_options_stays_hashable():
     """Django's Task is a frozen dataclass, usable as a dict key or in a set; a ladder
     given as a list (as the docs show) or a dict, or a list of schedules, made hashing
     the task raise TypeError."""
@@ -265,6 +265,7 @@ def test_a_task_with_a_list_or_dict_ladder_or_schedules_stays_hashable():
         add.using_lease(retry=[5, 50]),
         add.using_lease(retry={"base": 5, "factor": 2}),
         add.using_lease(schedule=[Periodic(every=60, args=[1, 2])]),
+        add.using_lease(non_retryable=[ValueError]),
     ]
     assert {task: i for i, task in enumerate(variants)}[variants[0]] == 0
     assert hash(variants[0]) == hash(add.using_lease(retry=[5, 50]))

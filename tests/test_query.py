@@ -747,6 +747,30 @@ def test_stalled_and_gone_are_judged_by_the_heartbeat_each_worker_registered():
     assert stalled() == {"slow"}
 
 
+def test_a_0_1_0_workers_row_is_judged_by_the_settings_heartbeat(settings):
+    """Invariant 4: a 0.1.0 worker writes no period, and the database fills in 10 s. With a
+    300 s lease (a 100 s heartbeat) it read as gone after 20 s and its claims as stalled
+    while a rolling upgrade ran, and "Expire stalled claims now" ended them. Its row is
+    judged by the settings' period, as every row was before."""
+    default = settings.TASKS["default"]
+    settings.TASKS = {**settings.TASKS, "default": {**default, "OPTIONS": {"LEASE_SECONDS": 300}}}
+    WorkerProcess.objects.create(worker_id="old", hostname="h", pid=1)  # as 0.1.0 inserts
+    assert WorkerProcess.objects.values_list("instance", "heartbeat_seconds").get() == ("", 10.0)
+    enqueue()
+    Job.objects.claim("old")
+
+    def silence(seconds):
+        WorkerProcess.objects.update(last_seen_at=Now() - timedelta(seconds=seconds))
+        Job.objects.update(heartbeat_at=Now() - timedelta(seconds=seconds))
+
+    silence(30)
+    assert not WorkerProcess.objects.gone().exists()
+    assert not Job.objects.stalled_claims(100).exists()
+    silence(201)
+    assert WorkerProcess.objects.gone().exists()
+    assert Job.objects.stalled_claims(100).exists()
+
+
 def test_prune_deletes_only_finished_jobs_past_retention():
     enqueue()
     done = enqueue()

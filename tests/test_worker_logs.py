@@ -260,10 +260,11 @@ def test_the_json_formatter_writes_one_object_with_the_fields():
 
 
 @pytest.mark.parametrize("formatter", [logs.JsonFormatter, logs.TextFormatter])
-def test_a_traceback_in_a_log_line_is_cut_as_a_stored_one_is(formatter):
+def test_a_traceback_in_a_log_line_is_cut_as_the_workers_messages_are(formatter):
     """(6) A handler's 2 MB message in Django's task_finished line (its exc_info) made a
-    2 MB log line: cut to TRACEBACK_LIMIT with its head and tail, as the stored traceback."""
-    from django_leases.storable import TRACEBACK_LIMIT
+    2 MB log line: cut to MESSAGE_LIMIT with its head and tail. The record keeps no cut
+    traceback for the project's other handlers."""
+    from django_leases.storable import MESSAGE_LIMIT
 
     try:
         raise ValueError("head " + "m" * 2_000_000 + " tail")
@@ -273,9 +274,11 @@ def test_a_traceback_in_a_log_line_is_cut_as_a_stored_one_is(formatter):
         "django.tasks", logging.ERROR, __file__, 1, "Task id=%s", (7,), exc_info
     )
     line = formatter().format(record)
-    assert len(line) < TRACEBACK_LIMIT + 1000
+    assert len(line) < MESSAGE_LIMIT + 1000
     assert "Traceback (most recent call last)" in line and "characters in all, cut to" in line
     assert line.rstrip().endswith("m tail") or json.loads(line)["exc_info"].endswith("m tail")
+    whole = logging.Formatter().format(record)
+    assert len(whole) > 2_000_000 and whole.endswith("m tail")
 
 
 # -- every event in one list -------------------------------------------------------------

@@ -15,7 +15,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from ..storable import TRACEBACK_LIMIT, cut_middle
+from ..storable import MESSAGE_LIMIT, cut_middle
 
 WORKER_LOGGER = "django_leases.worker"
 TASKS_LOGGER = "django.tasks"
@@ -186,15 +186,15 @@ def _name_the_claim(record: logging.LogRecord, args: tuple[Any, ...]) -> None:
 
 
 def bounded_traceback(formatter: logging.Formatter, exc_info: Any) -> str:
-    """``exc_info`` formatted, cut as a stored traceback is (TRACEBACK_LIMIT, head and
-    tail): a handler's 20 MB message made a 20 MB log line, which log shippers split or
-    drop (Docker at 16 KiB, journald at 48 KiB) and a JSON reader then cannot parse."""
-    return cut_middle(logging.Formatter.formatException(formatter, exc_info), TRACEBACK_LIMIT)
+    """``exc_info`` formatted, cut to MESSAGE_LIMIT characters (before escapes), its head
+    and tail kept, as the worker's own messages are: a handler's 20 MB message made a 20
+    MB log line, which log shippers split or drop and a JSON reader then cannot parse."""
+    return cut_middle(logging.Formatter.formatException(formatter, exc_info), MESSAGE_LIMIT)
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time (UTC, ISO 8601), level, logger, message, then the
-    record's structured fields; a traceback as ``exc_info`` (at most TRACEBACK_LIMIT
+    record's structured fields; a traceback as ``exc_info`` (cut to MESSAGE_LIMIT
     characters). Usable from LOGGING too:
     ``{"()": "django_leases.worker.logs.JsonFormatter"}``."""
 
@@ -232,7 +232,13 @@ class TextFormatter(logging.Formatter):
         return bounded_traceback(self, ei)
 
     def format(self, record: logging.LogRecord) -> str:
-        return printable(super().format(record))
+        # logging caches the formatted traceback on the record: the cut one stays this
+        # format's, and the project's other handlers still get the whole traceback.
+        cached, record.exc_text = record.exc_text, None
+        try:
+            return printable(super().format(record))
+        finally:
+            record.exc_text = cached
 
 
 def printable(text: str) -> str:
