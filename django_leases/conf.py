@@ -25,6 +25,11 @@ MAX_LEASE_SECONDS = 12 * 60 * 60
 MIN_LEASE_SECONDS = 1.0
 
 
+SILENT_PERIODS = 2
+"""How many of its own heartbeat periods a worker (or a claim's renewals) may miss before
+it looks gone: one missed renewal is a slow statement, two are a stopped heartbeat."""
+
+
 def ended_early(granted: float | None) -> bool:
     """Whether a claim whose last claim or renewal granted ``granted`` seconds (None:
     unknown) was ended before its time (expire_now(), the admin's action) rather than run

@@ -16,11 +16,6 @@ if TYPE_CHECKING:
     from .models import WorkerProcess  # noqa: F401 -- the queryset's type argument below
 
 
-SILENT_PERIODS = 2
-"""How many of its own heartbeat periods a worker (or a claim's renewals) may miss before
-it looks gone: one missed renewal is a slow statement, two are a stopped heartbeat."""
-
-
 class Seconds(Func):
     """A duration of ``expression`` seconds (a float column or expression), on every
     database: lets a comparison on the database clock use a period stored per row."""
@@ -55,7 +50,7 @@ def registered_period(fallback: float) -> Any:
 def silent_since(period: Any) -> Any:
     """The time on the database clock before which a heartbeat of ``period`` seconds (a
     number, column or expression) has missed SILENT_PERIODS renewals."""
-    return Now() - Seconds(period * SILENT_PERIODS)
+    return Now() - Seconds(period * conf.SILENT_PERIODS)
 
 
 class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
