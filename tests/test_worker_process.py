@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
+from django.db.models import Count
 
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
@@ -490,8 +491,12 @@ def test_heartbeats_of_500_held_jobs_cost_one_statement_per_period(workers):
     held = Job.objects.filter(state=JobState.CLAIMED, claimed_by="many-a")
     assert held.values("heartbeat_at").distinct().count() == 1
     a.signal(signal.SIGTERM)
-    assert a.wait_exit(30) == 0
-    assert Job.objects.filter(state=JobState.PENDING, attempts=0).count() == n
+    assert a.wait_exit(30) == 0, a.log()[-3000:]
+    released = Job.objects.filter(state=JobState.PENDING, attempts=0).count()
+    assert released == n, (
+        sorted(Job.objects.values_list("state", "attempts").annotate(n=Count("id"))),
+        a.log()[-3000:],
+    )
 
 
 @pytest.mark.skipif(not ON_POSTGRES, reason=PG_ONLY)
