@@ -28,6 +28,16 @@ MIN_LEASE_SECONDS = 1.0
 SILENT_PERIODS = 2
 """How many of its own heartbeat periods a worker (or a claim's renewals) may miss before
 it looks gone: one missed renewal is a slow statement, two are a stopped heartbeat."""
+SILENT_SLACK_SECONDS = 1.0
+"""Added to those periods: a beat's own statement time and a GIL-bound handler's delay to
+the heartbeat thread are tens of milliseconds, a sub-second period's margin no more than
+that, and a healthy worker judged gone has its claims ended by the admin's action."""
+
+
+def silent_after(period: float) -> float:
+    """Seconds of silence after which a worker beating every ``period`` seconds looks gone
+    (SILENT_PERIODS periods and SILENT_SLACK_SECONDS)."""
+    return SILENT_PERIODS * period + SILENT_SLACK_SECONDS
 
 
 def ended_early(granted: float | None) -> bool:

@@ -49,8 +49,8 @@ def registered_period(fallback: float) -> Any:
 
 def silent_since(period: Any) -> Any:
     """The time on the database clock before which a heartbeat of ``period`` seconds (a
-    number, column or expression) has missed SILENT_PERIODS renewals."""
-    return Now() - Seconds(period * conf.SILENT_PERIODS)
+    number, column or expression) has missed SILENT_PERIODS renewals (conf.silent_after())."""
+    return Now() - Seconds(period * conf.SILENT_PERIODS + conf.SILENT_SLACK_SECONDS)
 
 
 class WorkerQuerySet(models.QuerySet["WorkerProcess"]):

@@ -192,7 +192,7 @@ def lease_mix():
     jobs = {
         "healthy": claimed_job("w1", expires_in=25),
         "expired": claimed_job("w2", expires_in=-5),
-        "silent": claimed_job("w3", expires_in=25, heartbeat_ago=21),
+        "silent": claimed_job("w3", expires_in=25, heartbeat_ago=22),
         "orphan": claimed_job("w-stopped", expires_in=25),
         "emails": claimed_job("w1", queue="emails", task="tests.testapp.tasks.send_receipt"),
     }

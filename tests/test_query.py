@@ -739,7 +739,7 @@ def test_stalled_and_gone_are_judged_by_the_heartbeat_each_worker_registered():
     assert status[claims["slow"].pk] == "healthy"
     assert Job.objects.expire_stalled_now(10) == 2
     assert Job.objects.lease_valid().get().pk == claims["slow"].pk
-    silence(121)
+    silence(122)
     assert set(WorkerProcess.objects.gone().values_list("worker_id", flat=True)) == {
         "slow",
         "quick",
@@ -766,7 +766,7 @@ def test_a_0_1_0_workers_row_is_judged_by_the_settings_heartbeat(settings):
     silence(30)
     assert not WorkerProcess.objects.gone().exists()
     assert not Job.objects.stalled_claims(100).exists()
-    silence(201)
+    silence(202)
     assert WorkerProcess.objects.gone().exists()
     assert Job.objects.stalled_claims(100).exists()
 

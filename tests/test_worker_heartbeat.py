@@ -235,3 +235,21 @@ def test_a_handler_that_returns_past_its_lease_by_the_local_clock_is_lost_unsign
             assert sent == [], task
     finally:
         task_finished.disconnect(receiver)
+
+
+def test_a_sub_second_heartbeat_beats_at_the_period_its_row_says(workers):
+    """Invariant 4: the admin takes a worker silent for two of its registered periods (and
+    a second) for gone, and "Expire stalled claims now" ends its claims. The heartbeat slept
+    in slices of 0.25 s, so a 0.3 s period beat every 0.5 s while its row said 0.3 s."""
+    from datetime import datetime
+
+    Job.objects.enqueue("tests.testapp.tasks.hold", [30], lease_seconds=3)
+    w = workers.start("sub-second", "--lease", "3", "--heartbeat", "0.3", "--grace", "0")
+    beats = wait_for(
+        lambda: len(w.events("renewed")) >= 12 and w.events("renewed"), 30, "twelve renewals"
+    )
+    times = [datetime.fromisoformat(beat["time"]) for beat in beats]
+    gaps = sorted((b - a).total_seconds() for a, b in zip(times, times[1:], strict=False))
+    assert gaps[len(gaps) // 2] < 0.45, gaps
+    w.signal(signal.SIGTERM)
+    assert w.wait_exit(30) == 0

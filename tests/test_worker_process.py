@@ -8,6 +8,7 @@ Leases are 2-3 s so that expiry happens within the test.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -351,6 +352,32 @@ def test_a_handler_process_whose_worker_dies_ends_within_the_kill_grace(workers)
     assert a.events("orphaned", pid=child_pid, job_id=int(result.id)), a.log()
     job = job_of(result)
     assert (job.state, job.fence) == (JobState.CLAIMED, 1)
+
+
+def test_a_handler_that_stops_when_its_worker_dies_ends_quietly(workers):
+    """A handler that stops on LeaseLost once its worker was SIGKILLed returns an outcome
+    nobody can take: its process ends as an orphan does, writing only the orphaned line
+    (before: two chained BrokenPipeError tracebacks in the worker's log, which broke
+    --log-format json) (6)."""
+    from tests.testapp.tasks import hold
+
+    result = hold.enqueue(60)
+    a = workers.start("orphan-quiet", "--isolation", "process", *FAST)
+    child_pid = a.wait_event("process_started", timeout=20, job_id=int(result.id))["pid"]
+    wait_for(lambda: job_of(result).state == JobState.CLAIMED, 10, "the claim")
+    time.sleep(1)  # the handler is in its sleep
+    try:
+        a.signal(signal.SIGKILL)
+        a.wait_exit()
+        wait_for(lambda: process_ended(child_pid), 5, "the orphaned handler process to end")
+    finally:
+        _kill_unless_ended(child_pid)
+    assert a.events("orphaned", pid=child_pid, job_id=int(result.id)), a.log()
+    log = a.log()
+    for line in log.splitlines():
+        if line.strip():
+            json.loads(line)  # every line a JSON record: no traceback of a failed send
+    assert "BrokenPipeError" not in log, log[-3000:]
 
 
 def test_a_worker_killed_during_a_lost_claims_grace_leaves_no_handler_running(workers):

@@ -183,8 +183,14 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked:
         # handler (running.run_task), so receivers see the handler's exception.
         context = task_context(task, handle, link)
         outcome = run_task(task, payload["args"], payload["kwargs"], handle, link, context)
+    if orphaned():
+        # Nobody to send the outcome to: end as an orphan does, quietly (the send would
+        # fail on the broken pipe, and its traceback land in the worker's log).
+        end_orphaned(0)
     try:
         conn.send(("done", outcome))
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        end_orphaned(0)  # the worker died between the look above and the send
     except Exception as e:  # noqa: BLE001 -- an outcome that cannot be sent must still be reported
         # run_task hands back plain text and JSON, so this is the pipe, or memory, failing.
         path, message, trace = describe_exception(e)

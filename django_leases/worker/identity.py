@@ -4,7 +4,7 @@ The admin tells claims apart by the id of the worker that holds them; a worker t
 marks its id stopped, and the claims of a stopped worker read as stalled. Two processes
 started with the same ``--worker-id`` would share one row, and the first to stop would
 make the other's healthy claims look like a gone worker's. So a process takes its id only
-from a holder that stopped or has been silent for two heartbeat periods (a crashed
+from a holder that stopped or has been silent for two heartbeat periods and a second (a crashed
 predecessor of a restart), waits while a live one holds it, and stops if another process
 takes it over while it was silent itself.
 """
