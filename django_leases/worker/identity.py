@@ -68,7 +68,8 @@ def log_id_replaced(worker_id: str, holder: Any) -> None:
     host, pid = holder
     logger.error(
         "Worker id %r was taken over by host=%s pid=%s while this process was silent for "
-        "two heartbeat periods (the database unreachable, or this process paused); stopping",
+        "two heartbeat periods and a second (the database unreachable, or this process "
+        "paused); stopping",
         worker_id,
         host,
         pid,
