@@ -273,7 +273,7 @@ class JobAdmin(JobActions, _JobAdminBase):
 
     @admin.display(description=_("lease"))
     def lease(self, job: ListedJob) -> str:
-        text = lease_text(job, heartbeat_seconds())
+        text = lease_text(job)
         status = getattr(job, "lease_status", None) or "none"
         return format_html('<span class="leases-lease leases-{}">{}</span>', status, text)
 

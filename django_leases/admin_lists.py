@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
         db_now: datetime
         lease_status: str | None
+        heartbeat_silent: bool
 
     # The rows the job list shows (JobAdmin.get_queryset annotates them).
     ListedJob = WithAnnotations[Job, _LeaseStatus]
@@ -48,7 +49,8 @@ EMPTY = "—"
 
 
 def heartbeat_seconds() -> float:
-    """The renewal period of the first lease backend: "stalled" means two of them missed."""
+    """The renewal period of the first lease backend: what a claim of a worker with no row
+    (or a 0.1.0 worker's) is judged by."""
     return conf.get_options().heartbeat_seconds
 
 
@@ -58,7 +60,7 @@ def age_seconds(now: datetime, then: datetime | None) -> float | None:
     return None if then is None else (now - then).total_seconds()
 
 
-def lease_text(job: ListedJob, period: float) -> str:
+def lease_text(job: ListedJob) -> str:
     """Say where the claim stands: "expires in 42 s", "expired 3 min ago", "stalled: …"."""
     status = getattr(job, "lease_status", None)
     if status is None or job.lease_expires_at is None:
@@ -69,7 +71,7 @@ def lease_text(job: ListedJob, period: float) -> str:
     remaining = duration_text((job.lease_expires_at - now).total_seconds())
     if status == "stalled":
         silent = age_seconds(now, job.heartbeat_at)
-        if silent is not None and silent > 2 * period:
+        if silent is not None and job.heartbeat_silent:
             return f"stalled: no heartbeat for {duration_text(silent)}"
         return f"stalled: worker gone, expires in {remaining}"
     return f"expires in {remaining}"

@@ -29,9 +29,9 @@ SILENT_PERIODS = 2
 """How many of its own heartbeat periods a worker (or a claim's renewals) may miss before
 it looks gone: one missed renewal is a slow statement, two are a stopped heartbeat."""
 SILENT_SLACK_SECONDS = 1.0
-"""Added to those periods: a beat's own statement time and a GIL-bound handler's delay to
-the heartbeat thread are tens of milliseconds, a sub-second period's margin no more than
-that, and a healthy worker judged gone has its claims ended by the admin's action."""
+"""Added to those periods: a slow beat statement or ordinary scheduling delays the next
+beat by tens of milliseconds, as much as a sub-second period's whole margin, and a healthy
+worker judged gone has its claims ended by the admin's action."""
 
 
 def silent_after(period: float) -> float:

@@ -19,6 +19,7 @@ import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
+from itertools import islice
 from typing import Any
 
 from .exceptions import InvalidJobArgument
@@ -153,20 +154,23 @@ def _checked(value: Any, path: str, depth: int, size: list[int], lenient: bool =
 
 def _as_django_stores(value: bytes | Mapping[Any, Any] | Sequence[Any], path: str) -> Any:
     """What django.utils.json.normalize_json makes of ``value`` at this level (UTF-8 bytes
-    a str, a mapping a dict, a sequence a list), refused before anything is built when its
-    length alone passes what SENT_LIMIT holds (``range(10**10)`` is 48 bytes)."""
-    length = len(value)
-    # Each byte is at least a character as sent, each item at least two.
-    if length > (SENT_LIMIT if isinstance(value, bytes) else SENT_LIMIT // 2):
-        raise InvalidJobArgument(path, f"holds {length:,} items, more than a document stores")
+    a str, a mapping a dict, a sequence a list), read no further than SENT_LIMIT could hold
+    (``range(10**10)`` is 48 bytes; a sequence's own ``__len__`` is not taken at its word),
+    each of its methods called once."""
     if isinstance(value, bytes):
+        if bytes.__len__(value) > SENT_LIMIT:  # each byte at least a character as sent
+            raise InvalidJobArgument(path, "is more bytes than a document stores")
         try:
-            return value.decode("utf-8")
+            return bytes.decode(value, "utf-8")
         except UnicodeDecodeError:
             raise InvalidJobArgument(path, "is bytes that are not UTF-8") from None
-    if isinstance(value, Mapping):
-        return dict(value.items())
-    return list(value)
+    most = SENT_LIMIT // 2  # each item at least two characters as sent
+    items = list(islice(iter(value.items() if isinstance(value, Mapping) else value), most + 1))
+    if len(items) > most:
+        raise InvalidJobArgument(
+            path, f"holds more than {most:,} items, more than a document stores"
+        )
+    return dict(items) if isinstance(value, Mapping) else items
 
 
 def _checked_dict(

@@ -171,7 +171,7 @@ class WorkerProcess(models.Model):
     # id neither marks this one stopped nor passes for it (WorkerQuerySet.register()). The
     # database fills both for a worker of an earlier release, which writes neither.
     instance = models.CharField(_("instance"), max_length=32, db_default="", editable=False)
-    # Its renewal period: silent for two of them, it is taken for gone.
+    # Its renewal period: silent for conf.silent_after() of it, it is taken for gone.
     heartbeat_seconds = models.FloatField(
         _("heartbeat (s)"), db_default=DEFAULT_LEASE_SECONDS / 3, editable=False
     )

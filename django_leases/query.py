@@ -40,8 +40,8 @@ class JobQuerySet(OperatorVerbs, PruneVerbs, OwnerVerbs, models.QuerySet["Job"])
 
     # -- lease views -------------------------------------------------------------------
     # "Stalled" is the design's full definition, the one the admin shows: renewals stopped
-    # for SILENT_PERIODS of the holder's own heartbeat period, or the worker that holds the
-    # claim is stopped or unseen for as long. Every comparison uses Now().
+    # for conf.silent_after() of the holder's own heartbeat period (two periods and a
+    # second), or the worker that holds the claim is stopped or unseen for as long. Every comparison uses Now().
 
     def claimable(self) -> JobQuerySet:
         """Pending and due, or claimed with a lease that has run out."""
@@ -65,28 +65,37 @@ class JobQuerySet(OperatorVerbs, PruneVerbs, OwnerVerbs, models.QuerySet["Job"])
         """Claimed with a lease that has not run out (healthy or stalled)."""
         return self.filter(state=JobState.CLAIMED, lease_expires_at__gte=Now())
 
-    def _stalled_q(self, heartbeat_seconds: float) -> Q:
-        workers = apps.get_model("django_leases", "WorkerProcess").objects.using(self.db)
+    def _workers(self) -> Any:
+        return apps.get_model("django_leases", "WorkerProcess").objects.using(self.db)
+
+    def _silent_q(self, heartbeat_seconds: float) -> Q:
+        """No renewal for conf.silent_after() of its worker's registered period."""
         holders_period = (
-            workers.filter(worker_id=OuterRef("claimed_by"))
+            self._workers()
+            .filter(worker_id=OuterRef("claimed_by"))
             .annotate(period=registered_period(heartbeat_seconds))
             .values("period")[:1]
         )
         period = Coalesce(Subquery(holders_period), Value(float(heartbeat_seconds)))
+        return Q(heartbeat_at__lt=silent_since(period))
+
+    def _stalled_q(self, heartbeat_seconds: float) -> Q:
+        gone = self._workers().gone(heartbeat_seconds).values("worker_id")
         return Q(state=JobState.CLAIMED, lease_expires_at__gte=Now()) & (
-            Q(heartbeat_at__lt=silent_since(period))
-            | Q(claimed_by__in=workers.gone().values("worker_id"))
+            self._silent_q(heartbeat_seconds) | Q(claimed_by__in=gone)
         )
 
     def stalled_claims(self, heartbeat_seconds: float) -> JobQuerySet:
-        """Claimed with a valid lease, but its renewals silent for SILENT_PERIODS of its
-        worker's heartbeat period (as the worker registered it; ``heartbeat_seconds`` for a
-        claim whose worker has no row or a 0.1.0 worker's, which says none), or its worker
-        gone."""
+        """Claimed with a valid lease, but its renewals silent for conf.silent_after() of
+        its worker's heartbeat period (as the worker registered it; ``heartbeat_seconds``
+        for a claim whose worker has no row or a 0.1.0 worker's, which says none), or its
+        worker gone."""
         return self.filter(self._stalled_q(heartbeat_seconds))
 
     def with_lease_status(self, heartbeat_seconds: float) -> JobQuerySet:
-        """Annotate ``db_now`` and ``lease_status`` (healthy, stalled, expired or None).
+        """Annotate ``db_now``, ``lease_status`` (healthy, stalled, expired or None) and
+        ``heartbeat_silent`` (why a stalled claim is: its renewals silent, else its worker
+        gone).
 
         ``db_now`` is the database clock of the same statement, so ages and countdowns shown
         from it never depend on the web server's clock.
@@ -99,6 +108,11 @@ class JobQuerySet(OperatorVerbs, PruneVerbs, OwnerVerbs, models.QuerySet["Job"])
                 When(state=JobState.CLAIMED, then=Value("healthy")),
                 default=Value(None),
                 output_field=models.CharField(),
+            ),
+            heartbeat_silent=Case(
+                When(self._silent_q(heartbeat_seconds), then=Value(True)),
+                default=Value(False),
+                output_field=models.BooleanField(),
             ),
         )
 

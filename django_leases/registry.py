@@ -113,9 +113,16 @@ def _held_by_discovered(task_path: str) -> Task[..., Any] | None:
     from django.tasks import Task
 
     found = discovered_modules()
-    own = task_path.rpartition(".")[0]
+    own, _, attribute = task_path.rpartition(".")
+    if own in found or any(own.startswith(f"{f}.") for f in found):
+        # The task under its own name first: a module may also hold variants of it
+        # (``quick = nightly.using_lease(lease=5)``), which are not what the path names.
+        module = sys.modules.get(own)
+        declared = None if module is None else vars(module).get(attribute)
+        if isinstance(declared, Task) and declared.module_path == task_path:
+            return declared
     names = sorted(found)
-    if own not in found and any(own.startswith(f"{name}.") for name in found):
+    if own not in found and any(own.startswith(f"{f}.") for f in found):
         names.append(own)
     for name in names:
         module = sys.modules.get(name)

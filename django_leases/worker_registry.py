@@ -49,8 +49,8 @@ def registered_period(fallback: float) -> Any:
 
 def silent_since(period: Any) -> Any:
     """The time on the database clock before which a heartbeat of ``period`` seconds (a
-    number, column or expression) has missed SILENT_PERIODS renewals (conf.silent_after())."""
-    return Now() - Seconds(period * conf.SILENT_PERIODS + conf.SILENT_SLACK_SECONDS)
+    number, column or expression) has been silent for conf.silent_after() of it."""
+    return Now() - Seconds(conf.silent_after(period))
 
 
 class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
@@ -68,7 +68,7 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
     ) -> WorkerProcess | None:
         """Take ``worker_id`` for the process ``instance`` names and return None; or, while
         another process holds the id (it does not look gone: see gone()), return its row,
-        annotated with ``db_now``, and take nothing.
+        annotated with ``db_now`` and ``period`` (with_status()), and take nothing.
 
         Two live processes under one id would read as one: the first to stop would mark
         the other's healthy claims as a gone worker's. A stopped or silent holder is
@@ -121,24 +121,28 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
 
     # -- admin views -------------------------------------------------------------------
 
-    def _gone_q(self) -> Q:
-        legacy = conf.get_options().heartbeat_seconds
+    def _gone_q(self, legacy: float | None = None) -> Q:
+        if legacy is None:
+            legacy = conf.get_options().heartbeat_seconds
         return Q(stopped_at__isnull=False) | Q(
             last_seen_at__lt=silent_since(registered_period(legacy))
         )
 
-    def gone(self) -> WorkerQuerySet:
-        """Stopped, or not seen for SILENT_PERIODS of the worker's own heartbeat period
+    def gone(self, legacy_period: float | None = None) -> WorkerQuerySet:
+        """Stopped, or silent for conf.silent_after() of the worker's own heartbeat period
         (``heartbeat_seconds``, as it registered: ``--heartbeat`` may differ from the
-        settings the admin reads; the first lease backend's HEARTBEAT_SECONDS for a 0.1.0
-        worker's row), on the database clock."""
-        return self.filter(self._gone_q())
+        settings the admin reads; for a 0.1.0 worker's row, which says none,
+        ``legacy_period``, else the first lease backend's HEARTBEAT_SECONDS), on the
+        database clock."""
+        return self.filter(self._gone_q(legacy_period))
 
     def with_status(self) -> WorkerQuerySet:
-        """Annotate ``db_now`` and ``looks_gone``. The claims each worker holds are
-        JobQuerySet.claims_per_worker(): one grouped count for a page of workers."""
+        """Annotate ``db_now``, ``period`` (the heartbeat period the row is judged by) and
+        ``looks_gone``. The claims each worker holds are JobQuerySet.claims_per_worker():
+        one grouped count for a page of workers."""
         return self.annotate(
             db_now=Now(),
+            period=registered_period(conf.get_options().heartbeat_seconds),
             looks_gone=Case(
                 When(self._gone_q(), then=Value(True)),
                 default=Value(False),

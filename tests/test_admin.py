@@ -137,6 +137,16 @@ def test_lease_column_reads_countdown_expiry_and_stall(admin_client):
     assert cell(response, pending.pk, "lease") == "—"
     assert cell(response, stalled.pk, "heartbeat_age") in ("95 s ago", "96 s ago")
     assert cell(response, healthy.pk, "attempts_of_max") == "1/5"
+    # Why a claim is stalled is judged as the filter judges it, by its worker's own period:
+    # a worker beating every 60 s, stopped, its claim renewed 30 s ago, is gone, not silent.
+    WorkerProcess.objects.register(
+        "w-slow", instance="slow", hostname="h", pid=9, queues=["default"], heartbeat_seconds=60
+    )
+    WorkerProcess.objects.stopped("w-slow", "slow")
+    slow = claimed_job("w-slow", expires_in=100, heartbeat_ago=30)
+    assert cell(admin_client.get(LIST), slow.pk, "lease").startswith(
+        "stalled: worker gone, expires in"
+    )
     assert cell(response, healthy.pk, "fence") == "1"
     assert cell(response, healthy.pk, "claimed_by") == "w1"
     assert cell(response, pending.pk, "due") == "now"

@@ -187,8 +187,7 @@ def _name_the_claim(record: logging.LogRecord, args: tuple[Any, ...]) -> None:
 
 def bounded_traceback(formatter: logging.Formatter, exc_info: Any) -> str:
     """``exc_info`` formatted, cut to MESSAGE_LIMIT characters (before escapes), its head
-    and tail kept, as the worker's own messages are: a handler's 20 MB message made a 20
-    MB log line, which log shippers split or drop and a JSON reader then cannot parse."""
+    and tail kept, as the worker's own messages are (docs/worker.md, JSON logs)."""
     return cut_middle(logging.Formatter.formatException(formatter, exc_info), MESSAGE_LIMIT)
 
 

@@ -520,7 +520,7 @@ class Worker(Stopping):
                 return True
             now = time.monotonic()
             held_since = now if held_since is None else held_since
-            gone_after = conf.silent_after(holder.heartbeat_seconds)
+            gone_after = conf.silent_after(getattr(holder, "period", holder.heartbeat_seconds))
             if now - logged_at >= HELD_LOG_EVERY:
                 log_id_held(self.worker_id, holder, gone_after)
                 logged_at = now

@@ -167,8 +167,8 @@ def _run(
             # in process isolation only plain JSON travels back to the worker.
             result = storable_result(result)
         except BaseException as e:  # noqa: BLE001 -- TypeError, or what a hostile value's methods raise
-            # Not retried: the handler's work is done, and running it again would repeat
-            # its effects only to return the same kind of value.
+            # Not retried (docs/reliability.md, hostile handlers): a retry repeats what the
+            # handler did and returns a value of the same kind.
             return _failed(task, started, e, retryable=False)
         outcome = Outcome(Kind.OK, result=result)
     _send(

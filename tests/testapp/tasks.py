@@ -798,7 +798,7 @@ def hostile_value(kind: str, size: int = 3000) -> object:
         "nameless": lambda: [Nameless("x")],
         "dict_items_raise": lambda: _ItemsRaise(a=1),
         "dict_items_interrupt": lambda: _ItemsInterrupt(a=1),
-        # 48 bytes that a list would make 80 GB of: refused by its length, nothing built.
+        # 48 bytes that a list would make 80 GB of: read no further than a document holds.
         "huge_range": lambda: range(10**10),
         # Not hostile: what django.utils.json.normalize_json (Django's own backends) stores.
         "utf8_bytes": lambda: "café".encode(),
