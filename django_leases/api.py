@@ -65,12 +65,14 @@ class WorkerLink:
         *,
         lost: _Flag,
         stamp: _Stamp,
+        lease_seconds: float,
         checkpointer: Callable[[Any], bool],
         task_result: Any = None,
         on_acked: Callable[[], Any] | None = None,
     ) -> None:
         self.lost = lost
         self.stamp = stamp
+        self.lease_seconds = lease_seconds
         self.checkpointer = checkpointer
         # The claim's TaskResult (RUNNING, as the claim left the row), read with the claim
         # itself: task_started, task_finished and a task's context need no query of their own.
@@ -87,6 +89,21 @@ class WorkerLink:
     def renewed(self, at: float) -> None:
         """A renewal or checkpoint sent at ``at`` (time.monotonic()) went through."""
         self.stamp.value = at
+
+    def remaining(self, now: float) -> float:
+        """Seconds the lease still lasts at ``now`` (time.monotonic()) by this process's
+        estimate: counted from just before the last claim or renewal statement was sent, so
+        it runs out no later than the database's."""
+        return self.lease_seconds - (now - self.stamp.value)
+
+    def expired(self, now: float) -> bool:
+        """The lease has run out by the estimate: the watchdog declares the claim lost."""
+        return self.remaining(now) <= 0
+
+    def gone(self, now: float) -> bool:
+        """Lost, or expired by the estimate though the watchdog has not said so yet (a
+        handler that held the GIL through its lease): a result returned now is discarded."""
+        return self.lost.is_set() or self.expired(now)
 
     def mark_acked(self, result: Any) -> None:
         """The handler acknowledged its job itself (fenced(ack=True)); the worker must not."""
@@ -163,6 +180,7 @@ class JobHandle:
             link = WorkerLink(
                 lost=lost if lost is not None else threading.Event(),
                 stamp=stamp if stamp is not None else Stamp(time.monotonic()),
+                lease_seconds=lease_seconds,
                 checkpointer=checkpointer or (lambda cursor: True),
             )
         self._link = link
@@ -198,7 +216,7 @@ class JobHandle:
     def lease_remaining(self) -> float:
         """Seconds the lease still lasts by this process's monotonic clock (an estimate from
         the moment just before the last claim or renewal statement was sent)."""
-        return self.lease_seconds - (time.monotonic() - self._link.stamp.value)
+        return self._link.remaining(time.monotonic())
 
     def checkpoint(self, cursor: Any) -> None:
         """Commit ``cursor`` and renew the lease; raise LeaseLost if the claim is gone."""

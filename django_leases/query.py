@@ -41,7 +41,8 @@ class JobQuerySet(OperatorVerbs, PruneVerbs, OwnerVerbs, models.QuerySet["Job"])
     # -- lease views -------------------------------------------------------------------
     # "Stalled" is the design's full definition, the one the admin shows: renewals stopped
     # for conf.silent_after() of the holder's own heartbeat period (two periods and a
-    # second), or the worker that holds the claim is stopped or unseen for as long. Every comparison uses Now().
+    # second), or the worker that holds the claim is stopped or unseen for as long. Every
+    # comparison uses Now().
 
     def claimable(self) -> JobQuerySet:
         """Pending and due, or claimed with a lease that has run out."""

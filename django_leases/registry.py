@@ -114,7 +114,8 @@ def _held_by_discovered(task_path: str) -> Task[..., Any] | None:
 
     found = discovered_modules()
     own, _, attribute = task_path.rpartition(".")
-    if own in found or any(own.startswith(f"{f}.") for f in found):
+    inside = own in found or any(own.startswith(f"{f}.") for f in found)
+    if inside:
         # The task under its own name first: a module may also hold variants of it
         # (``quick = nightly.using_lease(lease=5)``), which are not what the path names.
         module = sys.modules.get(own)
@@ -122,7 +123,7 @@ def _held_by_discovered(task_path: str) -> Task[..., Any] | None:
         if isinstance(declared, Task) and declared.module_path == task_path:
             return declared
     names = sorted(found)
-    if own not in found and any(own.startswith(f"{f}.") for f in found):
+    if inside and own not in found:
         names.append(own)
     for name in names:
         module = sys.modules.get(name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import traceback
 import types
+from collections.abc import Callable
 from typing import Any
 
 from .exceptions import InvalidJobArgument
@@ -43,30 +44,27 @@ def storable_text(value: Any, limit: int, *, keep_tail: bool = False) -> str:
         escaped = _escape(text)
         if len(escaped) <= limit:
             return escaped
-    note = _cut_note(text, limit)
-    room = max(limit - len(note), 0)
-    if not keep_tail:
-        return (_escape(text[:room])[:room] + note)[:limit]
-    head, tail = room - room // 2, room // 2
-    return (_escape(text[:head])[:head] + note + (_escape(text[-tail:])[-tail:] if tail else ""))[
-        :limit
-    ]
-
-
-def _cut_note(text: str, limit: int) -> str:
-    return f"\n[... {len(text):,} characters in all, cut to {limit:,} ...]\n"
+    return _cut(text, limit, keep_tail=keep_tail, escape=_escape)
 
 
 def cut_middle(text: str, limit: int) -> str:
     """``text`` as it is, or its head and tail around a note of how much was cut, in at
     most ``limit`` characters: a log line's traceback (nothing escaped; the log formats do
     that as each needs)."""
-    if len(text) <= limit:
-        return text
-    note = _cut_note(text, limit)
+    return text if len(text) <= limit else _cut(text, limit, keep_tail=True, escape=None)
+
+
+def _cut(text: str, limit: int, *, keep_tail: bool, escape: Callable[[str], str] | None) -> str:
+    """The head of ``text`` (and with ``keep_tail`` its tail) around a note of how much
+    was cut, in at most ``limit`` characters; each part escaped by ``escape`` and cut
+    again to its room, as escaping lengthens it."""
+    fit = escape or (lambda part: part)
+    note = f"\n[... {len(text):,} characters in all, cut to {limit:,} ...]\n"
     room = max(limit - len(note), 0)
+    if not keep_tail:
+        return (fit(text[:room])[:room] + note)[:limit]
     head, tail = room - room // 2, room // 2
-    return (text[:head] + note + (text[-tail:] if tail else ""))[:limit]
+    return (fit(text[:head])[:head] + note + (fit(text[-tail:])[-tail:] if tail else ""))[:limit]
 
 
 def storable_name(value: Any, limit: int = CLASS_PATH_LIMIT) -> str:
@@ -185,7 +183,8 @@ def storable_result(value: Any) -> Any:
     the value (``result[0]['when']``) as enqueue's argument errors do.
 
     What Django's own backends store (``django.utils.json.normalize_json``: UTF-8 bytes as
-    str, any mapping as a dict, any sequence as a list) is stored so too."""
+    str, any mapping as a dict, any sequence as a list) is stored so too, but for a dict
+    key that is not a ``str``: refused, since JSON would give it back as another key."""
     if value is None or type(value) in (bool, str, int) and _is_plain_scalar(value):
         return value
     bound = [0]

@@ -204,7 +204,12 @@ def test_a_handler_that_returns_past_its_lease_by_the_local_clock_is_lost_unsign
     def claim(task):
         Job.objects.enqueue(task.module_path, [1, 2] if task is add else [])
         [job] = Job.objects.claim("w")
-        link = WorkerLink(lost=threading.Event(), stamp=Stamp(time.monotonic()), checkpointer=bool)
+        link = WorkerLink(
+            lost=threading.Event(),
+            stamp=Stamp(time.monotonic()),
+            lease_seconds=job.lease_seconds,
+            checkpointer=bool,
+        )
         handle = JobHandle(
             job_id=job.pk,
             fence=job.fence,

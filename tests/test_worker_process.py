@@ -364,8 +364,8 @@ def test_a_handler_that_stops_when_its_worker_dies_ends_quietly(workers):
     result = hold.enqueue(60)
     a = workers.start("orphan-quiet", "--isolation", "process", *FAST)
     child_pid = a.wait_event("process_started", timeout=20, job_id=int(result.id))["pid"]
-    wait_for(lambda: job_of(result).state == JobState.CLAIMED, 10, "the claim")
-    time.sleep(1)  # the handler is in its sleep
+    # Django's RUNNING line, logged in the child just before it calls the handler.
+    a.wait_event("task_running", timeout=20, job_id=result.id)
     try:
         a.signal(signal.SIGKILL)
         a.wait_exit()

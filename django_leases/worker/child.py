@@ -79,6 +79,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked:
     link = WorkerLink(
         lost=lost,
         stamp=stamp,
+        lease_seconds=payload["lease"],
         checkpointer=lambda cursor: store_checkpoint(handle, link, cursor),
         on_acked=acked.set,
     )

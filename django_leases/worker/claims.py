@@ -42,6 +42,9 @@ ACKED = "acked"
 # Its ack, fail or release went through (or the claim was dropped): nothing left to send.
 SETTLED = "settled"
 
+# Why a claim whose lease ran out by the local estimate (WorkerLink.expired) was lost.
+LEASE_RAN_OUT = "no renewal succeeded for longer than the lease"
+
 
 class Kind(enum.Enum):
     """What became of a handler, and so which write its job gets (settling.py's outbox)."""
@@ -103,6 +106,7 @@ class Claim:
         self.link = WorkerLink(
             lost=self.lost_flag,
             stamp=self.stamp,
+            lease_seconds=lease,
             checkpointer=self._checkpoint,
             task_result=task_result,
             on_acked=self.mark_acked,
@@ -129,10 +133,6 @@ class Claim:
     @property
     def pk(self) -> Any:
         return self.job.pk
-
-    def expired_locally(self, now: float) -> bool:
-        elapsed: float = now - self.stamp.value
-        return elapsed > self.lease
 
     def _move(self, to: str, *, tell: bool = False, reason: str = "") -> bool:
         with self._lock:

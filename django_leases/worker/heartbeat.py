@@ -19,7 +19,7 @@ from typing import Any
 from django.db import connections
 
 from ..storable import first_line
-from .claims import RUNNING, ClaimBook, read_back_acks
+from .claims import LEASE_RAN_OUT, RUNNING, ClaimBook, read_back_acks
 from .dberrors import DB_ERRORS
 from .logs import claim_fields
 from .vital import VitalThread
@@ -213,9 +213,7 @@ class Watchdog(VitalThread):
 
     def watch(self, now: float) -> None:
         for claim in self.book.all():
-            if claim.expired_locally(now) and claim.mark_lost(
-                "no renewal succeeded for longer than the lease"
-            ):
+            if claim.link.expired(now) and claim.mark_lost(LEASE_RAN_OUT):
                 logger.warning(
                     "Lost claim job=%s fence=%s worker=%s: no renewal succeeded "
                     "for %.1f s (lease %g s); telling its handler to stop",

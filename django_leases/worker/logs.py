@@ -185,20 +185,19 @@ def _name_the_claim(record: logging.LogRecord, args: tuple[Any, ...]) -> None:
     record.args = (*args, handle.fence, handle.attempt, handle.worker_id)
 
 
-def bounded_traceback(formatter: logging.Formatter, exc_info: Any) -> str:
-    """``exc_info`` formatted, cut to MESSAGE_LIMIT characters (before escapes), its head
-    and tail kept, as the worker's own messages are (docs/worker.md, JSON logs)."""
-    return cut_middle(logging.Formatter.formatException(formatter, exc_info), MESSAGE_LIMIT)
+class _BoundedTracebackFormatter(logging.Formatter):
+    """A formatter whose tracebacks are cut to MESSAGE_LIMIT characters (before escapes),
+    head and tail kept, as the worker's own messages are (docs/worker.md, JSON logs)."""
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 -- logging's name
+        return cut_middle(super().formatException(ei), MESSAGE_LIMIT)
 
 
-class JsonFormatter(logging.Formatter):
+class JsonFormatter(_BoundedTracebackFormatter):
     """One JSON object per line: time (UTC, ISO 8601), level, logger, message, then the
     record's structured fields; a traceback as ``exc_info`` (cut to MESSAGE_LIMIT
     characters). Usable from LOGGING too:
     ``{"()": "django_leases.worker.logs.JsonFormatter"}``."""
-
-    def formatException(self, ei: Any) -> str:  # noqa: N802 -- logging's name
-        return bounded_traceback(self, ei)
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -218,7 +217,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str, ensure_ascii=True)
 
 
-class TextFormatter(logging.Formatter):
+class TextFormatter(_BoundedTracebackFormatter):
     """The text format (TEXT_FORMAT unless given another), with NUL and lone surrogates
     (a handler's message, in Django's traceback line) backslash-escaped, so that a log file
     stays text every reader and encoder takes. Usable from LOGGING too:
@@ -226,9 +225,6 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self, fmt: str | None = TEXT_FORMAT, *args: Any, **kwargs: Any) -> None:
         super().__init__(fmt, *args, **kwargs)
-
-    def formatException(self, ei: Any) -> str:  # noqa: N802 -- logging's name
-        return bounded_traceback(self, ei)
 
     def format(self, record: logging.LogRecord) -> str:
         # logging caches the formatted traceback on the record: the cut one stays this

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -152,14 +153,14 @@ def _run(
             # Told to stop after its ack (a worker's stop), it stops as asked: no warning.
             if not (handle.lost and isinstance(e, (LeaseLost, asyncio.CancelledError))):
                 _raised_after_ack(handle, e)
-        elif _claim_gone(handle):
+        elif link.gone(time.monotonic()):
             return Outcome(Kind.LOST)
         else:
             return _failed(task, started, e)
     if link.acked:
         # Committed with the handler's own writes; a loss noticed afterwards changes nothing.
         outcome = Outcome(Kind.ACKED, result=link.acked_result)
-    elif _claim_gone(handle) and not link.releasing:
+    elif link.gone(time.monotonic()) and not link.releasing:
         return Outcome(Kind.LOST)
     else:
         try:
@@ -177,14 +178,6 @@ def _run(
         _finished(started, TaskResultStatus.SUCCESSFUL, return_value=outcome.result),
     )
     return outcome
-
-
-def _claim_gone(handle: JobHandle) -> bool:
-    """Lost, or past its lease by this process's estimate (only ever short), which the
-    watchdog would act on within a quarter period: a handler that held the GIL through its
-    lease ran with no renewal, another worker may run the job now, and task_finished must
-    not say SUCCESSFUL for a result that is then discarded."""
-    return handle.lost or handle.lease_remaining <= 0
 
 
 def _failed(

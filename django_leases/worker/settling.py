@@ -26,7 +26,16 @@ from ..storable import (
     first_line,
     storable_text,
 )
-from .claims import FINISHING, RELEASING, Claim, ClaimBook, Kind, Outcome, read_back_acks
+from .claims import (
+    FINISHING,
+    LEASE_RAN_OUT,
+    RELEASING,
+    Claim,
+    ClaimBook,
+    Kind,
+    Outcome,
+    read_back_acks,
+)
 from .dberrors import DB_ERRORS, error_kind, refused_by_database
 from .logs import claim_fields
 
@@ -177,8 +186,8 @@ class Settling:
             self.worker_id,
             claim.lost_reason
             or (
-                "no renewal succeeded for longer than the lease"
-                if claim.expired_locally(time.monotonic())
+                LEASE_RAN_OUT
+                if claim.link.expired(time.monotonic())
                 else "handler stopped on LeaseLost"
             ),
             extra=claim_fields(claim.job, self.worker_id, "discarded"),
