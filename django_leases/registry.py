@@ -3,12 +3,14 @@
 A job row names its task by dotted path, but that path is only looked up here, never
 imported on its own say-so: a row that names anything else ends dead. The modules imported
 to find the declarations are each installed app's ``tasks`` module and the modules a
-backend's ``OPTIONS["TASK_MODULES"]`` lists: code the project chose, not the row.
+backend's ``OPTIONS["TASK_MODULES"]`` lists (a package with every module in it): code the
+project chose, not the row.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -188,6 +190,15 @@ def discovered_modules() -> set[str]:
     return {f"{config.name}.tasks" for config in apps.get_app_configs()} | set(task_modules())
 
 
+def _import_with_submodules(name: str) -> None:
+    """Import ``name`` and, if it is a package, every module under it: is_discovered()
+    counts a task in any of them, so a worker must declare it whether or not the
+    package's ``__init__`` imports its modules. An error in one is raised."""
+    module = importlib.import_module(name)
+    for sub in pkgutil.iter_modules(getattr(module, "__path__", ()), prefix=f"{name}."):
+        _import_with_submodules(sub.name)
+
+
 def is_discovered(task: Task[..., Any]) -> bool:
     """Whether a worker (and any reader) of this project declares ``task`` when it imports
     the discovered modules, and so knows the task: one declared in a discovered module or a
@@ -215,14 +226,15 @@ def is_discovered(task: Task[..., Any]) -> bool:
 
 def discover() -> None:
     """Import each installed app's ``tasks`` module and every TASK_MODULES entry, where
-    @task declarations live, noting which of them declared each task."""
+    @task declarations live (a package with every module in it), noting which of them
+    declared each task."""
     modules = [(config.module, f"{config.name}.tasks") for config in apps.get_app_configs()]
     modules += [(None, module) for module in task_modules()]
     for package, module in modules:
         outer = getattr(_discovering, "module", None)
         _discovering.module = module
         try:
-            importlib.import_module(module)
+            _import_with_submodules(module)
         except Exception:
             # An app without a tasks module is skipped; an error inside one is raised (as
             # autodiscover_modules() does).

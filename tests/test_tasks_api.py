@@ -505,6 +505,21 @@ def test_a_task_its_apps_tasks_module_imports_is_accepted_and_runs(workers):
     assert not Job.objects.filter(task_path=forgotten.module_path).exists()
 
 
+def test_a_task_in_a_module_its_tasks_package_does_not_import_runs(workers):
+    """Invariant 3: tests/reportapp/tasks/ is a package whose __init__ imports none of its
+    modules. enqueue() accepts a task of tasks/summaries.py (a submodule of a discovered
+    module), so a worker must declare it: discovery imports every module of a tasks
+    package. Before, the worker imported the package alone, and each such job ended
+    dead as an UnknownTask."""
+    from tests.reportapp.tasks.summaries import tally
+
+    result = tally.enqueue(1, 2, 3)
+    w = workers.start("report", *FAST, "--burst", ready=False)
+    assert w.wait_exit(SETTLE) == 0, w.log()
+    done = finished(result)
+    assert (done.status, done.return_value) == (TaskResultStatus.SUCCESSFUL, 6), w.log()
+
+
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_tasks_listed_in_task_modules_run_and_read_back_in_any_process(
     workers, settings, tmp_path, isolation
