@@ -10,6 +10,7 @@ project chose, not the row.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 import threading
@@ -31,6 +32,14 @@ _declared_by_discovery: dict[str, str] = {}
 # queue): apart from _declared.
 _moved: dict[tuple[str, str, str], Task[..., Any]] = {}
 _discovering = threading.local()
+# The modules discover() imported for each discovered module: the module itself and, for a
+# package, every module in it (_import_tree()). is_discovered() counts these, and a task
+# in a module of the package that discovery left out (a test module, a folder with no
+# __init__.py) is refused at enqueue, as no worker would declare it.
+_trees: dict[str, frozenset[str]] = {}
+# Modules of a tasks package that discovery does not import: its tests, migrations and
+# ``python -m`` entry point are no place for tasks, and may not even import in a worker.
+_NOT_TASK_MODULES = frozenset({"__main__", "conftest", "migrations", "tests"})
 # (alias, path) declared by a copy carrying another backend's schedule (own_schedule()).
 _inherited: set[tuple[str, str]] = set()
 
@@ -109,25 +118,21 @@ def runnable(alias: str, task_path: str, queue_name: str) -> Task[..., Any] | No
 
 
 def _held_by_discovered(task_path: str) -> Task[..., Any] | None:
-    """A Task (of any backend) named ``task_path`` that a discovered module, or its own
-    module inside one, holds: read from the namespaces of modules already imported, never
-    imported on the row's say-so (the rule is_discovered() applies at enqueue)."""
+    """A Task (of any backend) named ``task_path`` that a module discovery imported holds:
+    read from the namespaces of modules already imported, never imported on the row's
+    say-so (the rule is_discovered() applies at enqueue)."""
     from django.tasks import Task
 
-    found = discovered_modules()
+    tree = discovered_tree()
     own, _, attribute = task_path.rpartition(".")
-    inside = own in found or any(own.startswith(f"{f}.") for f in found)
-    if inside:
+    if own in tree:
         # The task under its own name first: a module may also hold variants of it
         # (``quick = nightly.using_lease(lease=5)``), which are not what the path names.
         module = sys.modules.get(own)
         declared = None if module is None else vars(module).get(attribute)
         if isinstance(declared, Task) and declared.module_path == task_path:
             return declared
-    names = sorted(found)
-    if inside and own not in found:
-        names.append(own)
-    for name in names:
+    for name in sorted(tree):
         module = sys.modules.get(name)
         if module is None:
             continue
@@ -190,35 +195,55 @@ def discovered_modules() -> set[str]:
     return {f"{config.name}.tasks" for config in apps.get_app_configs()} | set(task_modules())
 
 
-def _import_with_submodules(name: str) -> None:
-    """Import ``name`` and, if it is a package, every module under it: is_discovered()
-    counts a task in any of them, so a worker must declare it whether or not the
-    package's ``__init__`` imports its modules. An error in one is raised."""
+def discovered_tree() -> set[str]:
+    """The discovered modules and every module discover() imported in them (packages)."""
+    found = discovered_modules()
+    return found.union(*(_trees.get(name, ()) for name in found))
+
+
+def _import_tree(name: str, seen: set[str]) -> list[str]:
+    """Import ``name`` and, if it is a package, every module in it (but its tests,
+    migrations and ``__main__``); return their names. An error in one is raised, as one
+    in a ``tasks.py`` is. ``seen``: the package directories walked (a symlink loop)."""
     module = importlib.import_module(name)
-    for sub in pkgutil.iter_modules(getattr(module, "__path__", ()), prefix=f"{name}."):
-        _import_with_submodules(sub.name)
+    names = [name]
+    # From the module's own dict: a module __getattr__ must not invent a __path__.
+    spec = vars(module).get("__spec__")
+    locations = getattr(spec, "submodule_search_locations", None)
+    if locations is None:
+        return names
+    places = [os.path.realpath(place) for place in locations if isinstance(place, str)]
+    if not places or seen.intersection(places):
+        return names
+    seen.update(places)
+    for sub in pkgutil.iter_modules(places, prefix=f"{name}."):
+        leaf = sub.name.rpartition(".")[2]
+        if leaf not in _NOT_TASK_MODULES and not leaf.startswith("test_"):
+            names += _import_tree(sub.name, seen)
+    return names
 
 
 def is_discovered(task: Task[..., Any]) -> bool:
     """Whether a worker (and any reader) of this project declares ``task`` when it imports
-    the discovered modules, and so knows the task: one declared in a discovered module or a
-    submodule of one (an app's ``tasks`` package), declared while discover() imported a
-    discovered module (shop/tasks.py importing shop/jobs.py), or named by one (imported
-    from a module loaded before discovery ran). Call discover() first for the last two."""
+    the discovered modules, and so knows the task: one declared in a discovered module or
+    a module discovery imported in one (an app's ``tasks`` package), declared while
+    discover() imported a discovered module (shop/tasks.py importing shop/jobs.py), or
+    named by one (imported from a module loaded before discovery ran). Call discover()
+    first for all but the first of a package's own module."""
     module = task.func.__module__
-    found = discovered_modules()
-    if any(module == name or module.startswith(f"{name}.") for name in found):
+    tree = discovered_tree()
+    if module in tree:
         return True
     path = getattr(task, "module_path", None)
     if path is None:
         return False
-    if _declared_by_discovery.get(path) in found:
+    if _declared_by_discovery.get(path) in discovered_modules():
         return True
     from django.tasks import Task
 
     return any(
         isinstance(value, Task) and value.module_path == path
-        for name in found
+        for name in tree
         if name in sys.modules
         for value in list(vars(sys.modules[name]).values())
     )
@@ -227,18 +252,21 @@ def is_discovered(task: Task[..., Any]) -> bool:
 def discover() -> None:
     """Import each installed app's ``tasks`` module and every TASK_MODULES entry, where
     @task declarations live (a package with every module in it), noting which of them
-    declared each task."""
+    declared each task. A module walked once is not walked again."""
     modules = [(config.module, f"{config.name}.tasks") for config in apps.get_app_configs()]
     modules += [(None, module) for module in task_modules()]
     for package, module in modules:
+        if module in _trees:
+            continue
         outer = getattr(_discovering, "module", None)
         _discovering.module = module
         try:
-            _import_with_submodules(module)
+            _trees[module] = frozenset(_import_tree(module, set()))
         except Exception:
             # An app without a tasks module is skipped; an error inside one is raised (as
             # autodiscover_modules() does).
             if package is not None and not module_has_submodule(package, "tasks"):
+                _trees[module] = frozenset()
                 continue
             raise
         finally:

@@ -586,8 +586,10 @@ def test_run_after_survives_a_retry_that_moves_the_due_time():
 
 
 def test_tasks_count_as_found_where_workers_import_them():
-    """An app's tasks module, a submodule of a tasks package, or a TASK_MODULES entry (and
-    its submodules); not a sibling module that only starts with the same name."""
+    """An app's tasks module, a module discovery imports in a tasks package, or a
+    TASK_MODULES entry; not a sibling module that only starts with the same name, nor a
+    module of a tasks package that discovery leaves out (its tests, a folder with no
+    __init__.py) or a name under a plain module."""
     from types import SimpleNamespace
 
     from django.test import override_settings
@@ -595,8 +597,12 @@ def test_tasks_count_as_found_where_workers_import_them():
     def declared_in(module):
         return SimpleNamespace(func=SimpleNamespace(__module__=module))
 
+    registry.discover()
     assert registry.is_discovered(declared_in("tests.testapp.tasks"))
-    assert registry.is_discovered(declared_in("tests.testapp.tasks.emails"))
+    assert registry.is_discovered(declared_in("tests.reportapp.tasks.summaries"))
+    assert not registry.is_discovered(declared_in("tests.reportapp.tasks.tests"))
+    assert not registry.is_discovered(declared_in("tests.reportapp.tasks.drafts.old"))
+    assert not registry.is_discovered(declared_in("tests.testapp.tasks.emails"))
     assert not registry.is_discovered(declared_in("tests.testapp.tasks_old"))
     assert not registry.is_discovered(declared_in("tests.testapp.jobs"))
     with override_settings(
@@ -608,7 +614,8 @@ def test_tasks_count_as_found_where_workers_import_them():
         }
     ):
         assert registry.is_discovered(declared_in("tests.testapp.jobs"))
-        assert registry.is_discovered(declared_in("tests.testapp.jobs.nightly"))
+        registry.discover()
+        assert not registry.is_discovered(declared_in("tests.testapp.jobs.nightly"))
 
 
 @pytest.mark.parametrize("retried", [False, True])

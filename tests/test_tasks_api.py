@@ -505,19 +505,31 @@ def test_a_task_its_apps_tasks_module_imports_is_accepted_and_runs(workers):
     assert not Job.objects.filter(task_path=forgotten.module_path).exists()
 
 
-def test_a_task_in_a_module_its_tasks_package_does_not_import_runs(workers):
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_task_in_a_module_its_tasks_package_does_not_import_runs(workers, isolation):
     """Invariant 3: tests/reportapp/tasks/ is a package whose __init__ imports none of its
-    modules. enqueue() accepts a task of tasks/summaries.py (a submodule of a discovered
-    module), so a worker must declare it: discovery imports every module of a tasks
-    package. Before, the worker imported the package alone, and each such job ended
-    dead as an UnknownTask."""
-    from tests.reportapp.tasks.summaries import tally
+    modules. enqueue() accepts a task of tasks/summaries.py, so a worker must declare it:
+    discovery imports every module of a tasks package. Before, enqueue() accepted it
+    (any submodule counted) while the worker imported the package alone, and each such
+    job ended dead as an UnknownTask. A task in the package's test module, or in a folder
+    of it with no __init__.py, which discovery leaves out, is refused at enqueue (6)."""
+    from django.tasks.exceptions import InvalidTask
 
+    from tests.reportapp.tasks.drafts.old import draft
+    from tests.reportapp.tasks.summaries import tally
+    from tests.reportapp.tasks.tests import left_out
+
+    for stray in (left_out, draft):
+        with pytest.raises(InvalidTask, match="TASK_MODULES"):
+            stray.enqueue()
     result = tally.enqueue(1, 2, 3)
-    w = workers.start("report", *FAST, "--burst", ready=False)
+    w = workers.start(
+        f"report-{isolation}", *FAST, "--burst", "--isolation", isolation, ready=False
+    )
     assert w.wait_exit(SETTLE) == 0, w.log()
     done = finished(result)
     assert (done.status, done.return_value) == (TaskResultStatus.SUCCESSFUL, 6), w.log()
+    assert not Job.objects.filter(task_path__in=[left_out.module_path, draft.module_path])
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
