@@ -134,7 +134,7 @@ def _schedule_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
         return []
     try:
         registry.discover()
-    except Exception:  # a broken tasks module: E016 and the worker's start say so
+    except Exception:  # a broken tasks module: E016 or E023 says so
         return []
     try:
         declared_schedules(alias, options["SCHEDULES"])
@@ -234,6 +234,27 @@ def _shared_schedule_messages(
     ]
 
 
+def _discovery_failed(alias: str, error: Exception) -> list[checks.CheckMessage]:
+    """A module discovery imports raised: a worker cannot start, and enqueue() raises the
+    same error. A TASK_MODULES entry that cannot be found is E016's to report instead."""
+    from . import registry
+    from .conf import _task_module_problems
+    from .storable import first_line
+
+    if _task_module_problems(registry.task_modules()):
+        return []
+    return [
+        checks.Error(
+            f"TASKS[{alias!r}]: importing the modules that declare tasks (each installed "
+            f"app's tasks module or package, and TASK_MODULES) raised "
+            f"{type(error).__name__}: {first_line(error)}. No worker can start.",
+            hint="Fix the module, or move it out of the tasks package if it holds no task.",
+            obj=f"TASKS[{alias!r}]",
+            id="django_leases.E023",
+        )
+    ]
+
+
 def check_task_modules(alias: str) -> list[checks.CheckMessage]:
     """@tasks of backend ``alias`` declared (imported so far, after discovery) that a
     worker's discovery does not declare: enqueue() refuses them, and a worker would not
@@ -242,8 +263,8 @@ def check_task_modules(alias: str) -> list[checks.CheckMessage]:
 
     try:
         registry.discover()
-    except Exception:  # noqa: BLE001 -- a TASK_MODULES entry E016 reports, or a broken
-        return []  # tasks module, which the worker's start and enqueue() raise
+    except Exception as e:  # noqa: BLE001 -- whatever a tasks module raises at import
+        return _discovery_failed(alias, e)
     stray = [task for task in registry.declared_tasks(alias) if not registry.is_discovered(task)]
     modules = sorted({task.func.__module__ for task in stray})
     if not stray:

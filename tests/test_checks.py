@@ -394,6 +394,29 @@ def test_tasks_declared_where_no_worker_looks_are_listed_with_the_fix():
         ] == []
 
 
+def test_a_tasks_module_that_raises_at_import_is_an_error_of_the_check(tmp_path, monkeypatch):
+    """A module discovery imports (here a TASK_MODULES entry; a module of an app's tasks
+    package alike) that raises at import: every worker's start would fail on it, so
+    `manage.py check` says so, naming the error (before: the check swallowed it and said
+    nothing) (6)."""
+    from django.core.checks import run_checks
+
+    (tmp_path / "raises_at_import.py").write_text("raise RuntimeError('no partner key')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tasks = {
+        "default": {
+            "BACKEND": BACKEND,
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {"TASK_MODULES": ["raises_at_import"]},
+        }
+    }
+    with override_settings(TASKS=tasks):
+        found = [m for m in run_checks() if m.id == "django_leases.E023"]
+    [error] = found
+    assert error.obj == "TASKS['default']"
+    assert "RuntimeError: no partner key" in error.msg
+
+
 @pytest.mark.django_db(databases="__all__")
 def test_a_backend_whose_task_modules_cannot_import_does_not_break_the_others_checks():
     """The E018 check imports every backend's TASK_MODULES; one that cannot be imported is
