@@ -46,8 +46,9 @@ _STATUS = {
 def _exception_path(failure: Any) -> str:
     """A dotted path TaskError.exception_class can import: the recorded class where it
     imports, else its nearest base class that does (a class nested in another), else
-    Exception (a class defined inside a function, a module since removed; the recorded
-    path stays in the admin and the traceback); an expired claim reads as LeaseLost, a
+    Exception (a class defined inside a function; the recorded path stays in the admin
+    and the traceback), or the recorded path where its module is not loaded in this
+    process (storable.readable_class_path()); an expired claim reads as LeaseLost, a
     failure without a class as Exception."""
     from .storable import readable_class_path
 

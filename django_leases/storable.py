@@ -127,14 +127,35 @@ def readable_class_path(path: str, fallback: str = "builtins.Exception") -> str:
     """A path TaskError.exception_class imports (it splits module from class at the last
     dot) for the exception class recorded as ``path``: ``path`` itself, else that of the
     nearest base class that imports so (a class nested in another), else ``fallback`` (a
-    class defined inside a function, a path cut at the column's length, a module that is
-    not loaded in this process).
+    class defined inside a function, a path cut at the column's length).
 
     Nothing is imported: a path is a row's say-so, and importing the module it names runs
     that module's code (which may exit, print, or do worse). Only modules already in
     ``sys.modules`` are read, through their ``__dict__`` (no module ``__getattr__`` runs).
+    A path that goes on past the modules loaded here (``shop.errors.PaymentDeclined`` in a
+    process that never imported ``shop.errors``) is given as recorded, as Django's own
+    backends give it: ``exception_class`` imports it when asked, which reading does not.
     """
-    return _readable(path) or fallback
+    found = _readable(path)
+    if found is not None:
+        return found
+    return path if _beyond_loaded_modules(path) else fallback
+
+
+def _beyond_loaded_modules(path: str) -> bool:
+    """Whether ``path`` (a dotted path of identifiers) names, past its deepest module
+    loaded in this process, a name that module does not hold: a module not imported here,
+    or a class since removed from one."""
+    parts = path.split(".")
+    if len(path) >= CLASS_PATH_LIMIT or len(parts) < 2:
+        return False  # cut to the column: what it names is unknown
+    if not all(part.isidentifier() for part in parts):
+        return False
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is not None:
+            return isinstance(module, types.ModuleType) and parts[cut] not in vars(module)
+    return True
 
 
 def _loaded(module_name: str, names: list[str]) -> Any:

@@ -674,8 +674,13 @@ def test_readable_class_paths_fall_back_to_the_nearest_importable_class():
     )
     assert readable_class_path("tests.testapp.tasks.Outer.InnerError") == "builtins.ValueError"
     assert readable_class_path(t.HOSTILE_EXCEPTION_PATHS["LocalError"]) == "builtins.Exception"
-    assert readable_class_path("no_such_module.Error") == "builtins.Exception"
     assert readable_class_path("os.path") == "builtins.Exception"  # not an exception class
+    assert readable_class_path("os.NoSuchError") == "os.NoSuchError"  # since removed
+    # Past the modules loaded here: as recorded (Django's backends give it so), nothing
+    # imported; exception_class imports it when asked.
+    assert readable_class_path("no_such_module.Error") == "no_such_module.Error"
+    assert readable_class_path("tests.testapp.unloaded.Error") == "tests.testapp.unloaded.Error"
+    assert readable_class_path("a" * 250 + ".Error") == "builtins.Exception"  # cut to 255
 
 
 def test_describing_a_hostile_exception_never_raises():
@@ -790,8 +795,11 @@ def test_a_failure_row_naming_a_module_never_imports_it(workers, tmp_path, monke
         )
 
     errors = _result(result.id).errors
-    assert [e.exception_class_path for e in errors] == ["builtins.Exception"] * 2
+    # As recorded, as Django's backends give them: neither module is loaded here, and
+    # reading imports neither (exception_class would, when asked).
+    assert [e.exception_class_path for e in errors] == ["tests.testapp.trap_exit.Boom", "this.Zen"]
     assert "tests.testapp.trap_exit" not in sys.modules and not trap.exists()
+    assert "this" not in sys.modules
 
     worker = workers.start("row-paths", *STEADY, "--burst", "--isolation", "thread", ready=False)
     assert worker.wait_exit(120) == 0
