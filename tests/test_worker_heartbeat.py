@@ -146,6 +146,27 @@ def test_the_watchdog_outlives_an_error_in_one_round():
         waker.close()
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_short_lease_claimed_mid_wait_is_no_overdue_heartbeat(workers, isolation):
+    """Invariant 1 (local decisions on monotonic intervals): an idle worker beats every
+    6 s; a job with a 2 s lease claimed 3 s into that wait had nothing to renew before, so
+    the heartbeat is not overdue. Before, the worker warned "Heartbeat overdue ... 3.x s
+    (lease 2 s)" and stopped claiming until the next beat, with a healthy database. The
+    job is renewed at its own lease's pace and succeeds (3)."""
+    a = workers.start(
+        f"mid-wait-{isolation}", "--heartbeat", "6", "--poll", str(POLL), "--isolation", isolation
+    )
+    time.sleep(3.5)  # into the heartbeat's 6 s wait, past the job's 2 s lease
+    result = hold.using_lease(lease=2).enqueue(3)
+    second = add.enqueue(1, 2)
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 20, "the held job")
+    wait_for(lambda: job_of(second).state == JobState.SUCCEEDED, 20, "the second job")
+    assert job_of(result).attempts == 1
+    assert not a.events("heartbeat_overdue"), a.log()
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0
+
+
 @pytest.mark.slow
 def test_no_claims_while_a_renewal_hangs_for_longer_than_the_lease(workers):
     """A renewal that hangs (here on a row lock; in production on a half-open connection)

@@ -92,6 +92,9 @@ class Claim:
     ) -> None:
         self.job = job
         self.lease = lease
+        # time.monotonic() just before the claim statement was sent (stamp moves on with
+        # each renewal; this does not).
+        self.claimed_at = stamp
         self.state = RUNNING
         self.lost_reason = ""
         # Whether a FINISHING claim came from RELEASING (finish_released()).

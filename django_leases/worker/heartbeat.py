@@ -108,12 +108,19 @@ class Heartbeat(VitalThread):
         return min([self.period, *(lease / 3 for lease in leases)])
 
     def overdue(self, now: float) -> tuple[float, float] | None:
-        """(seconds since the last good beat began, the lease it outlived) once no beat has
-        gone through for longer than the lease: --lease, else the shortest lease held, else
-        three periods (the default period is a third of LEASE_SECONDS). None otherwise."""
-        leases = [c.lease for c in self.book.renewable()]
-        limit = self.lease or min(leases, default=3 * self.period)
-        silent = now - self.beat_ok_at
+        """(seconds without a good beat, the lease they outlived) once no beat has gone
+        through for longer than the lease: --lease, else the shortest lease held, else
+        three periods (the default period is a third of LEASE_SECONDS). None otherwise.
+
+        Counted from the last good beat or the oldest claim held, whichever came later: an
+        idle heartbeat beats at its own period, and a claim with a shorter lease that
+        arrives mid-wait had nothing to renew before it (a 3 s lease claimed 7 s into a
+        10 s wait is not 7 s overdue). A hung heartbeat still shows once the oldest claim
+        has gone unrenewed for its lease."""
+        claims = self.book.renewable()
+        limit = self.lease or min((c.lease for c in claims), default=3 * self.period)
+        since = max(self.beat_ok_at, min((c.claimed_at for c in claims), default=0.0))
+        silent = now - since
         return (silent, limit) if silent > limit else None
 
     def beat(self, Job: Any, WorkerProcess: Any) -> None:
