@@ -184,10 +184,23 @@ class EnqueueOptions:
         deadline = max_age = None
         if self.deadline is not None:
             deadline = _aware("deadline", self.deadline)
+            if run_after is not None and deadline < run_after:
+                raise InvalidLeaseOption(
+                    "deadline",
+                    f"is before run_after ({run_after.isoformat()}): the job could never run, "
+                    f"got {deadline.isoformat()}",
+                )
         elif self.max_age is not None:
             max_age = timedelta(seconds=checked_seconds("max_age", self.max_age))
         elif defaults is not None:
             max_age = timedelta(seconds=defaults.max_age_days * 86400)
+        # The age counts from when the job is due: a job deferred past MAX_AGE_DAYS after
+        # enqueue would have been dead-lettered at its due time without ever running.
+        if max_age is not None and run_after is not None:
+            room = conf.LATEST_TIME - run_after
+            deadline, max_age = (run_after + max_age if max_age < room else conf.LATEST_TIME), None
+        elif max_age is not None and delay is not None:
+            max_age += delay
         if defaults is None:
             return None
         # The defaults filled both in when they were None.

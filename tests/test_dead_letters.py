@@ -9,8 +9,10 @@ import pytest
 from django.core.management import call_command
 from django.db import transaction
 from django.db.models.functions import Now
+from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
+from django_leases import conf
 from django_leases.exceptions import DuplicateJob, InvalidLeaseOption
 from django_leases.models import Job
 from django_leases.states import DeadReason, FailureKind, JobState, LeaseLostPolicy
@@ -32,6 +34,39 @@ def test_a_job_gets_a_deadline_of_max_age_on_the_database_clock():
     job = enqueue(max_age=60)
     job.refresh_from_db()
     assert job.deadline - job.enqueued_at == timedelta(seconds=60)
+
+
+def test_a_deferred_jobs_max_age_counts_from_when_it_is_due():
+    """Invariant 3: a job deferred past MAX_AGE_DAYS (run_after 30 days out, default 14)
+    was dead-lettered at its due time without ever running, its result FAILED with no
+    error. The age counts from the due time now (run_after, or Now() + delay on the
+    database clock), and a deadline before run_after is refused, naming deadline (6)."""
+    from tests.testapp.tasks import add
+
+    later = timezone.now() + timedelta(days=30)
+    job = enqueue(run_after=later)
+    job.refresh_from_db()
+    assert job.deadline - job.available_at == timedelta(days=14)
+    job = enqueue(run_after=later, max_age=5)
+    job.refresh_from_db()
+    assert job.deadline - job.available_at == timedelta(seconds=5)
+    job = enqueue(delay=60, max_age=5)
+    job.refresh_from_db()
+    assert job.deadline - job.available_at == timedelta(seconds=5)
+    assert job.available_at - job.enqueued_at == timedelta(seconds=60)
+    job = Job.objects.get(pk=add.using(run_after=later).enqueue(1, 2).id)
+    assert job.deadline - job.available_at == timedelta(days=14)
+    # A run_after at the end of the storable range: the deadline stops there.
+    job = enqueue(run_after=conf.LATEST_TIME - timedelta(days=1))
+    job.refresh_from_db()
+    assert job.deadline >= job.available_at
+    with pytest.raises(InvalidLeaseOption, match="deadline.*before run_after") as refused:
+        enqueue(run_after=later, deadline=later - timedelta(seconds=1))
+    assert refused.value.option == "deadline"
+    before = Job.objects.count()
+    with pytest.raises(InvalidTask, match="deadline"):
+        add.using_lease(deadline=later - timedelta(days=1)).using(run_after=later).enqueue(1, 2)
+    assert Job.objects.count() == before
 
 
 def test_a_pending_job_past_its_deadline_is_dead_lettered_instead_of_claimed():

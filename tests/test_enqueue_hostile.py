@@ -309,16 +309,17 @@ def test_limits_themselves_are_accepted_and_read_back_exactly():
         "t." + "x" * (255 - 2),
         args,
         kwargs,
-        run_after=far,
-        deadline=datetime(1000, 1, 1, tzinfo=UTC),
+        run_after=datetime(1000, 1, 1, tzinfo=UTC),
+        deadline=far,
     )
     back = Job.objects.get(pk=job.pk)
     assert same(args, back.args) and same(kwargs, back.kwargs)
     assert (back.run_after, back.available_at, back.deadline) == (
-        far,
-        far,
         datetime(1000, 1, 1, tzinfo=UTC),
+        datetime(1000, 1, 1, tzinfo=UTC),
+        far,
     )
+    assert Job.objects.get(pk=Job.objects.enqueue(TASK, [1, 2], run_after=far).pk).deadline == far
     longest = Job.objects.enqueue(
         TASK,
         [1, 2],
@@ -327,7 +328,7 @@ def test_limits_themselves_are_accepted_and_read_back_exactly():
     )
     longest = Job.objects.get(pk=longest.pk)
     assert longest.available_at - longest.enqueued_at == timedelta(days=conf.MAX_INTERVAL_DAYS)
-    assert longest.deadline - longest.enqueued_at == timedelta(days=conf.MAX_INTERVAL_DAYS)
+    assert longest.deadline - longest.available_at == timedelta(days=conf.MAX_INTERVAL_DAYS)
 
 
 def test_negative_zero_is_stored_as_zero_on_every_database():
