@@ -124,24 +124,27 @@ def _queue_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
 
 
 def _schedule_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
-    """OPTIONS["SCHEDULES"] must read as schedules, each naming a task declared for the
+    """The backend's schedules, declared by its tasks (``@task(schedule=...)``) and in
+    OPTIONS["SCHEDULES"], must read as schedules, each naming a task declared for the
     backend (after discovery), with no name declared twice, and USE_TZ on."""
     from . import registry
     from .exceptions import InvalidSchedule
     from .schedules import declared_schedules
 
-    if not isinstance(options, dict) or not options.get("SCHEDULES"):
+    if not isinstance(options, dict):
         return []
     try:
         registry.discover()
     except Exception:  # a broken tasks module: E016 or E023 says so
         return []
+    listed = options.get("SCHEDULES") or {}
     try:
-        declared_schedules(alias, options["SCHEDULES"])
+        declared_schedules(alias, listed)
     except InvalidSchedule as e:
+        where = "['OPTIONS']['SCHEDULES']" if listed else " (its tasks' schedules)"
         return [
             checks.Error(
-                f"TASKS[{alias!r}]['OPTIONS']['SCHEDULES']: {e}",
+                f"TASKS[{alias!r}]{where}: {e}",
                 obj=f"TASKS[{alias!r}]",
                 id="django_leases.E020",
             )

@@ -458,6 +458,20 @@ def test_the_ticker_survives_a_schedule_setting_that_cannot_work(caplog):
     assert not Schedule.objects.exists()
 
 
+@pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(schedule=...) needs Django 6.1")
+def test_the_system_check_names_use_tz_off_for_schedules_declared_by_tasks():
+    """Invariant 6: a backend whose schedules are all @task(schedule=...), with USE_TZ =
+    False: E020, as for OPTIONS["SCHEDULES"] (before: only W003, and each worker logged
+    "Schedules not ticked" and never ticked)."""
+    import tests.testapp.periodic  # noqa: F401
+    from django_leases.checks import check_backend
+
+    assert not [m for m in check_backend("default", {}) if m.id == "django_leases.E020"]
+    with override_settings(USE_TZ=False):
+        [error] = [m for m in check_backend("default", {}) if m.id == "django_leases.E020"]
+    assert "USE_TZ" in error.msg and "TASKS['default'] (its tasks' schedules)" in error.msg
+
+
 def test_the_system_check_names_a_missing_task_and_use_tz_off():
     """Invariant 6: E020 reports, before any worker starts, a schedule naming a task no
     code declares and schedules with USE_TZ = False (ticks are UTC instants)."""
