@@ -203,7 +203,8 @@ class LeaseBackend(BaseTaskBackend):
         Job = _job_model(self.alias)
         try:
             fields = self._job_fields(task)
-            args, kwargs = checked_arguments(args, kwargs)
+            # As Django's TaskResult normalizes them (django.utils.json.normalize_json).
+            args, kwargs = checked_arguments(args, kwargs, as_django_stores=True)
             _check_fits(task, args, kwargs)
             if fields.on_duplicate == "merge" and fields.unique_key is not None:
                 job, merged = insert_or_merge_job(Job, self.database, fields, args, kwargs)

@@ -350,12 +350,19 @@ class JobFields:
 
 
 def checked_arguments(
-    args: Any, kwargs: Any, path: str = "", bound: list[int] | None = None
+    args: Any,
+    kwargs: Any,
+    path: str = "",
+    bound: list[int] | None = None,
+    *,
+    as_django_stores: bool = False,
 ) -> tuple[list[Any], dict[str, Any]]:
     """JSON-safe copies of one call's ``args`` (a list or tuple) and ``kwargs`` (a dict with
     str keys, or None); InvalidJobArgument names the argument, prefixed by ``path``.
     ``bound``, if given, has their size as sent appended: measured past MEASURED_PAST,
-    ensure_json's upper bound of it below (jsonsafe.size_as_sent())."""
+    ensure_json's upper bound of it below (jsonsafe.size_as_sent()). ``as_django_stores``:
+    UTF-8 bytes, any sequence and any mapping inside them taken as Django's TaskResult
+    normalizes them (a str, a list, a dict), as the Tasks API's enqueue() does."""
     from .exceptions import InvalidJobArgument
 
     if not isinstance(args, list | tuple):
@@ -369,7 +376,11 @@ def checked_arguments(
             f"{path}kwargs", f"must be a dict of keyword arguments, got {shown(kwargs)}"
         )
     size = [0]
-    call = ensure_json(args, f"{path}args", size), ensure_json(kwargs or {}, f"{path}kwargs", size)
+    lenient = as_django_stores
+    call = (
+        ensure_json(args, f"{path}args", size, as_django_stores=lenient),
+        ensure_json(kwargs or {}, f"{path}kwargs", size, as_django_stores=lenient),
+    )
     length = size_as_sent(size[0], *call)
     if length > SENT_LIMIT:
         raise InvalidJobArgument(

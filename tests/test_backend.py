@@ -13,6 +13,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from django_leases import registry
+from django_leases.exceptions import InvalidJobArgument
 from django_leases.models import Job, JobFailure
 from django_leases.states import JobState
 from tests.testapp.tasks import add, send_receipt
@@ -64,6 +65,27 @@ def test_arguments_that_do_not_round_trip_raise_invalid_task_naming_them():
     with pytest.raises(TypeError, match=r"calls\[0\]\.args\[0\]"):
         add.enqueue_many([((object(), 2), {})])
     assert Job.objects.count() == 0
+
+
+def test_the_tasks_api_takes_arguments_as_djangos_taskresult_normalizes_them():
+    """Conformance: Django's TaskResult normalizes a call's arguments
+    (django.utils.json.normalize_json: UTF-8 bytes as str, any sequence as a list, any
+    mapping as a dict), and Django's own backends accept them so. task.enqueue() took them
+    the same way here (before: refused, "does not round-trip"); the row, the result and
+    get_result() hold the normalized values, which the handler gets. The manager's
+    Job.objects.enqueue() stays strict (3)."""
+    from types import MappingProxyType
+
+    from tests.testapp.tasks import echo
+
+    result = echo.enqueue(b"caf\xc3\xa9", range(3), data=MappingProxyType({"k": b"v"}))
+    assert (result.args, result.kwargs) == (["café", [0, 1, 2]], {"data": {"k": "v"}})
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.args, job.kwargs) == (["café", [0, 1, 2]], {"data": {"k": "v"}})
+    again = echo.get_result(result.id)
+    assert (again.args, again.kwargs) == (result.args, result.kwargs)
+    with pytest.raises(InvalidJobArgument, match=r"args\[0\]"):
+        Job.objects.enqueue(echo.module_path, [b"abc"])
 
 
 def test_enqueue_sends_task_enqueued():
