@@ -240,7 +240,8 @@ _PG_SHARED = f"""%(task_path)s::varchar, %(queue_name)s::varchar, %(priority)s::
     %(lease_seconds)s::float8, %(max_attempts)s::integer, %(retry)s::jsonb,
     %(on_lease_lost)s::varchar, %(unique_key)s::varchar, %(run_after)s::timestamptz,
     COALESCE(%(run_after)s::timestamptz, statement_timestamp() + %(delay)s::interval),
-    COALESCE(%(deadline)s::timestamptz, statement_timestamp() + %(max_age)s::interval),
+    COALESCE(%(deadline)s::timestamptz,
+             GREATEST(%(run_after)s::timestamptz, statement_timestamp()) + %(max_age)s::interval),
     '{JobState.PENDING.value}', 0, 0, 0, '', ''"""
 # One job: plain VALUES, which the server plans in half the time of a SELECT.
 _PG_ONE_ROW = f"VALUES ({_PG_SHARED}, %(args)s::jsonb, %(kwargs)s::jsonb)"

@@ -194,13 +194,17 @@ class EnqueueOptions:
             max_age = timedelta(seconds=checked_seconds("max_age", self.max_age))
         elif defaults is not None:
             max_age = timedelta(seconds=defaults.max_age_days * 86400)
-        # The age counts from when the job is due: a job deferred past MAX_AGE_DAYS after
-        # enqueue would have been dead-lettered at its due time without ever running.
-        if max_age is not None and run_after is not None:
-            room = conf.LATEST_TIME - run_after
-            deadline, max_age = (run_after + max_age if max_age < room else conf.LATEST_TIME), None
-        elif max_age is not None and delay is not None:
+        # The age counts from when the job is due, on the database clock: Now() + delay,
+        # or the later of run_after and Now() (statements: GREATEST). A job deferred past
+        # MAX_AGE_DAYS after enqueue was dead-lettered at its due time without running.
+        if max_age is not None and delay is not None:
             max_age += delay
+        elif (
+            max_age is not None
+            and run_after is not None
+            and max_age >= conf.LATEST_TIME - run_after
+        ):
+            deadline, max_age = conf.LATEST_TIME, None  # stops at the storable range's end
         if defaults is None:
             return None
         # The defaults filled both in when they were None.
@@ -325,10 +329,20 @@ class JobFields:
         return None if self.retry is None else self.retry.to_json()
 
     def new_job(self, model: type[Job], args: list[Any], kwargs: dict[str, Any]) -> Job:
-        """An unsaved job for the ORM path, its intervals as Now() + interval."""
-        timing: dict[str, Any] = {
-            "deadline": self.deadline if self.max_age is None else after_now(self.max_age)
-        }
+        """An unsaved job for the ORM path, its intervals as Now() + interval (the max age
+        from the later of run_after and Now())."""
+        from django.db.models import DateTimeField, Value
+        from django.db.models.functions import Greatest, Now
+
+        deadline: Any = self.deadline
+        if self.max_age is not None and self.run_after is not None:
+            due = Greatest(
+                Value(self.run_after, DateTimeField()), Now(), output_field=DateTimeField()
+            )
+            deadline = due + Value(self.max_age)
+        elif self.max_age is not None:
+            deadline = after_now(self.max_age)
+        timing: dict[str, Any] = {"deadline": deadline}
         if self.run_after is not None:
             timing["available_at"] = self.run_after
         elif self.delay is not None:

@@ -37,10 +37,11 @@ def test_a_job_gets_a_deadline_of_max_age_on_the_database_clock():
 
 
 def test_a_deferred_jobs_max_age_counts_from_when_it_is_due():
-    """Invariant 3: a job deferred past MAX_AGE_DAYS (run_after 30 days out, default 14)
-    was dead-lettered at its due time without ever running, its result FAILED with no
-    error. The age counts from the due time now (run_after, or Now() + delay on the
-    database clock), and a deadline before run_after is refused, naming deadline (6)."""
+    """Invariants 1 and 3: a job deferred past MAX_AGE_DAYS (run_after 30 days out,
+    default 14) was dead-lettered at its due time without ever running, its result FAILED
+    with no error. The age counts from the due time now, on the database clock (Now() +
+    delay, or the later of run_after and Now()), and a deadline before run_after is
+    refused, naming deadline (6)."""
     from tests.testapp.tasks import add
 
     later = timezone.now() + timedelta(days=30)
@@ -56,6 +57,14 @@ def test_a_deferred_jobs_max_age_counts_from_when_it_is_due():
     assert job.available_at - job.enqueued_at == timedelta(seconds=60)
     job = Job.objects.get(pk=add.using(run_after=later).enqueue(1, 2).id)
     assert job.deadline - job.available_at == timedelta(days=14)
+    # A run_after already past (a catch-up job): due now, so the age counts from Now(),
+    # on the database clock, and the job is claimed and runs.
+    Job.objects.all().delete()
+    job = enqueue(run_after=timezone.now() - timedelta(days=30), max_age=60)
+    job.refresh_from_db()
+    assert abs(job.deadline - job.enqueued_at - timedelta(seconds=60)) < timedelta(seconds=1)
+    [claimed] = Job.objects.claim("w")
+    assert claimed.pk == job.pk
     # A run_after at the end of the storable range: the deadline stops there.
     job = enqueue(run_after=conf.LATEST_TIME - timedelta(days=1))
     job.refresh_from_db()

@@ -110,6 +110,47 @@ def test_a_dead_heartbeat_thread_makes_the_worker_release_and_exit_non_zero(work
     assert not JobFailure.objects.exists()
 
 
+def test_overdue_excuses_a_new_claim_but_never_a_hung_beat():
+    """Invariants 1 and 4 (monotonic intervals): the heartbeat's last good beat was 7 s ago
+    (an idle 10 s wait); a job with a 3 s lease claimed just now is not overdue, nor while
+    the beat it brings on is in flight. A beat tried and not through (hung, failing)
+    counts from its start, so a stream of fresh claims does not hide it: 4 s after that
+    beat began, overdue, though the newest claim is a second old."""
+    from django_leases.worker.heartbeat import Heartbeat
+
+    Job.objects.enqueue("tests.testapp.tasks.hold", [60])
+    Job.objects.enqueue("tests.testapp.tasks.hold", [60])
+    first, second = Job.objects.claim_rows("overdue-test", limit=2, lease=30)
+    book, waker = ClaimBook(), Waker()
+    beat = Heartbeat(
+        book=book,
+        database="default",
+        worker_id="overdue-test",
+        instance="i",
+        period=10,
+        lease=None,
+        waker=waker,
+        on_replaced=lambda holder: None,
+    )
+    try:
+        t = time.monotonic()
+        beat.beat_ok_at = t - 7
+        assert beat.overdue(t) is None  # nothing held: 7 s of 30 (three periods)
+        book.add(Claim(first, stamp=t - 0.1, lease=3, worker_id="overdue-test"))
+        assert beat.overdue(t) is None
+        beat.trying_since = t  # the beat the claim brought on, in flight
+        assert beat.overdue(t + 0.5) is None
+        # That beat hangs; claims keep coming (the first one done, a new one held).
+        book.forget(book.all()[0])
+        book.add(Claim(second, stamp=t + 3, lease=3, worker_id="overdue-test"))
+        late = beat.overdue(t + 4)
+        assert late is not None and late == (pytest.approx(4), 3)
+        beat.beat_ok_at, beat.trying_since = t + 4.5, None  # it went through at last
+        assert beat.overdue(t + 5) is None
+    finally:
+        waker.close()
+
+
 def test_the_watchdog_outlives_an_error_in_one_round():
     """An exception in one watchdog round (here a logging filter that raises, as a broken
     LOGGING filter would) is logged and the next round carries on: the second expired claim

@@ -58,6 +58,9 @@ class Heartbeat(VitalThread):
         self.lease = lease
         # time.monotonic() just before the last beat that went through began.
         self.beat_ok_at = time.monotonic()
+        # When the first beat since then began that has not gone through (failing, or
+        # hanging on a half-open connection); None while none has.
+        self.trying_since: float | None = None
 
     def serve(self) -> None:
         from ..models import Job, WorkerProcess
@@ -77,6 +80,8 @@ class Heartbeat(VitalThread):
                         nap = min(due - now, _SLICE)
                         continue
                     last = now
+                    if self.trying_since is None:
+                        self.trying_since = now
                     self.beat(Job, WorkerProcess)
                     delay = self._period()
                     nap = min(delay, _SLICE)
@@ -112,14 +117,20 @@ class Heartbeat(VitalThread):
         through for longer than the lease: --lease, else the shortest lease held, else
         three periods (the default period is a third of LEASE_SECONDS). None otherwise.
 
-        Counted from the last good beat or the oldest claim held, whichever came later: an
-        idle heartbeat beats at its own period, and a claim with a shorter lease that
-        arrives mid-wait had nothing to renew before it (a 3 s lease claimed 7 s into a
-        10 s wait is not 7 s overdue). A hung heartbeat still shows once the oldest claim
-        has gone unrenewed for its lease."""
+        Counted from the last good beat, or from the oldest claim held if it came later
+        and no beat has failed or hung since it: an idle heartbeat beats at its own
+        period, and a claim with a shorter lease that arrives mid-wait had nothing to
+        renew before it (a 3 s lease claimed 7 s into a 10 s wait is not 7 s overdue).
+        A beat tried since the last good one and not through counts from its start, so
+        fresh claims never hide a hung or failing heartbeat."""
         claims = self.book.renewable()
         limit = self.lease or min((c.lease for c in claims), default=3 * self.period)
-        since = max(self.beat_ok_at, min((c.claimed_at for c in claims), default=0.0))
+        since = self.beat_ok_at
+        if claims:
+            excused = min(c.claimed_at for c in claims)
+            if (trying := self.trying_since) is not None:
+                excused = min(excused, trying)
+            since = max(since, excused)
         silent = now - since
         return (silent, limit) if silent > limit else None
 
@@ -141,7 +152,7 @@ class Heartbeat(VitalThread):
                 held = Job.objects.using(self.database).renew([c.job for c in claims], self.lease)
         if not WorkerProcess.objects.using(self.database).seen(self.worker_id, self.instance):
             self._replaced(WorkerProcess)
-        self.beat_ok_at = started
+        self.beat_ok_at, self.trying_since = started, None
         missed = []
         for claim in claims:
             if claim.pk in held:
