@@ -239,12 +239,17 @@ def _shared_schedule_messages(
 
 def _discovery_failed(alias: str, error: Exception) -> list[checks.CheckMessage]:
     """A module discovery imports raised: a worker cannot start, and enqueue() raises the
-    same error. A TASK_MODULES entry that cannot be found is E016's to report instead."""
+    same error. A TASK_MODULES entry that cannot be found is E016's to report instead.
+    Every lease backend reports it: discovery imports the modules of them all."""
     from . import registry
     from .conf import _task_module_problems
     from .storable import first_line
 
-    if _task_module_problems(registry.task_modules()):
+    try:
+        hidden = bool(_task_module_problems(registry.task_modules()))
+    except Exception:  # noqa: BLE001 -- find_spec() runs a package's __init__, which may raise
+        hidden = False
+    if hidden:
         return []
     return [
         checks.Error(

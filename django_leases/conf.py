@@ -101,7 +101,7 @@ OPTIONS: dict[str, Option] = {
             "MAX_AGE_DAYS",
             14,
             "django_leases.E013",
-            "A job not finished this long after enqueue is dead-lettered (SQS retention).",
+            "A job not finished this long after it is due is dead-lettered (SQS retention).",
         ),
         Option(
             "RETRY",

@@ -132,11 +132,12 @@ def insert_job_rows(
     fits: Callable[[list[Any], dict[str, Any], str], None] | None = None,
 ) -> list[tuple[Any, datetime, list[Any], dict[str, Any]]]:
     """insert_jobs(), answering (id, enqueued_at, args, kwargs) for each job: what a
-    TaskResult needs. On PostgreSQL no model instance is built, which is most of the time
-    a bulk enqueue of thousands of jobs would otherwise take. ``fits`` as for
+    TaskResult needs, its arguments taken as Django's TaskResult normalizes them (the
+    Tasks API's enqueue_many()). On PostgreSQL no model instance is built, which is most
+    of the time a bulk enqueue of thousands of jobs would otherwise take. ``fits`` as for
     checked_calls."""
     bounds: list[int] = []
-    checked = checked_calls(calls, batch_size, fits, bounds)
+    checked = checked_calls(calls, batch_size, fits, bounds, as_django_stores=True)
     with migrated(model, db):
         if not on_postgresql(db):
             return [

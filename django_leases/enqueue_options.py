@@ -411,11 +411,14 @@ def checked_calls(
     batch_size: int | None = None,
     fits: Callable[[list[Any], dict[str, Any], str], None] | None = None,
     bounds: list[int] | None = None,
+    *,
+    as_django_stores: bool = False,
 ) -> list[tuple[list[Any], dict[str, Any]]]:
     """Every call's (args, kwargs) as JSON-safe copies; InvalidJobArgument names the call.
     A ``batch_size`` that bulk_create would refuse is refused first. ``fits(args, kwargs,
     path)`` may refuse a call's checked arguments too (the backend: the task's signature).
-    ``bounds``, if given, has each call's upper bound of its size as sent appended."""
+    ``bounds``, if given, has each call's upper bound of its size as sent appended;
+    ``as_django_stores`` as for checked_arguments()."""
     from .exceptions import InvalidJobArgument
 
     if batch_size is not None and (
@@ -432,7 +435,11 @@ def checked_calls(
             raise InvalidJobArgument(
                 f"calls[{i}]", f"must be an (args, kwargs) pair, got {shown(call)}"
             )
-        checked.append(checked_arguments(*call, path=f"calls[{i}].", bound=bounds))
+        checked.append(
+            checked_arguments(
+                *call, path=f"calls[{i}].", bound=bounds, as_django_stores=as_django_stores
+            )
+        )
         if fits is not None:
             fits(*checked[-1], f"calls[{i}].")
     return checked

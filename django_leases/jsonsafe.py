@@ -144,7 +144,15 @@ def _checked(value: Any, path: str, depth: int, size: list[int], lenient: bool =
         size[0] += _PER_ITEM * len(items)
         return items
     if lenient and isinstance(value, bytes | Mapping | Sequence):
-        return _checked(_as_django_stores(value, path), path, depth, size, lenient)
+        try:
+            normalized = _as_django_stores(value, path)
+        except InvalidJobArgument:
+            raise
+        except Exception as e:  # noqa: BLE001 -- what a caller's mapping or sequence raises
+            raise InvalidJobArgument(
+                path, f"raised {type(e).__qualname__} when it was read"
+            ) from None
+        return _checked(normalized, path, depth, size, lenient)
     raise InvalidJobArgument(
         path,
         f"is of type {type(value).__module__}.{type(value).__qualname__}, which does not "

@@ -131,7 +131,8 @@ class JobQuerySet(OperatorVerbs, PruneVerbs, OwnerVerbs, models.QuerySet["Job"])
         ``options`` are those of EnqueueOptions: queue_name, priority, run_after, delay,
         lease_seconds, max_attempts, retry, on_lease_lost, deadline, max_age, unique_key,
         on_duplicate. Raise InvalidJobArgument (naming the argument) or InvalidLeaseOption
-        before anything is written. ``delay`` and ``max_age`` count from the database clock;
+        before anything is written. ``delay`` counts from the database clock, and ``max_age``
+        from the due time so reached (or the later of ``run_after`` and Now());
         ``run_after`` and ``deadline`` are the caller's own absolute times. With
         ``unique_key``, a second pending or claimed job with the same key is refused
         (DuplicateJob) or, with ``on_duplicate="merge"``, the existing job is returned instead.

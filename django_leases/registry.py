@@ -229,7 +229,7 @@ def is_discovered(task: Task[..., Any]) -> bool:
     a module discovery imported in one (an app's ``tasks`` package), declared while
     discover() imported a discovered module (shop/tasks.py importing shop/jobs.py), or
     named by one (imported from a module loaded before discovery ran). Call discover()
-    first for all but the first of a package's own module."""
+    first: only the discovered modules themselves count before it has run."""
     module = task.func.__module__
     tree = discovered_tree()
     if module in tree:

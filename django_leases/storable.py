@@ -144,12 +144,13 @@ def readable_class_path(path: str, fallback: str = "builtins.Exception") -> str:
 
 def _beyond_loaded_modules(path: str) -> bool:
     """Whether ``path`` (a dotted path of identifiers) names, past its deepest module
-    loaded in this process, a name that module does not hold: a module not imported here,
-    or a class since removed from one."""
+    loaded in this process, a name that module does not hold, and its own module (all but
+    the last name) is not loaded: a class of a module not imported here. A class missing
+    from a loaded module (since removed) is not: its path could only fail to import."""
     parts = path.split(".")
     if len(path) >= CLASS_PATH_LIMIT or len(parts) < 2:
         return False  # cut to the column: what it names is unknown
-    if not all(part.isidentifier() for part in parts):
+    if not all(part.isidentifier() for part in parts) or path.rpartition(".")[0] in sys.modules:
         return False
     for cut in range(len(parts) - 1, 0, -1):
         module = sys.modules.get(".".join(parts[:cut]))

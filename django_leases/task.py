@@ -45,7 +45,8 @@ class LeaseTask(_TaskBase):
     unique_key: str | None = None
     on_duplicate: str = "refuse"
     # When a job that has not run by then is dead-lettered instead: an absolute deadline
-    # (the caller's aware datetime), or max_age seconds after enqueue on the database clock
+    # (the caller's aware datetime), or max_age seconds after the job is due (Now() + delay,
+    # or the later of run_after and Now()) on the database clock
     # (None for both: the backend's MAX_AGE_DAYS).
     deadline: datetime | None = None
     max_age: float | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from datetime import timedelta
 
 import pytest
@@ -84,8 +85,28 @@ def test_the_tasks_api_takes_arguments_as_djangos_taskresult_normalizes_them():
     assert (job.args, job.kwargs) == (["café", [0, 1, 2]], {"data": {"k": "v"}})
     again = echo.get_result(result.id)
     assert (again.args, again.kwargs) == (result.args, result.kwargs)
+    [many] = echo.enqueue_many([((b"x", range(2)), {})])
+    assert Job.objects.get(pk=int(many.id)).args == ["x", [0, 1]] == many.args
     with pytest.raises(InvalidJobArgument, match=r"args\[0\]"):
         Job.objects.enqueue(echo.module_path, [b"abc"])
+
+    class Unreadable(Sequence):
+        """A caller's sequence whose items cannot be read."""
+
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, i):
+            raise RuntimeError("no")
+
+    before = Job.objects.count()
+    for enqueue in (
+        lambda: echo.enqueue(Unreadable()),
+        lambda: echo.enqueue_many([((Unreadable(),), {})]),
+    ):
+        with pytest.raises(InvalidTask, match=r"args\[0\]: raised RuntimeError"):
+            enqueue()
+    assert Job.objects.count() == before
 
 
 def test_enqueue_sends_task_enqueued():
