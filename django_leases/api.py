@@ -46,6 +46,13 @@ class _ClaimRef:
         self.pk, self.claim_token, self.lease_seconds = pk, claim_token, lease_seconds
 
 
+# Why a claim is gone when the handler's own side is the first to know: its lease ran out by
+# this process's estimate (WorkerLink.expired), or a checkpoint or fenced write of the
+# handler's touched no row (the worker's reason, when it had one, is the claim's own).
+LEASE_RAN_OUT = "no renewal succeeded for longer than the lease"
+FOUND_TAKEN = "a checkpoint or fenced write found the claim taken over"
+
+
 class Stamp:
     """A time.monotonic() reading shared by the worker's threads (a float in a box)."""
 
@@ -100,10 +107,13 @@ class WorkerLink:
         """The lease has run out by the estimate: the watchdog declares the claim lost."""
         return self.remaining(now) <= 0
 
-    def gone(self, now: float) -> bool:
-        """Lost, or expired by the estimate though the watchdog has not said so yet (a
-        handler that held the GIL through its lease): a result returned now is discarded."""
-        return self.lost.is_set() or self.expired(now)
+    def gone(self, now: float) -> str:
+        """Why a result returned at ``now`` is discarded, "" if it is not: lost, or expired
+        by the estimate though the watchdog has not said so yet (a handler that held the GIL
+        through its lease)."""
+        if self.lost.is_set():
+            return FOUND_TAKEN
+        return LEASE_RAN_OUT if self.expired(now) else ""
 
     def mark_acked(self, result: Any) -> None:
         """The handler acknowledged its job itself (fenced(ack=True)); the worker must not."""
@@ -158,8 +168,8 @@ class JobHandle:
         fence: int,
         attempt: int,
         cursor: Any,
-        lease_seconds: float,
         worker_id: str,
+        lease_seconds: float | None = None,
         lost: _Flag | None = None,
         stamp: _Stamp | None = None,
         checkpointer: Callable[[Any], bool] | None = None,
@@ -171,19 +181,30 @@ class JobHandle:
         self.fence = fence
         self.attempt = attempt
         self.cursor = cursor
-        self.lease_seconds = lease_seconds
         self.worker_id = worker_id
         self.claim_token = claim_token
         # The alias of the jobs' database: fenced() and once() write there.
         self.database = database
         if link is None:
+            if lease_seconds is None:
+                raise TypeError("JobHandle() needs lease_seconds, or a link that holds it")
             link = WorkerLink(
                 lost=lost if lost is not None else threading.Event(),
                 stamp=stamp if stamp is not None else Stamp(time.monotonic()),
                 lease_seconds=lease_seconds,
                 checkpointer=checkpointer or (lambda cursor: True),
             )
+        elif lease_seconds is not None and lease_seconds != link.lease_seconds:
+            raise ValueError(
+                f"JobHandle(lease_seconds={lease_seconds!r}) disagrees with its link's "
+                f"{link.lease_seconds!r}: pass one or the other"
+            )
         self._link = link
+
+    @property
+    def lease_seconds(self) -> float:
+        """The lease this claim is renewed by (the link's: one value per claim)."""
+        return self._link.lease_seconds
 
     def __repr__(self) -> str:
         return f"<JobHandle job={self.job_id} fence={self.fence} lost={self.lost}>"

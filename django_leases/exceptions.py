@@ -64,5 +64,11 @@ class UnknownTask(LeasesError):
     """A job names a dotted path that is not a task declared for the worker's backend."""
 
 
+class TransactionLeftOpen(LeasesError):
+    """A handler returned inside a transaction (an atomic block it never left, autocommit
+    turned off, a BEGIN of its own): what it wrote there is rolled back, so its job did not
+    do its work and fails like a handler that raised."""
+
+
 class HandlerDied(LeasesError):
     """A process-isolated handler exited without reporting a result (killed, crashed)."""

@@ -812,12 +812,16 @@ def test_a_failure_row_naming_a_module_never_imports_it(workers, tmp_path, monke
 
 
 @workers_db
-def test_a_handler_that_leaves_a_transaction_open_does_not_jam_the_slot(workers):
-    """A thread-isolated handler that returns with autocommit turned off, inside an atomic
-    block it never exited, or after a BEGIN of its own: its slot's connection is closed
-    (rolling back what it left uncommitted) before the next job runs on it, so that job's
-    checkpoint commits and neither the main loop's ack nor the heartbeat waits on its
-    locks; every job ends in its right state and --burst exits 0 (6, 3)."""
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_handler_that_leaves_a_transaction_open_fails_and_does_not_jam_the_slot(
+    workers, isolation
+):
+    """A handler that returns with autocommit turned off, inside an atomic block it never
+    exited, or after a BEGIN of its own: what it left uncommitted is rolled back (its slot's
+    connection is closed before the next job runs on it, or its process ends), so its job
+    did not do its work and fails naming TransactionLeftOpen, not succeeds with its writes
+    gone. The next job's checkpoint commits, neither the main loop's ack nor the heartbeat
+    waits on its locks, every job ends in its right state and --burst exits 0 (6, 3)."""
     hows = ["autocommit", "atomic"] + (["begin"] if connection.vendor != "mysql" else [])
     left, good = {}, []
     for how in hows:
@@ -827,12 +831,23 @@ def test_a_handler_that_leaves_a_transaction_open_does_not_jam_the_slot(workers)
         )
     added = t.add.enqueue(4, 5)
     worker = workers.start(
-        "left-open", *STEADY, "--burst", "--concurrency", "1", "--isolation", "thread", ready=False
+        f"left-open-{isolation}",
+        *STEADY,
+        "--burst",
+        "--concurrency",
+        "1",
+        "--isolation",
+        isolation,
+        ready=False,
     )
     assert worker.wait_exit(120) == 0
     for how, result in left.items():
         job = Job.objects.get(pk=result.id)
-        assert (job.state, job.result) == (JobState.SUCCEEDED, job.args[0]), how
+        assert (job.state, job.result) == (JobState.DEAD, None), how
+        result.refresh()
+        [error] = result.errors
+        assert error.exception_class_path == "django_leases.exceptions.TransactionLeftOpen", how
+        assert "returned inside a transaction on database 'default'" in error.traceback, how
         # What it left uncommitted was rolled back with the connection.
         assert not Effect.objects.filter(key=job.args[0]).exists(), how
     for result in good:

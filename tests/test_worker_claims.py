@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from django_leases.api import JobHandle
 from django_leases.worker.claims import ACKED, RELEASING, Claim, Kind
 from django_leases.worker.executors import ProcessExecutor
 from django_leases.worker.stopping import Stopping
@@ -50,6 +51,25 @@ def test_a_claim_whose_acked_flag_is_set_moves_to_acked_not_released_or_lost():
     assert claim.stop_acked() and claim.lost_flag.is_set()
     assert not claim.mark_lost("renewal matched no row")
     assert claim.lost_reason == ""
+
+
+def test_a_claim_holds_one_lease_that_its_handle_and_watchdog_read():
+    claim = a_claim()
+    assert claim.lease == claim.handle.lease_seconds == claim.link.lease_seconds == 30.0
+    assert claim.handle.claim.lease_seconds == 30.0  # what a handler's renewals send
+    # A handle built over a link takes its lease; a second, different value is refused.
+    with pytest.raises(ValueError, match="lease_seconds=5"):
+        JobHandle(
+            job_id=1,
+            fence=1,
+            attempt=1,
+            cursor=None,
+            worker_id="w",
+            lease_seconds=5,
+            link=claim.link,
+        )
+    with pytest.raises(TypeError, match="lease_seconds"):
+        JobHandle(job_id=1, fence=1, attempt=1, cursor=None, worker_id="w")
 
 
 def test_an_ack_landing_after_the_release_began_is_still_known():

@@ -193,9 +193,21 @@ def test_a_short_lease_claimed_mid_wait_is_no_overdue_heartbeat(workers, isolati
     6 s; a job with a 2 s lease claimed 3 s into that wait had nothing to renew before, so
     the heartbeat is not overdue. Before, the worker warned "Heartbeat overdue ... 3.x s
     (lease 2 s)" and stopped claiming until the next beat, with a healthy database. The
-    job is renewed at its own lease's pace and succeeds (3)."""
+    job is renewed at its own lease's pace and succeeds (3). A slot stays free with both
+    jobs held (--concurrency 3), so the loop asks whether the heartbeat is on time at its
+    next poll, before the heartbeat's catch-up beat (within a slice of the claim); with
+    every slot taken, a handler process's start let that beat land first and the test
+    passed on the old rule too."""
     a = workers.start(
-        f"mid-wait-{isolation}", "--heartbeat", "6", "--poll", str(POLL), "--isolation", isolation
+        f"mid-wait-{isolation}",
+        "--heartbeat",
+        "6",
+        "--poll",
+        str(POLL),
+        "--isolation",
+        isolation,
+        "--concurrency",
+        "3",
     )
     time.sleep(3.5)  # into the heartbeat's 6 s wait, past the job's 2 s lease
     result = hold.using_lease(lease=2).enqueue(3)
@@ -277,7 +289,6 @@ def test_a_handler_that_returns_past_its_lease_by_the_local_clock_is_lost_unsign
             fence=job.fence,
             attempt=job.attempts,
             cursor=None,
-            lease_seconds=job.lease_seconds,
             worker_id="w",
             claim_token=job.claim_token,
             link=link,

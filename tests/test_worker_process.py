@@ -20,6 +20,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.db.models import Count
 
+from django_leases.api import FOUND_TAKEN
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
 from tests.testapp.models import Effect
@@ -624,10 +625,14 @@ def test_a_stale_owners_checkpoint_is_rejected_and_stops_the_handler(workers, is
     [thief] = wait_for(take_over, 10, "the takeover")
     taken = job_of(result)
     assert (thief.pk, taken.fence, taken.claimed_by) == (taken.pk, 2, "ckpt-thief")
-    a.wait_event("discarded", job_id=taken.pk, fence=1, worker="ckpt-a")
+    discarded = a.wait_event("discarded", job_id=taken.pk, fence=1, worker="ckpt-a")
     assert a.events("checkpoint_rejected", job_id=taken.pk, fence=1) or a.events(
         "lost", job_id=taken.pk, fence=1
     )
+    # The line says who found the loss: the handler's checkpoint, or a renewal first.
+    assert (
+        FOUND_TAKEN in discarded["message"] or "renewal matched no row" in discarded["message"]
+    ), discarded["message"]
     after = job_of(result)
     assert (after.cursor, after.fence, after.claimed_by, after.state) == (
         taken.cursor,

@@ -88,7 +88,6 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked:
         fence=payload["fence"],
         attempt=payload["attempt"],
         cursor=payload["cursor"],
-        lease_seconds=payload["lease"],
         worker_id=payload["worker_id"],
         claim_token=payload["claim_token"],
         database=payload["database"],

@@ -42,9 +42,6 @@ ACKED = "acked"
 # Its ack, fail or release went through (or the claim was dropped): nothing left to send.
 SETTLED = "settled"
 
-# Why a claim whose lease ran out by the local estimate (WorkerLink.expired) was lost.
-LEASE_RAN_OUT = "no renewal succeeded for longer than the lease"
-
 
 class Kind(enum.Enum):
     """What became of a handler, and so which write its job gets (settling.py's outbox)."""
@@ -91,7 +88,6 @@ class Claim:
         task_result: Any = None,
     ) -> None:
         self.job = job
-        self.lease = lease
         # time.monotonic() just before the claim statement was sent (stamp moves on with
         # each renewal; this does not).
         self.claimed_at = stamp
@@ -119,7 +115,6 @@ class Claim:
             fence=job.fence,
             attempt=job.attempts,
             cursor=job.cursor,
-            lease_seconds=lease,
             worker_id=worker_id,
             claim_token=job.claim_token,
             database=job.database,
@@ -136,6 +131,12 @@ class Claim:
     @property
     def pk(self) -> Any:
         return self.job.pk
+
+    @property
+    def lease(self) -> float:
+        """The lease this claim is renewed by: its link's, the one value the handle and the
+        watchdog read too."""
+        return self.link.lease_seconds
 
     def _move(self, to: str, *, tell: bool = False, reason: str = "") -> bool:
         with self._lock:

@@ -29,7 +29,7 @@ from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .child import KILL_GRACE_SECONDS
 from .claims import RELEASING, Claim, Kind, Outcome
 from .logs import claim_fields, configured
-from .running import connect_before_handler, run_task, task_context
+from .running import connect_before_handler, left_in_transaction, run_task, task_context
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -449,28 +449,12 @@ def _drop_broken_connections() -> None:
 def _tidy(conn: Any) -> None:
     if conn.connection is None:
         return
-    if _left_in_transaction(conn) or conn.errors_occurred and not conn.is_usable():
+    if left_in_transaction(conn) or conn.errors_occurred and not conn.is_usable():
         _close(conn)
         return
     conn.errors_occurred = False
     # With CONN_HEALTH_CHECKS the next job's first query checks the connection first.
     conn.health_check_done = False
-
-
-def _left_in_transaction(conn: Any) -> bool:
-    """Whether ``conn`` is inside a transaction between jobs, where it never should be."""
-    if conn.in_atomic_block or conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
-        return True
-    raw = conn.connection
-    if conn.vendor == "sqlite":
-        return bool(getattr(raw, "in_transaction", False))
-    if conn.vendor == "postgresql":
-        info = getattr(raw, "info", None)  # psycopg 3
-        if info is not None:
-            return bool(info.transaction_status != 0)  # pq.TransactionStatus.IDLE
-        status = getattr(raw, "get_transaction_status", None)  # psycopg2
-        return status is not None and bool(status() != 0)  # TRANSACTION_STATUS_IDLE
-    return False
 
 
 def _close(conn: Any) -> None:

@@ -18,8 +18,9 @@ from typing import Any
 
 from django.db import connections
 
+from ..api import LEASE_RAN_OUT
 from ..storable import first_line
-from .claims import LEASE_RAN_OUT, RUNNING, ClaimBook, read_back_acks
+from .claims import RUNNING, ClaimBook, read_back_acks
 from .dberrors import DB_ERRORS
 from .logs import claim_fields
 from .vital import VitalThread

@@ -25,7 +25,7 @@ from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
 from ..api import JobHandle, WorkerLink
-from ..exceptions import LeaseLost, NonRetryable
+from ..exceptions import LeaseLost, NonRetryable, TransactionLeftOpen
 from ..fits import task_misfit
 from ..storable import (
     class_path,
@@ -153,16 +153,28 @@ def _run(
             # Told to stop after its ack (a worker's stop), it stops as asked: no warning.
             if not (handle.lost and isinstance(e, (LeaseLost, asyncio.CancelledError))):
                 _raised_after_ack(handle, e)
-        elif link.gone(time.monotonic()):
-            return Outcome(Kind.LOST)
+        elif why := link.gone(time.monotonic()):
+            return Outcome(Kind.LOST, message=why)
         else:
             return _failed(task, started, e)
     if link.acked:
         # Committed with the handler's own writes; a loss noticed afterwards changes nothing.
         outcome = Outcome(Kind.ACKED, result=link.acked_result)
-    elif link.gone(time.monotonic()) and not link.releasing:
-        return Outcome(Kind.LOST)
+    elif (why := link.gone(time.monotonic())) and not link.releasing:
+        return Outcome(Kind.LOST, message=why)
     else:
+        try:
+            # What it left uncommitted is rolled back when its connection is tidied (or its
+            # process ends): the job did not do its work, and must not read as succeeded.
+            if aliases := _left_open():
+                raise TransactionLeftOpen(
+                    f"the handler returned inside a transaction on database "
+                    f"{', '.join(map(repr, aliases))} (an atomic block it never left, "
+                    f"autocommit turned off, a BEGIN of its own): its uncommitted writes "
+                    f"are rolled back"
+                )
+        except TransactionLeftOpen as e:
+            return _failed(task, started, e)
         try:
             # Checked here, on the handler's side: task_finished must tell the truth, and
             # in process isolation only plain JSON travels back to the worker.
@@ -337,3 +349,30 @@ def connect_before_handler(database: str) -> Outcome | None:
             connections[database].close()
         return Outcome(Kind.UNCONNECTED, message=first_line(e))
     return None
+
+
+def _left_open() -> list[str]:
+    """The aliases of this thread's connections that the handler left in a transaction;
+    never raises (a connection that cannot say is the tidy-up's to close)."""
+    aliases = []
+    for conn in connections.all(initialized_only=True):
+        with contextlib.suppress(Exception):
+            if conn.connection is not None and left_in_transaction(conn):
+                aliases.append(conn.alias)
+    return aliases
+
+
+def left_in_transaction(conn: Any) -> bool:
+    """Whether ``conn`` is inside a transaction between jobs, where it never should be."""
+    if conn.in_atomic_block or conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
+        return True
+    raw = conn.connection
+    if conn.vendor == "sqlite":
+        return bool(getattr(raw, "in_transaction", False))
+    if conn.vendor == "postgresql":
+        info = getattr(raw, "info", None)  # psycopg 3
+        if info is not None:
+            return bool(info.transaction_status != 0)  # pq.TransactionStatus.IDLE
+        status = getattr(raw, "get_transaction_status", None)  # psycopg2
+        return status is not None and bool(status() != 0)  # TRANSACTION_STATUS_IDLE
+    return False

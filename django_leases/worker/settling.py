@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import queue
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from django.db import OperationalError, connections
 
+from ..api import FOUND_TAKEN
 from ..states import FailureKind
 from ..storable import (
     CLASS_PATH_LIMIT,
@@ -28,7 +28,6 @@ from ..storable import (
 )
 from .claims import (
     FINISHING,
-    LEASE_RAN_OUT,
     RELEASING,
     Claim,
     ClaimBook,
@@ -184,12 +183,9 @@ class Settling:
             claim.pk,
             claim.job.fence,
             self.worker_id,
-            claim.lost_reason
-            or (
-                LEASE_RAN_OUT
-                if claim.link.expired(time.monotonic())
-                else "handler stopped on LeaseLost"
-            ),
+            # The worker's reason if it had one, else what the handler's side found (a
+            # result that came back after the claim was lost carries none of its own).
+            claim.lost_reason or (outcome.kind is Kind.LOST and outcome.message) or FOUND_TAKEN,
             extra=claim_fields(claim.job, self.worker_id, "discarded"),
         )
 
