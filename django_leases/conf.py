@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS
+from django.tasks import DEFAULT_TASK_QUEUE_NAME
 
 from .exceptions import InvalidLeaseOption
 from .jsonsafe import shown
@@ -477,7 +478,7 @@ def _read_queues(database: str) -> frozenset[str] | None:
         ) != database:
             continue
         found = True
-        queues = params.get("QUEUES", ["default"])
+        queues = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
         if not queues:
             return None
         names.update(queues)
@@ -529,9 +530,10 @@ def lease_backend(alias: str | None, option: str = "backend") -> str:
 
 
 def served_queues(alias: str) -> list[str] | None:
-    """The queues a worker of backend ``alias`` serves by default: its QUEUES, or None
-    (every queue) when it lists none."""
-    return list(settings.TASKS[alias].get("QUEUES") or []) or None
+    """The queues a worker of backend ``alias`` serves by default: its QUEUES as Django
+    reads them (absent: ["default"]), or None (every queue) when it is empty, as Django
+    then accepts any queue name."""
+    return list(settings.TASKS[alias].get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])) or None
 
 
 def worker_heartbeat(options: LeaseOptions, lease: float | None) -> float:

@@ -62,7 +62,8 @@ def run_burst(
     Worker(
         alias=alias,
         database=options.database,
-        # As run_lease_worker: the backend's QUEUES, or every queue when it lists none.
+        # As run_lease_worker: the backend's QUEUES as Django reads them, or every queue
+        # when they are empty.
         queues=queues or conf.served_queues(alias),
         concurrency=1,
         lease=lease,

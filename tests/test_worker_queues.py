@@ -1,7 +1,8 @@
 """Which queues a worker serves: the backend's QUEUES, the ones named, or every queue.
 
-Django's docs: ``QUEUES: []`` (or none) allows any queue name, so a worker of such a
-backend serves every queue by default, and ``--all-queues`` asks for it explicitly.
+Django reads ``QUEUES: []`` as any queue name, so a worker of such a backend serves every
+queue by default, and ``--all-queues`` asks for it explicitly; an absent ``QUEUES`` is
+``["default"]`` to Django, and to the worker.
 Real worker processes on every database; the claim verb's "every queue" form directly.
 """
 
@@ -51,6 +52,34 @@ def test_a_worker_of_a_backend_without_queues_serves_every_queue(workers):
     assert states(jobs) == [JobState.SUCCEEDED] * 4, w.log()
     assert w.events("started", queue="*"), w.log()
     assert WorkerProcess.objects.get(worker_id="anyq-a").queues == ["*"]
+
+
+@pytest.mark.slow
+def test_a_worker_of_a_backend_with_no_queues_key_serves_default_as_django_reads_it(workers):
+    """No QUEUES key at all: Django's backend accepts only "default" (its ``queues`` is
+    {"default"}), so its worker serves that queue, not the jobs another lease backend on
+    the same database keeps in queues of its own (it ran them with its own --burst, as
+    "*"). --queue naming another queue is refused, saying what QUEUES reads as (3). The
+    backend is one of the worker's settings only (tests/worker_settings.py)."""
+    mine, theirs = enqueue_in("default", "reports")
+    env = {"LEASES_WORKER_QUEUES": "-"}
+    w = workers.start("noq-a", "--backend", "noqueues", "--poll", "0.2", "--burst", env_extra=env)
+    assert w.wait_exit(timeout=30) == 0, w.log()
+    assert states([mine, theirs]) == [JobState.SUCCEEDED, JobState.PENDING], w.log()
+    assert w.events("started", queue="default"), w.log()
+    assert WorkerProcess.objects.get(worker_id="noq-a").queues == ["default"]
+    w = workers.start(
+        "noq-b",
+        "--backend",
+        "noqueues",
+        "--queue",
+        "reports",
+        "--burst",
+        env_extra=env,
+        ready=False,
+    )
+    assert w.wait_exit(timeout=30) != 0
+    assert "absent, Django reads it as ['default']" in w.log(), w.log()
 
 
 @pytest.mark.slow

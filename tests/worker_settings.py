@@ -43,8 +43,15 @@ if os.environ.get("LEASES_WORKER_DB_PORT"):
     DATABASES["default"]["PORT"] = os.environ["LEASES_WORKER_DB_PORT"]
 if os.environ.get("LEASES_WORKER_DB_USER"):
     DATABASES["default"]["USER"] = os.environ["LEASES_WORKER_DB_USER"]
-# QUEUES as a comma-separated list ("" for QUEUES: [], any queue name allowed).
-if "LEASES_WORKER_QUEUES" in os.environ:
+# QUEUES as a comma-separated list ("" for QUEUES: [], any queue name allowed); "-" adds a
+# backend "noqueues" with no QUEUES at all, which Django reads as ["default"] (the test
+# tasks' own backend keeps its queues, or declaring them would fail).
+if os.environ.get("LEASES_WORKER_QUEUES") == "-":
+    TASKS["noqueues"] = {
+        "BACKEND": "django_leases.backends.LeaseBackend",
+        "OPTIONS": {"LEASE_SECONDS": 30},
+    }
+elif "LEASES_WORKER_QUEUES" in os.environ:
     TASKS["default"]["QUEUES"] = [q for q in os.environ["LEASES_WORKER_QUEUES"].split(",") if q]
 # No LOGGING of the project's own: run_lease_worker then installs its handler and format.
 if os.environ.get("LEASES_WORKER_OWN_LOGGING") == "1":

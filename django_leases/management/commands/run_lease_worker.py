@@ -14,6 +14,7 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 
 from ... import conf
@@ -46,13 +47,14 @@ class Command(LeasesCommand):
             dest="queues",
             metavar="NAME",
             help="Queue to take jobs from; repeat for several (default: every queue in the "
-            "backend's QUEUES; every queue at all when QUEUES is empty or absent).",
+            "backend's QUEUES, which Django reads as ['default'] when absent; every queue "
+            "at all when QUEUES is empty).",
         )
         served.add_argument(
             "--all-queues",
             action="store_true",
             help="Take jobs of every queue, whatever its name (the default when the "
-            "backend's QUEUES is empty or absent).",
+            "backend's QUEUES is empty).",
         )
         parser.add_argument(
             "--concurrency",
@@ -235,9 +237,16 @@ class Command(LeasesCommand):
         unknown = [q for q in queues or () if declared and q not in declared]
         if unknown:
             # No task of this backend can be enqueued there, so such a worker would idle forever.
+            absent = "QUEUES" not in settings.TASKS[alias]
             raise InvalidLeaseOption(
                 "queue",
-                f"{unknown!r} not in TASKS[{alias!r}]['QUEUES'] ({', '.join(declared or ())})",
+                f"{unknown!r} not in TASKS[{alias!r}]['QUEUES'] ("
+                + (
+                    f"absent, Django reads it as {declared!r}"
+                    if absent
+                    else ", ".join(declared or ())
+                )
+                + ")",
             )
         worker_id = options["worker_id"]
         if worker_id is not None:
