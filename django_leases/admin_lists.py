@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
@@ -123,7 +124,21 @@ class LeaseAdminPaginator(_JobPaginatorBase):
         return super().get_elided_page_range(page, on_each_side=on_each_side, on_ends=on_ends)
 
 
-class SortableByOnlyChangeList(ChangeList):
+class TextFilterChangeList(ChangeList):
+    """Refuses a filter value with a NUL in it as Django's admin refuses a bad lookup (the
+    list again, "?e=1"): PostgreSQL cannot hold NUL in text, so ``?queue_name=%00`` was a
+    DataError, and a 500, when the page was read."""
+
+    def get_filters_params(self, params: Any = None) -> Any:
+        lookup_params = super().get_filters_params(params)
+        for key, values in lookup_params.items():
+            values = values if isinstance(values, list | tuple) else [values]
+            if "\x00" in key or any("\x00" in str(v) for v in values):
+                raise IncorrectLookupParameters(f"a NUL character in filter {key!r}")
+        return lookup_params
+
+
+class SortableByOnlyChangeList(TextFilterChangeList):
     """Sorts by the columns ``sortable_by`` names, and no other: Django hides the other
     headers' links but still takes ``?o=`` for any column, and sorting a million jobs by
     an unindexed column is a full sort at every page."""

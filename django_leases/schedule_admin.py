@@ -16,6 +16,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from . import registry
+from .admin_lists import TextFilterChangeList
 from .exceptions import DuplicateJob
 from .models import Schedule
 from .schedules import Periodic
@@ -105,6 +106,9 @@ class ScheduleAdmin(_ScheduleAdminBase):
     ]
     fieldsets = [(None, {"fields": list[Any](shown)})]
     readonly_fields = shown
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[TextFilterChangeList]:
+        return TextFilterChangeList
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -9,7 +9,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin
-from django.contrib.admin.views.main import ChangeList
 from django.db.models import F
 from django.http import HttpRequest
 from django.urls import reverse
@@ -17,7 +16,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from .admin_lists import EMPTY, age_seconds
+from .admin_lists import EMPTY, TextFilterChangeList, age_seconds
 from .durations import duration_text
 from .models import Job, WorkerProcess
 from .states import JobState
@@ -44,7 +43,7 @@ else:
     _WorkerAdminBase = admin.ModelAdmin
 
 
-class WorkerChangeList(ChangeList):
+class WorkerChangeList(TextFilterChangeList):
     """The workers of a page, each with the claims it holds (``claims``: held, expired),
     counted for the whole page in one grouped statement."""
 

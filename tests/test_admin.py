@@ -768,3 +768,26 @@ def test_requeue_reports_jobs_whose_unique_key_is_held_apart(operator):
         "1 stays: another active job holds its unique key."
     ]
     assert Job.objects.get(pk=first.pk).state == JobState.DEAD
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"{LIST}?queue_name=%00",
+        f"{LIST}?queue=a%00b",
+        f"{LIST}?task=%00",
+        f"{LIST}?state__exact=%00",
+        f"{LIST}?claimed_by__exact=w%00",
+        f"{WORKERS}?worker_id=%00",
+        "/admin/django_leases/schedule/?task_path=%00",
+    ],
+)
+def test_a_nul_in_a_filter_is_refused_as_a_bad_lookup_not_a_500(admin_client, url):
+    """(6) PostgreSQL cannot hold NUL in text: such a filter was a DataError when the page
+    was read, a 500 (elsewhere it is no value a row could hold either). It is refused as
+    Django refuses a lookup it cannot use: back to the list with ?e=1, which says so."""
+    Job.objects.enqueue("tests.testapp.tasks.add", [1, 2])
+    response = admin_client.get(url)
+    assert response.status_code == 302, response.status_code
+    assert response["Location"].endswith("?e=1")
+    assert admin_client.get(response["Location"]).status_code == 200
