@@ -14,7 +14,7 @@ from django.tasks.signals import task_enqueued
 
 from . import conf, registry
 from .conf import LeaseOptions
-from .enqueue import insert_job_row, insert_job_rows, insert_or_merge_job
+from .enqueue import insert_job_row, insert_job_rows, insert_or_merge_job, migrated
 from .enqueue_options import (
     USE_TZ_NEEDED,
     EnqueueOptions,
@@ -332,10 +332,9 @@ class LeaseBackend(BaseTaskBackend):
 
     def _results_of(self, pks: list[int]) -> list[TaskResult[..., Any]]:
         Job = _job_model(self.alias)
-        return [
-            self._to_result(job, self._task_of(job))
-            for job in Job.objects.using(self.database).with_failures(pks)
-        ]
+        with migrated(Job, self.database):
+            jobs = Job.objects.using(self.database).with_failures(pks)
+        return [self._to_result(job, self._task_of(job)) for job in jobs]
 
     def results_of_claims(self, jobs: list[Any]) -> dict[Any, TaskResult[..., Any]]:
         """TaskResults of the rows a claim just returned (ClaimedJob), built from them: only

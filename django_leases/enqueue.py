@@ -41,8 +41,11 @@ _SQLITE_UNDEFINED = ("no such table", "no such column", "has no column named")
 
 
 @contextmanager
-def migrated(model: type[Job], db: str) -> Iterator[None]:
-    """Turn the database's "no such table/column" into the same error saying what to run."""
+def migrated(
+    model: type[Job], db: str, error: Callable[[str], Exception] | None = None
+) -> Iterator[None]:
+    """Turn the database's "no such table/column" into the same error (or ``error``, a
+    command's CommandError) saying what to run."""
     try:
         yield
     except (ProgrammingError, OperationalError) as e:
@@ -54,7 +57,7 @@ def migrated(model: type[Job], db: str) -> Iterator[None]:
         )
         if not undefined:
             raise
-        raise type(e)(
+        raise (error or type(e))(
             f"The job table {model._meta.db_table!r} is missing or out of date on database "
             f"{db!r} ({first_line(e)}): run `python manage.py migrate django_leases "
             f"--database {db}`."

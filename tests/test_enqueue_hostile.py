@@ -17,7 +17,7 @@ from enum import IntEnum
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 from django.tasks.exceptions import InvalidTask
 from django.test import override_settings
@@ -640,13 +640,21 @@ def test_a_refused_enqueue_leaves_the_callers_transaction_to_commit():
 
 @pytest.mark.django_db(transaction=True)
 def test_enqueue_before_migrate_says_to_run_migrate():
-    """(13.4) No job table: the database's own error, saying which command fixes it."""
+    """(13.4) No job table: the database's own error, saying which command fixes it; for
+    reading a result too, and the report and prune commands end with a CommandError that
+    says it (they printed the database's bare "relation does not exist" traceback)."""
+    fix = r"run `python manage\.py migrate django_leases --database default`"
     call_command("migrate", "django_leases", "zero", verbosity=0)
     try:
-        with pytest.raises(DatabaseError, match=r"run `python manage\.py migrate django_leases"):
+        with pytest.raises(DatabaseError, match=fix):
             add.enqueue(1, 2)
-        with pytest.raises(DatabaseError, match=r"run `python manage\.py migrate django_leases"):
+        with pytest.raises(DatabaseError, match=fix):
             Job.objects.enqueue_many(TASK, [([1, 2], {})])
+        with pytest.raises(DatabaseError, match=fix):
+            add.get_backend().get_result("1")
+        for command in (["lease_report"], ["leases_prune", "--dry-run"], ["leases_prune"]):
+            with pytest.raises(CommandError, match=fix):
+                call_command(*command, verbosity=0)
     finally:
         call_command("migrate", verbosity=0)  # with the test apps' models that need it
     assert add.enqueue(1, 2).id

@@ -7,9 +7,11 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ... import advisor
+from ... import advisor, conf
 from ...durations import duration_text
+from ...enqueue import migrated
 from ...exceptions import InvalidLeaseOption
+from ...models import Job
 from .. import LeasesCommand
 
 # report()'s arguments, by the options that give them.
@@ -73,13 +75,15 @@ class Command(LeasesCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            rows = advisor.report(
-                options["days"] or None,
-                alias=options["backend"],
-                headroom=options["headroom"],
-                floor=options["min_lease"],
-                min_samples=options["min_samples"],
-            )
+            database = conf.get_options(conf.lease_backend(options["backend"], "alias")).database
+            with migrated(Job, database, CommandError):
+                rows = advisor.report(
+                    options["days"] or None,
+                    alias=options["backend"],
+                    headroom=options["headroom"],
+                    floor=options["min_lease"],
+                    min_samples=options["min_samples"],
+                )
         except InvalidLeaseOption as e:
             # advisor.report() checks its arguments: named here as the options that gave them.
             raise CommandError(f"{_FLAGS.get(e.option, e.option)}: {e.reason}") from e

@@ -10,6 +10,7 @@ from django.core.management.base import CommandError
 from django.db.models.functions import Now
 
 from django_leases.conf import MAX_INTERVAL_DAYS, checked_number, get_options, lease_backend
+from django_leases.enqueue import migrated
 from django_leases.exceptions import InvalidLeaseOption
 from django_leases.management import LeasesCommand
 from django_leases.models import Job, ScheduleRun
@@ -78,8 +79,14 @@ class Command(LeasesCommand):
             raise CommandError(str(e)) from e
         if batch_size < 1:
             raise CommandError(f"--batch-size must be >= 1, got {batch_size}")
-        jobs = Job.objects.using(lease_options.database)
-        runs = ScheduleRun.objects.using(lease_options.database)
+        with migrated(Job, lease_options.database, CommandError):
+            self._prune(lease_options.database, days, include_dead, batch_size, dry_run)
+
+    def _prune(
+        self, database: str, days: float, include_dead: bool, batch_size: int, dry_run: bool
+    ) -> None:
+        jobs = Job.objects.using(database)
+        runs = ScheduleRun.objects.using(database)
         if dry_run:
             late = jobs.filter(state=JobState.PENDING, deadline__lt=Now()).count()
             prunable = jobs.all().prunable(days, include_dead=include_dead)
