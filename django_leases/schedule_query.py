@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
-from django.db import connections, models, router, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Now
 
@@ -126,10 +126,22 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
         schedules, update changed ones (re-planned from the next decision), mark the ones
         no longer declared as removed (they stop ticking; their history stays). Pause
         switches and last ticks are kept. Safe to run from many workers at once."""
+        wanted = {spec.name: spec for spec in specs}
+        for tries_left in (2, 1, 0):
+            try:
+                return self._sync_once(alias, wanted)
+            except IntegrityError:
+                # Another worker added a schedule between this one's locking read (which
+                # locks no row that is not there yet) and its insert: read again, and the
+                # row is there to lock and compare.
+                if not tries_left:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _sync_once(self, alias: str, wanted: dict[str, ScheduleSpec]) -> SyncReport:
         db = self._db_name()
         manager = self.model._default_manager.using(db)
         report = SyncReport()
-        wanted = {spec.name: spec for spec in specs}
         with transaction.atomic(using=db):
             rows = {s.name: s for s in manager.select_for_update().filter(name__in=list(wanted))}
             for name, spec in wanted.items():

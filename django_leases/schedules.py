@@ -22,7 +22,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from .exceptions import InvalidJobArgument, InvalidSchedule
+from .exceptions import InvalidJobArgument, InvalidLeaseOption, InvalidSchedule
 from .jsonsafe import shown
 
 MISFIRE_POLICIES = ("once", "each", "skip")
@@ -35,6 +35,10 @@ MAX_EVERY_SECONDS = 366 * 86400.0
 MAX_MISFIRE_LIMIT = 1000
 MAX_TICKS_SCANNED = 10_000
 DEFAULT_GRACE_SECONDS = 60.0
+# The least default grace: a tick is decided at a worker's poll (once a second by default,
+# jittered, plus the decision's own statements), so a healthy fleet decides a 1 s tick up
+# to about 2 s late; a grace of one interval counted such ticks as missed.
+MIN_DEFAULT_GRACE_SECONDS = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,7 +106,7 @@ class Periodic:
         if self.grace is not None:
             return float(self.grace)
         if self.every is not None:
-            return min(DEFAULT_GRACE_SECONDS, float(self.every))
+            return max(min(DEFAULT_GRACE_SECONDS, float(self.every)), MIN_DEFAULT_GRACE_SECONDS)
         return DEFAULT_GRACE_SECONDS
 
     def describe(self) -> str:
@@ -129,6 +133,18 @@ class Periodic:
 
 def _fail(name: str, reason: str) -> None:
     raise InvalidSchedule(name, reason)
+
+
+def _fail_unstorable(name: str, value: str) -> None:
+    """Refuse a name the schedule table cannot hold (a NUL on PostgreSQL, a lone
+    surrogate anywhere): a worker's sync would fail at every poll, and no schedule of the
+    backend would tick."""
+    from .enqueue_options import checked_text
+
+    try:
+        checked_text(name, value, NAME_LENGTH)
+    except InvalidLeaseOption as e:
+        _fail(name, e.reason)
 
 
 def _seconds(name: str, value: Any, low: float, high: float) -> None:
@@ -181,6 +197,8 @@ def check_periodic(p: Periodic) -> None:
         not isinstance(p.name, str) or not p.name.strip() or len(p.name) > NAME_LENGTH
     ):
         _fail("name", f"must be a non-empty string of at most {NAME_LENGTH} characters")
+    if p.name is not None:
+        _fail_unstorable("name", p.name)
     if isinstance(p.args, str | bytes) or not isinstance(p.args, Sequence):
         _fail("args", f"must be a list, got {shown(p.args)}")
     if not isinstance(p.kwargs, Mapping):
@@ -362,6 +380,7 @@ def checked_settings(listed: Any) -> dict[str, ScheduleSpec]:
         where = f"SCHEDULES[{name!r}]"
         if not isinstance(name, str) or not name.strip() or len(name) > NAME_LENGTH:
             raise InvalidSchedule(where, "a schedule's name must be a non-empty short string")
+        _fail_unstorable(where, name)
         if not isinstance(entry, Mapping):
             raise InvalidSchedule(where, f"must be a dict, got {shown(entry)}")
         values = dict(entry)

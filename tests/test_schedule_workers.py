@@ -176,7 +176,8 @@ def test_ticks_missed_while_every_worker_was_down(workers, policy, jobs_at_resta
     after the restart follows the misfire policy on the database clock: "once" makes one
     job for them all, "each" (limit 2) the last two missed plus the one on time; the rest
     are counted as misfires, and the next recorded tick is exactly that many ticks on."""
-    overrides = {"misfire": policy, "misfire_limit": 2}
+    # A grace of one period (the default is at least 5 s): the outage below is five.
+    overrides = {"misfire": policy, "misfire_limit": 2, "grace": EVERY}
     first = start(workers, "first", 2, overrides=overrides)
     wait_runs(2)
     stop_all(first)

@@ -90,15 +90,31 @@ def test_an_on_time_tick_always_runs(policy):
     assert (result.due, result.run, result.misfired) == (1, [now - timedelta(seconds=5)], 0)
 
 
+@pytest.mark.parametrize("policy", ["once", "each", "skip"])
+def test_a_short_interval_decided_at_a_healthy_polls_lateness_misses_nothing(policy):
+    """Invariant 3: ticks are decided at a worker's poll (about once a second, jittered),
+    so a healthy fleet decides a 1 s tick up to about 2 s late. The default grace was one
+    interval: such ticks counted as missed ("skip" dropped them, "once" merged them) with
+    every worker up. It is at least 5 s now; a grace given is kept as given."""
+    now = utc(2026, 1, 1, 12)
+    ticks = [now - timedelta(seconds=2), now - timedelta(seconds=1), now]
+    result = plan(Periodic(every=1, misfire=policy), ticks[0], now)
+    assert (result.run, result.misfired) == (ticks, 0)
+    assert Periodic(every=2).grace_seconds == 5 and Periodic(every=30).grace_seconds == 30
+    assert Periodic(every=1, grace=0.5).grace_seconds == 0.5
+    assert Periodic(every=3600).grace_seconds == Periodic(cron="0 * * * *").grace_seconds == 60
+
+
 def test_a_year_down_is_not_walked_tick_by_tick():
     """Invariant 3: a 1 s schedule a year behind is decided in one bounded step."""
     p = Periodic(every=1, misfire="once")
     now = utc(2026, 1, 1)
     result = plan(p, now - timedelta(days=365), now)
     assert result.due == 365 * 86400 + 1
-    # The grace (1 s for a 1 s interval) keeps the last two ticks on time.
-    assert result.latest == now and result.run == [now - timedelta(seconds=1), now]
-    assert result.misfired == result.due - 2
+    # The grace (5 s for a 1 s interval, the least default) keeps the last six on time.
+    assert result.latest == now
+    assert result.run == [now - timedelta(seconds=s) for s in range(5, -1, -1)]
+    assert result.misfired == result.due - 6
     cron = Periodic(cron="* * * * *", misfire="skip")
     result = plan(cron, utc(2025, 1, 1), now)
     # As for intervals, the default grace (60 s) keeps the last two minutes on time.
@@ -142,6 +158,9 @@ def test_each_after_a_long_cron_outage_runs_the_newest_missed_ticks():
         ({"every": 60, "args": [{1, 2}]}, "args[0]"),
         ({"every": 60, "kwargs": {"x": math.inf}}, "kwargs['x']"),
         ({"every": 60, "name": ""}, "name"),
+        # The table cannot hold them: every sync of the backend failed, no schedule ticked.
+        ({"every": 60, "name": "x\x00y"}, "name"),
+        ({"every": 60, "name": "x\udc00"}, "name"),
         ({"every": 60, "grace": -1}, "grace"),
     ],
 )
@@ -158,6 +177,8 @@ def test_the_settings_form_names_the_schedule_and_field():
         checked_settings({"nightly": {"task": "a.b", "cron": "0 3 * * *", "timezone": "X/Y"}})
     with pytest.raises(InvalidSchedule, match=r"SCHEDULES\['nightly'\]\.task"):
         checked_settings({"nightly": {"cron": "0 3 * * *"}})
+    with pytest.raises(InvalidSchedule, match=r"SCHEDULES\['x\\x00y'\]: contains a NUL"):
+        checked_settings({"x\x00y": {"task": "a.b", "every": 60}})
     with pytest.raises(InvalidSchedule, match=r"SCHEDULES\['nightly'\]\.color"):
         checked_settings({"nightly": {"task": "a.b", "every": 60, "color": "red"}})
     specs = checked_settings({"n": {"task": "a.b", "every": 60, "args": [1]}})

@@ -4,10 +4,13 @@ database's own clock, never a sleep."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import django
 import pytest
+from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 from django.test import override_settings
@@ -48,6 +51,52 @@ def back(name, seconds):
     Schedule.objects.filter(name=name).update(
         next_tick_at=Now() - timedelta(seconds=seconds), revision=F("revision") + 1
     )
+
+
+def test_workers_starting_together_each_sync_without_a_duplicate_key_error():
+    """Invariant 3: two workers' first syncs at once. One's locking read finds no row
+    (nothing to lock yet) while the other's insert is uncommitted; its own insert then
+    waited for that commit and failed on the unique name, and the worker logged the
+    IntegrityError as "Schedules not ticked". It reads again and finds the row; one row."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite's IMMEDIATE transactions take turns: the second reads the row")
+    inserted, finish = threading.Event(), threading.Event()
+
+    def first_worker():
+        try:
+            with transaction.atomic():
+                Schedule.objects.create(
+                    name="s", backend="default", task_path=TASK, spec=spec("s").to_json()
+                )
+                inserted.set()
+                finish.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=first_worker)
+    holder.start()
+    assert inserted.wait(30)
+    outcome = []
+
+    def second_worker():
+        try:
+            outcome.append(Schedule.objects.sync("default", [spec("s", every=120)]))
+        except Exception as e:  # noqa: BLE001 -- the failure this test is about
+            outcome.append(e)
+        finally:
+            connection.close()
+
+    second = threading.Thread(target=second_worker)
+    second.start()
+    time.sleep(0.5)  # let its insert reach the first one's uncommitted row and wait
+    finish.set()
+    holder.join(30)
+    second.join(30)
+    [report] = outcome
+    assert not isinstance(report, Exception), report
+    assert (report.added, report.changed) == ([], ["s"])
+    assert list(Schedule.objects.values_list("name", flat=True)) == ["s"]
+    assert Schedule.objects.get(name="s").spec["every"] == 120
 
 
 def test_sync_reports_added_changed_and_removed():
