@@ -184,7 +184,7 @@ class QueueFilter(CensusFilter):
         for alias in conf.lease_backend_aliases():
             params = settings.TASKS[alias]
             if (params.get("OPTIONS") or {}).get("DATABASE", "default") == database:
-                queues.update(params.get("QUEUES", []))
+                queues.update(conf.served_queues(alias) or ())  # absent: "default"
         return queues
 
 

@@ -58,7 +58,8 @@ def migrated(
         if not undefined:
             raise
         raise (error or type(e))(
-            f"The job table {model._meta.db_table!r} is missing or out of date on database "
+            f"The tables of django_leases ({model._meta.db_table!r} and the others) are "
+            f"missing or out of date on database "
             f"{db!r} ({first_line(e)}): run `python manage.py migrate django_leases "
             f"--database {db}`."
         ) from e

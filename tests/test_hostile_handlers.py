@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+import threading
 
 import pytest
 from django.db import connection
@@ -829,6 +830,9 @@ def test_a_handler_that_leaves_a_transaction_open_fails_and_does_not_jam_the_slo
         good.append(
             t.hostile_checkpoint.using_lease(max_attempts=1).enqueue(_key("after"), {"after": how})
         )
+    # Autocommit left off after a commit holds nothing: it succeeds, its write stands
+    # (MySQL's driver cannot tell it from work left uncommitted: it fails there).
+    committed = t.leave_transaction.using_lease(max_attempts=1).enqueue(_key("c"), "committed")
     added = t.add.enqueue(4, 5)
     worker = workers.start(
         f"left-open-{isolation}",
@@ -854,6 +858,51 @@ def test_a_handler_that_leaves_a_transaction_open_fails_and_does_not_jam_the_slo
         job = Job.objects.get(pk=result.id)
         assert (job.state, job.cursor) == (JobState.SUCCEEDED, job.args[1])
     assert Job.objects.get(pk=added.id).result == 9
+    job = Job.objects.get(pk=committed.id)
+    on_mysql = connection.vendor == "mysql"
+    assert job.state == (JobState.DEAD if on_mysql else JobState.SUCCEEDED)
+    assert Effect.objects.filter(key=job.args[0]).exists()
+
+
+@workers_db
+def test_a_connection_that_broke_under_a_handler_is_no_transaction_left_open():
+    """(6) A handler whose connection the server cut (it caught the OperationalError and
+    returned) left no work behind: Django keeps the broken connection, libpq says its
+    transaction status is UNKNOWN, and that is no open transaction to fail the job for
+    (the tidy-up still closes it)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("pg_terminate_backend cuts one session; the others have no such call")
+    from django.db import OperationalError
+
+    from django_leases.worker.running import _left_open
+
+    started, cut, seen = threading.Event(), threading.Event(), []
+
+    def handler():
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                seen.append(cursor.fetchone()[0])
+            started.set()
+            cut.wait(30)
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT 1")
+            except OperationalError:
+                seen.append("cut")
+            seen.append(connection.connection is not None)
+            seen.append(_left_open())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=handler)
+    thread.start()
+    assert started.wait(30)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [seen[0]])
+    cut.set()
+    thread.join(30)
+    assert seen[1:] == ["cut", True, []]
 
 
 # -- a row holding a retry ladder nothing can read --------------------------------------

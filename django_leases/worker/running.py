@@ -352,14 +352,40 @@ def connect_before_handler(database: str) -> Outcome | None:
 
 
 def _left_open() -> list[str]:
-    """The aliases of this thread's connections that the handler left in a transaction;
-    never raises (a connection that cannot say is the tidy-up's to close)."""
+    """The aliases of this thread's connections that the handler left inside a transaction
+    whose work the tidy-up will roll back; never raises (a connection that cannot say is
+    the tidy-up's to close, and no reason to fail the job)."""
     aliases = []
     for conn in connections.all(initialized_only=True):
         with contextlib.suppress(Exception):
-            if conn.connection is not None and left_in_transaction(conn):
+            if conn.connection is not None and _holds_work(conn):
                 aliases.append(conn.alias)
     return aliases
+
+
+def _holds_work(conn: Any) -> bool:
+    """Whether ``conn`` is inside a transaction, by what the driver says where it can: an
+    atomic block never exited; on PostgreSQL and SQLite, a transaction open (autocommit left
+    off after a commit holds nothing; a connection that broke is in none); on MySQL, whose
+    driver cannot say, autocommit left off. A connection the project runs with
+    ``AUTOCOMMIT: False`` is in a transaction by design: only an atomic block counts."""
+    if conn.in_atomic_block:
+        return True
+    if not conn.settings_dict["AUTOCOMMIT"]:
+        return False
+    raw = conn.connection
+    if conn.vendor == "sqlite":
+        return bool(getattr(raw, "in_transaction", False))
+    if conn.vendor == "postgresql":
+        info = getattr(raw, "info", None)  # psycopg 3
+        status = info.transaction_status if info is not None else raw.get_transaction_status()
+        return int(status) in _PG_IN_TRANSACTION
+    return not conn.get_autocommit()
+
+
+# libpq's transaction statuses ACTIVE, INTRANS and INERROR (IDLE is 0, UNKNOWN, a broken
+# connection, is 4): the same numbers in psycopg 3 and psycopg2.
+_PG_IN_TRANSACTION = {1, 2, 3}
 
 
 def left_in_transaction(conn: Any) -> bool:

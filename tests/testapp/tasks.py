@@ -877,10 +877,11 @@ def interruptible(key: str, seconds: float) -> None:
 @task
 def leave_transaction(key: str, how: str) -> str:
     """Return with this thread's connection left inside a transaction: ``autocommit``
-    turned off, an ``atomic`` block entered and never exited, or a ``begin`` of its own."""
+    turned off, an ``atomic`` block entered and never exited, or a ``begin`` of its own;
+    or (``committed``) with autocommit left off after committing what it wrote."""
     from django.db import connection, transaction
 
-    if how == "autocommit":
+    if how in ("autocommit", "committed"):
         transaction.set_autocommit(False)
     elif how == "atomic":
         transaction.atomic().__enter__()
@@ -888,4 +889,6 @@ def leave_transaction(key: str, how: str) -> str:
         with connection.cursor() as cursor:
             cursor.execute("BEGIN")
     _effect(key, "left")
+    if how == "committed":
+        transaction.commit()  # autocommit stays off, but nothing is left uncommitted
     return key
