@@ -17,7 +17,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
 
 def _job_id(job: Any) -> Any:
@@ -52,19 +52,53 @@ def run_burst(
 ) -> None:
     """Run a worker in this process until nothing is claimable (``--burst``): every due job
     is claimed, run on a handler thread under a renewed lease and acknowledged or failed,
-    exactly as run_lease_worker would. Jobs whose retry is due later stay pending."""
+    exactly as run_lease_worker would. Jobs whose retry is due later stay pending. Its
+    arguments are checked as the command checks its options (InvalidLeaseOption naming
+    one); called inside a transaction (Django's TestCase), it raises
+    TransactionManagementError: its handler threads could not see what the test wrote."""
+    from django.db import connections
+    from django.db.transaction import TransactionManagementError
+
     from . import conf
+    from .enqueue_options import checked_text
+    from .exceptions import InvalidLeaseOption
     from .worker import Worker
 
-    # None (a project with no lease backend) is not refused here: the worker fails on it.
-    alias = cast(str, backend or conf.first_lease_backend())
+    alias = conf.lease_backend(backend, "backend")
     options = conf.get_options(alias)
+    if lease is not None:
+        lease = conf.validate_lease(lease, "lease")
+    if max_jobs is not None and (
+        isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1
+    ):
+        raise InvalidLeaseOption(
+            "max_jobs", f"must be a whole number, at least 1, got {max_jobs!r}"
+        )
+    # As run_lease_worker: the backend's QUEUES as Django reads them, or every queue when
+    # they are empty.
+    declared = conf.served_queues(alias)
+    if queues is not None:
+        if isinstance(queues, str) or not isinstance(queues, list | tuple):
+            raise InvalidLeaseOption("queues", f"must be a list of queue names, got {queues!r}")
+        for queue in queues:
+            checked_text("queues", queue, 100)
+        unknown = [q for q in queues if declared and q not in declared]
+        if unknown:
+            raise InvalidLeaseOption(
+                "queues", f"{unknown!r} not among TASKS[{alias!r}]'s queues {declared!r}"
+            )
+    checked_text("worker_id", worker_id, 200)
+    if connections[options.database].in_atomic_block:
+        raise TransactionManagementError(
+            "run_burst() runs handlers on threads of their own, with connections of their "
+            "own: they cannot see this transaction's writes (a TestCase's), and its locks "
+            "stall them. Use a transactional test: TransactionTestCase, or "
+            "pytest.mark.django_db(transaction=True)."
+        )
     Worker(
         alias=alias,
         database=options.database,
-        # As run_lease_worker: the backend's QUEUES as Django reads them, or every queue
-        # when they are empty.
-        queues=queues or conf.served_queues(alias),
+        queues=list(queues) if queues else declared,
         concurrency=1,
         lease=lease,
         heartbeat=conf.worker_heartbeat(options, lease),

@@ -164,3 +164,90 @@ def test_a_busy_workers_acks_ride_with_its_claims():
     assert len(acks) >= 4, sent  # 12 jobs, 3 at a time
     alone = [s for s in acks if not s[1] and (s[2] is None or s[2] not in claims)]
     assert alone == [], sent
+
+
+def test_run_burst_leaves_no_handler_thread_or_connection_behind():
+    """A user's test suite calls run_burst() again and again in one process: each call's
+    handler thread ends and closes its connection before it returns. Before, one thread
+    per call lived on holding a session (on PostgreSQL the test database could not be
+    dropped at teardown: "being accessed by other users")."""
+    import threading
+
+    def handler_threads():
+        return [t for t in threading.enumerate() if t.name.startswith("leases-handler")]
+
+    before = handler_threads()
+    sessions = _sessions()
+    for i in range(3):
+        add.enqueue(i, 1)  # add() reads the database (its handler opens a connection)
+        testing.run_burst()
+    assert handler_threads() == before
+    assert _sessions() == sessions
+    assert Job.objects.filter(state=JobState.SUCCEEDED).count() == 3
+
+
+def _sessions():
+    """This database's sessions other than the test's own (PostgreSQL), else None."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"lease": 0}, "lease"),
+        ({"lease": -1}, "lease"),
+        ({"max_jobs": 0}, "max_jobs"),
+        ({"max_jobs": -1}, "max_jobs"),
+        ({"queues": "default"}, "queues"),
+        ({"queues": ["nope"]}, "queues"),
+        ({"backend": "immediate"}, "backend"),
+        ({"worker_id": ""}, "worker_id"),
+    ],
+)
+def test_run_burst_refuses_bad_arguments_naming_them(arguments, named):
+    """(6) As run_lease_worker refuses its options: lease=0 spun forever at full CPU
+    ("Heartbeat overdue ... lease 0 s"), a string of queues ran nothing, an unknown queue
+    or max_jobs=0 returned silently. Nothing is claimed."""
+    from django_leases.exceptions import InvalidLeaseOption
+
+    job = add.enqueue(1, 2)
+    with pytest.raises(InvalidLeaseOption) as refused:
+        testing.run_burst(**arguments)
+    assert refused.value.option == named
+    assert Job.objects.get(pk=job.id).state == JobState.PENDING
+
+
+def test_run_burst_with_no_lease_backend_says_so():
+    """Django's own test idiom, TASKS switched to its DummyBackend: a clear error, not a
+    KeyError: None."""
+    from django.test import override_settings
+
+    from django_leases.exceptions import InvalidLeaseOption
+
+    dummy = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    with (
+        override_settings(TASKS=dummy),
+        pytest.raises(InvalidLeaseOption, match="is not a django_leases backend"),
+    ):
+        testing.run_burst()
+
+
+@pytest.mark.django_db(transaction=False)
+def test_run_burst_inside_a_test_transaction_is_refused_with_the_fix():
+    """Django's TestCase wraps each test in a transaction: the handler threads could not
+    see what the test wrote (a job reading its Order failed) and its locks stalled them
+    (SQLite: minutes of "database is locked"). It is refused, naming the transactional
+    test to use; nothing is claimed."""
+    from django.db.transaction import TransactionManagementError
+
+    job = add.enqueue(1, 2)
+    with pytest.raises(TransactionManagementError, match=r"django_db\(transaction=True\)"):
+        testing.run_burst()
+    assert Job.objects.get(pk=job.id).state == JobState.PENDING

@@ -67,6 +67,10 @@ class _Slots:
         while True:
             item = self._queue.get()
             if item is None:
+                # Closed: this thread's connections go with it (in a test process that
+                # lives on, an open one keeps the test database from being dropped).
+                with contextlib.suppress(Exception):
+                    connections.close_all()
                 return
             claim, task = item
             outcome: Outcome | None = None
@@ -119,9 +123,14 @@ class _Slots:
         """Kill the handlers' processes still running, for a process about to end at once
         (run_lease_worker). A thread cannot be killed: it ends with the process."""
 
-    def close(self) -> None:
+    def close(self, wait: float = 0.0) -> None:
+        """Let each slot thread end once its handler is done (at once if idle), closing its
+        connections; wait up to ``wait`` seconds for them."""
         for _ in self._threads:
             self._queue.put(None)
+        deadline = time.monotonic() + wait
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
 
 
 class ThreadExecutor(_Slots):

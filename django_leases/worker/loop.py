@@ -165,6 +165,13 @@ class Worker(Stopping):
         finally:
             for thread in threads:
                 thread.stop()
+            executor = getattr(self, "executor", None)
+            if executor is not None:
+                # Idle slots end at once, closing their connections (run_burst() returns to
+                # a test that then drops its database); a handler still running (a stop whose
+                # grace ran out) is not waited for: its thread ends with the process.
+                idle = executor.running() == 0 and not self.book
+                executor.close(wait=5.0 if idle else 0.0)
             self.stop_request.restore()
             self.waker.close()
         return status
