@@ -364,41 +364,47 @@ def _left_open() -> list[str]:
 
 
 def _holds_work(conn: Any) -> bool:
-    """Whether ``conn`` is inside a transaction, by what the driver says where it can: an
-    atomic block never exited; on PostgreSQL and SQLite, a transaction open (autocommit left
-    off after a commit holds nothing; a connection that broke is in none); on MySQL, whose
-    driver cannot say, autocommit left off. A connection the project runs with
-    ``AUTOCOMMIT: False`` is in a transaction by design: only an atomic block counts."""
+    """Whether ``conn`` holds work the tidy-up would roll back: an atomic block never
+    exited, or a transaction the driver says is open (a connection that broke is in none).
+    A connection the project runs with ``AUTOCOMMIT: False`` is in a transaction by design:
+    only an atomic block counts there."""
     if conn.in_atomic_block:
         return True
     if not conn.settings_dict["AUTOCOMMIT"]:
         return False
-    raw = conn.connection
-    if conn.vendor == "sqlite":
-        return bool(getattr(raw, "in_transaction", False))
-    if conn.vendor == "postgresql":
-        info = getattr(raw, "info", None)  # psycopg 3
-        status = info.transaction_status if info is not None else raw.get_transaction_status()
-        return int(status) in _PG_IN_TRANSACTION
-    return not conn.get_autocommit()
-
-
-# libpq's transaction statuses ACTIVE, INTRANS and INERROR (IDLE is 0, UNKNOWN, a broken
-# connection, is 4): the same numbers in psycopg 3 and psycopg2.
-_PG_IN_TRANSACTION = {1, 2, 3}
+    return _in_transaction(conn) is True
 
 
 def left_in_transaction(conn: Any) -> bool:
-    """Whether ``conn`` is inside a transaction between jobs, where it never should be."""
+    """Whether ``conn`` is inside a transaction between jobs, where it never should be
+    (a connection whose state cannot be told is counted in: the tidy-up closes it)."""
     if conn.in_atomic_block or conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
         return True
+    return _in_transaction(conn) is not False
+
+
+def _in_transaction(conn: Any) -> bool | None:
+    """What the driver says of ``conn``'s transaction: True open, False none, None when
+    it cannot tell (a PostgreSQL connection that broke). SQLite and libpq keep the status
+    on the connection; MariaDB answers ``@@in_transaction`` (set by a write or a
+    ``START TRANSACTION``, asked only with autocommit off: one query where a handler turned
+    it off); MySQL has no such answer, so autocommit off counts as open there."""
     raw = conn.connection
     if conn.vendor == "sqlite":
-        return bool(getattr(raw, "in_transaction", False))
+        return bool(raw.in_transaction)
     if conn.vendor == "postgresql":
         info = getattr(raw, "info", None)  # psycopg 3
-        if info is not None:
-            return bool(info.transaction_status != 0)  # pq.TransactionStatus.IDLE
-        status = getattr(raw, "get_transaction_status", None)  # psycopg2
-        return status is not None and bool(status() != 0)  # TRANSACTION_STATUS_IDLE
-    return False
+        status = int(info.transaction_status if info is not None else raw.get_transaction_status())
+        return None if status == _PG_UNKNOWN else status != _PG_IDLE
+    if conn.get_autocommit():
+        return False
+    if not conn.mysql_is_mariadb:
+        return True
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT @@in_transaction")
+        return bool(cursor.fetchone()[0])
+
+
+# libpq's transaction statuses, the same numbers in psycopg 3 and psycopg2: IDLE, then
+# ACTIVE, INTRANS and INERROR (inside a transaction), and UNKNOWN (a broken connection).
+_PG_IDLE, _PG_UNKNOWN = 0, 4
