@@ -59,57 +59,29 @@ def run_burst(
     from django.db import connections
     from django.db.transaction import TransactionManagementError
 
-    from . import conf
-    from .enqueue_options import checked_text
-    from .exceptions import InvalidLeaseOption
     from .worker import Worker
+    from .worker.options import worker_kwargs
 
-    alias = conf.lease_backend(backend, "backend")
-    options = conf.get_options(alias)
-    if lease is not None:
-        lease = conf.validate_lease(lease, "lease")
-    if max_jobs is not None and (
-        isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1
-    ):
-        raise InvalidLeaseOption(
-            "max_jobs", f"must be a whole number, at least 1, got {max_jobs!r}"
-        )
-    # As run_lease_worker: the backend's QUEUES as Django reads them, or every queue when
-    # they are empty.
-    declared = conf.served_queues(alias)
-    if queues is not None:
-        if isinstance(queues, str) or not isinstance(queues, list | tuple):
-            raise InvalidLeaseOption("queues", f"must be a list of queue names, got {queues!r}")
-        for queue in queues:
-            checked_text("queues", queue, 100)
-        unknown = [q for q in queues if declared and q not in declared]
-        if unknown:
-            raise InvalidLeaseOption(
-                "queues", f"{unknown!r} not among TASKS[{alias!r}]'s queues {declared!r}"
-            )
-    checked_text("worker_id", worker_id, 200)
-    if connections[options.database].in_atomic_block:
+    kwargs = worker_kwargs(
+        backend=backend,
+        queues=queues,
+        lease=lease,
+        max_jobs=max_jobs,
+        worker_id=worker_id,
+        burst=True,
+        connect_handlers=False,
+    )
+    if connections[kwargs["database"]].in_atomic_block:
         raise TransactionManagementError(
             "run_burst() runs handlers on threads of their own, with connections of their "
             "own: they cannot see this transaction's writes (a TestCase's), and its locks "
             "stall them. Use a transactional test: TransactionTestCase, or "
             "pytest.mark.django_db(transaction=True)."
         )
-    Worker(
-        alias=alias,
-        database=options.database,
-        queues=list(queues) if queues else declared,
-        concurrency=1,
-        lease=lease,
-        heartbeat=conf.worker_heartbeat(options, lease),
-        poll=0.05,
-        burst=True,
-        max_jobs=max_jobs,
-        grace=0,
-        worker_id=worker_id,
-        notify=False,
-        connect_handlers=False,
-    ).run()
+    # One handler, a quick poll, no grace and no LISTEN: a test's burst ends as soon as
+    # nothing is claimable.
+    kwargs.update(concurrency=1, poll=0.05, grace=0, notify=False)
+    Worker(**kwargs).run()
 
 
 def run_job(job: Any, *, using: str | None = None, **options: Any) -> Any:

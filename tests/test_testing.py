@@ -209,12 +209,16 @@ def _sessions():
         ({"queues": ["nope"]}, "queues"),
         ({"backend": "immediate"}, "backend"),
         ({"worker_id": ""}, "worker_id"),
+        ({"worker_id": "two\nlines"}, "worker_id"),
+        ({"queues": ["*"]}, "queues"),
+        ({"queues": [7]}, "queues"),
     ],
 )
 def test_run_burst_refuses_bad_arguments_naming_them(arguments, named):
     """(6) As run_lease_worker refuses its options: lease=0 spun forever at full CPU
     ("Heartbeat overdue ... lease 0 s"), a string of queues ran nothing, an unknown queue
-    or max_jobs=0 returned silently. Nothing is claimed."""
+    or max_jobs=0 returned silently; a worker id on two lines ran (the command refused
+    it). Both check with one function (worker/options.py). Nothing is claimed."""
     from django_leases.exceptions import InvalidLeaseOption
 
     job = add.enqueue(1, 2)

@@ -14,11 +14,9 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 
 from ... import conf
-from ...enqueue_options import checked_text
 from ...exceptions import InvalidLeaseOption
 from .. import LeasesCommand
 
@@ -189,92 +187,28 @@ class Command(LeasesCommand):
 
     def _worker_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
         """Check every option before anything is claimed; raise InvalidLeaseOption naming it."""
-        alias = conf.lease_backend(options["backend"] or None)
+        from ...worker.options import worker_kwargs
+
         try:
-            backend = conf.get_options(alias)
+            return worker_kwargs(
+                backend=options["backend"] or None,
+                queues=options["queues"],
+                all_queues=options.get("all_queues", False),
+                lease=options["lease"],
+                heartbeat=options["heartbeat"],
+                concurrency=options["concurrency"],
+                poll=options["poll"],
+                grace=options["grace"],
+                max_jobs=options["max_jobs"],
+                worker_id=options["worker_id"],
+                isolation=options["isolation"],
+                burst=options["burst"],
+                connect_handlers=not options.get("skip_connection_check", False),
+            )
         except InvalidLeaseOption as e:
-            raise InvalidLeaseOption("backend", f"TASKS[{alias!r}]['OPTIONS'] {e}") from e
-        lease = options["lease"]
-        if lease is not None:
-            lease = conf.validate_lease(lease, "lease")
-        heartbeat = options["heartbeat"]
-        if heartbeat is None:
-            heartbeat = conf.worker_heartbeat(backend, lease)
-        heartbeat = conf.validate_heartbeat(
-            heartbeat, lease if lease is not None else backend.lease_seconds, "heartbeat"
-        )
-        # The ranges of the OPTIONS these override, checked by the same functions.
-        concurrency = options["concurrency"]
-        concurrency = (
-            backend.concurrency
-            if concurrency is None
-            else conf.validate_concurrency(concurrency, "concurrency")
-        )
-        poll = (
-            backend.poll_seconds
-            if options["poll"] is None
-            else conf.validate_poll(options["poll"], "poll")
-        )
-        grace = (
-            backend.grace_seconds
-            if options["grace"] is None
-            else conf.validate_grace(options["grace"], "grace")
-        )
-        max_jobs = options["max_jobs"]
-        if max_jobs is not None and max_jobs < 1:
-            raise InvalidLeaseOption("max_jobs", f"must be at least 1, got {max_jobs}")
-        declared = conf.served_queues(alias)
-        # None: every queue (a claim with no queue filter).
-        queues = None if options.get("all_queues") else options["queues"] or declared
-        if queues is not None and "*" in queues:
-            raise InvalidLeaseOption(
-                "queue",
-                "'*' is no wildcard here (an unquoted * is "
-                "expanded by the shell); use --all-queues",
-            )
-        for queue in queues or ():
-            checked_text("queue", queue, 100)  # as enqueue checks a queue_name
-        unknown = [q for q in queues or () if declared and q not in declared]
-        if unknown:
-            # No task of this backend can be enqueued there, so such a worker would idle forever.
-            absent = "QUEUES" not in settings.TASKS[alias]
-            raise InvalidLeaseOption(
-                "queue",
-                f"{unknown!r} not in TASKS[{alias!r}]['QUEUES'] ("
-                + (
-                    f"absent, Django reads it as {declared!r}"
-                    if absent
-                    else ", ".join(declared or ())
-                )
-                + ")",
-            )
-        worker_id = options["worker_id"]
-        if worker_id is not None:
-            checked_text("worker_id", worker_id, 200)
-            # It names the worker in every log line and the admin: a blank one, or one with
-            # a newline or another control character, would name nobody or split lines.
-            if worker_id.strip() != worker_id or not worker_id.isprintable():
-                raise InvalidLeaseOption(
-                    "worker_id",
-                    f"must be printable characters with no space at either end, got {worker_id!r}",
-                )
-        return {
-            "alias": alias,
-            "database": backend.database,
-            "queues": queues,
-            "concurrency": concurrency,
-            "isolation": options["isolation"],
-            "lease": lease,
-            "heartbeat": heartbeat,
-            "poll": poll,
-            "burst": options["burst"],
-            "max_jobs": max_jobs,
-            "grace": grace,
-            "worker_id": worker_id,
-            "notify": backend.notify,
-            "listen_database": backend.listen_database,
-            "connect_handlers": not options.get("skip_connection_check", False),
-        }
+            if e.option == "queues":  # the flag is --queue, given once per queue
+                raise InvalidLeaseOption("queue", e.reason) from e
+            raise
 
 
 def _option_help(name: str, default: str) -> str:
