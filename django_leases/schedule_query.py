@@ -10,7 +10,7 @@ inserts nothing. No leader, no extra process: any worker may decide, one of them
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -127,16 +127,13 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
         no longer declared as removed (they stop ticking; their history stays). Pause
         switches and last ticks are kept. Safe to run from many workers at once."""
         wanted = {spec.name: spec for spec in specs}
-        for tries_left in (2, 1, 0):
-            try:
+        for _ in range(2):
+            # Another worker may add a schedule between this one's locking read (which
+            # locks no row that is not there yet) and its insert: read again, and the row
+            # is there to lock and compare.
+            with suppress(IntegrityError):
                 return self._sync_once(alias, wanted)
-            except IntegrityError:
-                # Another worker added a schedule between this one's locking read (which
-                # locks no row that is not there yet) and its insert: read again, and the
-                # row is there to lock and compare.
-                if not tries_left:
-                    raise
-        raise AssertionError("unreachable")
+        return self._sync_once(alias, wanted)
 
     def _sync_once(self, alias: str, wanted: dict[str, ScheduleSpec]) -> SyncReport:
         db = self._db_name()

@@ -57,7 +57,8 @@ def test_workers_starting_together_each_sync_without_a_duplicate_key_error():
     """Invariant 3: two workers' first syncs at once. One's locking read finds no row
     (nothing to lock yet) while the other's insert is uncommitted; its own insert then
     waited for that commit and failed on the unique name, and the worker logged the
-    IntegrityError as "Schedules not ticked". It reads again and finds the row; one row."""
+    IntegrityError as "Schedules not ticked". It reads again and finds the row; one row.
+    (On MariaDB the locking read itself waits for the uncommitted row and then reads it.)"""
     if connection.vendor == "sqlite":
         pytest.skip("SQLite's IMMEDIATE transactions take turns: the second reads the row")
     inserted, finish = threading.Event(), threading.Event()
@@ -88,7 +89,9 @@ def test_workers_starting_together_each_sync_without_a_duplicate_key_error():
 
     second = threading.Thread(target=second_worker)
     second.start()
-    time.sleep(0.5)  # let its insert reach the first one's uncommitted row and wait
+    # Its insert reached the first one's uncommitted row: without this wait the test
+    # could pass with no race at all.
+    assert _until_a_session_waits_on_a_lock(), "the second sync never waited: no race"
     finish.set()
     holder.join(30)
     second.join(30)
@@ -97,6 +100,28 @@ def test_workers_starting_together_each_sync_without_a_duplicate_key_error():
     assert (report.added, report.changed) == ([], ["s"])
     assert list(Schedule.objects.values_list("name", flat=True)) == ["s"]
     assert Schedule.objects.get(name="s").spec["every"] == 120
+
+
+def _until_a_session_waits_on_a_lock(seconds=30.0):
+    """True once another session of this database waits for a row lock (PostgreSQL's
+    pg_stat_activity, InnoDB's transactions), False after ``seconds``."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock'"
+        if connection.vendor == "postgresql"
+        else "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+    )
+    # InnoDB refreshes innodb_trx only when it was last read over 0.1 s ago: polled
+    # faster, it would never show the wait.
+    pause = 0.01 if connection.vendor == "postgresql" else 0.15
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(query)
+            if cursor.fetchone()[0]:
+                return True
+        time.sleep(pause)
+    return False
 
 
 def test_sync_reports_added_changed_and_removed():
