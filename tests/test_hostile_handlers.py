@@ -866,6 +866,32 @@ def test_a_handler_that_leaves_a_transaction_open_fails_and_does_not_jam_the_slo
 
 
 @workers_db
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_transaction_left_open_after_the_ack_is_logged(workers, isolation):
+    """A handler that acknowledged its job in fenced(ack=True), then returned inside an
+    atomic block: the job stays succeeded (its ack committed), what it wrote after the ack
+    is rolled back with its connection, and the worker says so (left_open_after_ack
+    naming the database) instead of dropping it without a word (6, 3)."""
+    result = t.leave_transaction_after_ack.using_lease(max_attempts=1).enqueue(_key("ack"))
+    worker = workers.start(
+        f"open-after-ack-{isolation}",
+        *STEADY,
+        "--burst",
+        "--isolation",
+        isolation,
+        ready=False,
+    )
+    assert worker.wait_exit(120) == 0
+    job = Job.objects.get(pk=result.id)
+    key = job.args[0]
+    assert (job.state, job.result, job.attempts) == (JobState.SUCCEEDED, {"acked": key}, 1)
+    assert Effect.objects.filter(key=key, phase="acked").count() == 1
+    assert not Effect.objects.filter(key=key, phase="left").exists()
+    [logged] = worker.events("left_open_after_ack", job_id=job.pk)
+    assert logged["databases"] == ["default"], logged
+
+
+@workers_db
 def test_a_connection_that_broke_under_a_handler_is_no_transaction_left_open():
     """(6) A handler whose connection the server cut (it caught the OperationalError and
     returned) left no work behind: Django keeps the broken connection, libpq says its

@@ -59,6 +59,7 @@ EVENTS: dict[str, str] = {
     "checkpoint_rejected": "a checkpoint matched no row: the claim is lost",
     "acked": "a job was acknowledged",
     "raised_after_ack": "a handler raised after acknowledging its job in fenced(); it stays succeeded (error)",
+    "left_open_after_ack": "a handler returned inside a transaction after acknowledging its job in fenced(); it stays succeeded, its later writes there are rolled back (databases)",
     "ack_rejected": "an ack matched no row: the claim was lost first",
     "ack_refused": "the database refused a result; the attempt is failed instead (error)",
     "batch_ack_refused": "the database refused a batch of acks; sent one by one (error)",
@@ -138,6 +139,7 @@ FIELDS = (
     "removed",
     "unchanged",
     "taken",
+    "databases",
 )
 
 

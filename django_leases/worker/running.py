@@ -160,6 +160,8 @@ def _run(
     if link.acked:
         # Committed with the handler's own writes; a loss noticed afterwards changes nothing.
         outcome = Outcome(Kind.ACKED, result=link.acked_result)
+        if aliases := _left_open():
+            _left_open_after_ack(handle, aliases)
     elif (why := link.gone(time.monotonic())) and not link.releasing:
         return Outcome(Kind.LOST, message=why)
     else:
@@ -220,6 +222,26 @@ def _failed(
         ),
     )
     return outcome
+
+
+def _left_open_after_ack(handle: JobHandle, aliases: list[str]) -> None:
+    """Log a handler that acknowledged its job, then returned inside a transaction: the
+    job stays succeeded, but what it wrote there after the ack is rolled back with its
+    connection, and should not be so without a word."""
+    logger.warning(
+        "Handler returned inside a transaction on database %s after acknowledging job=%s "
+        "fence=%s; the job stays succeeded, what it wrote there after the ack is rolled back",
+        ", ".join(map(repr, aliases)),
+        handle.job_id,
+        handle.fence,
+        extra={
+            "event": "left_open_after_ack",
+            "job_id": handle.job_id,
+            "fence": handle.fence,
+            "worker": handle.worker_id,
+            "databases": aliases,
+        },
+    )
 
 
 def _raised_after_ack(handle: JobHandle, exc: BaseException) -> None:

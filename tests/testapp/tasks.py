@@ -736,6 +736,21 @@ def hostile_raise_after_ack(key: str, kind: str, codepoints: list[int]) -> None:
     raise hostile_exception(kind, _text(codepoints, 1))
 
 
+@task
+def leave_transaction_after_ack(key: str) -> str:
+    """Acknowledge the job in fenced(ack=True), then write inside an atomic block never
+    exited and return."""
+    from django.db import transaction
+
+    from django_leases.fencing import fenced
+
+    with fenced(ack=True, result={"acked": key}):
+        _effect(key, "acked")
+    transaction.atomic().__enter__()
+    _effect(key, "left")
+    return key
+
+
 HOSTILE_RESULTS = (
     "object",
     "set",
