@@ -110,7 +110,10 @@ class WorkerLink:
     def gone(self, now: float) -> str:
         """Why a result returned at ``now`` is discarded, "" if it is not: lost, or expired
         by the estimate though the watchdog has not said so yet (a handler that held the GIL
-        through its lease)."""
+        through its lease). A lost flag reads as FOUND_TAKEN, which is true only where the
+        handler's own checkpoint or fenced write set it: the flag carries no reason across
+        processes, so the worker's side gives its own reason first when it set the flag
+        (Claim.lost_reason, settling._discard)."""
         if self.lost.is_set():
             return FOUND_TAKEN
         return LEASE_RAN_OUT if self.expired(now) else ""
