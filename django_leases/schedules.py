@@ -167,6 +167,10 @@ def check_periodic(p: Periodic) -> None:
         _seconds("every", p.every, MIN_EVERY_SECONDS, MAX_EVERY_SECONDS)
     if not isinstance(p.timezone, str) or not p.timezone or len(p.timezone) > 100:
         _fail("timezone", f"must be an IANA time zone name, got {shown(p.timezone)}")
+    if p.timezone.lower() == "localtime":
+        # /etc/localtime, read by zoneinfo: each host's own zone, so workers on hosts set
+        # differently would tick the same schedule at different hours.
+        _fail("timezone", "'localtime' is each host's own zone: give an IANA name")
     try:
         zone = ZoneInfo(p.timezone)
     except (ZoneInfoNotFoundError, ValueError, OSError):

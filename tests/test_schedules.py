@@ -151,6 +151,7 @@ def test_each_after_a_long_cron_outage_runs_the_newest_missed_ticks():
         ({"every": True}, "every"),
         ({"every": 60, "timezone": "Mars/Olympus"}, "timezone"),
         ({"every": 60, "timezone": "../../etc/passwd"}, "timezone"),
+        ({"every": 60, "timezone": "localtime"}, "timezone"),
         ({"every": 60, "misfire": "twice"}, "misfire"),
         ({"every": 60, "misfire": "each", "misfire_limit": 0}, "misfire_limit"),
         ({"every": 60, "overlap": "queue"}, "overlap"),
