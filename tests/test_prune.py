@@ -562,3 +562,20 @@ def test_prune_keeps_a_job_whose_subclass_row_a_projects_model_holds():
     assert Job.objects.all().prune(14) == 3
     assert not Job.objects.exists() and not BillingJob.objects.exists()
     assert not LedgerJob.objects.exists()
+
+
+def test_prune_refuses_a_database_missing_a_migration_before_writing():
+    """Invariant 3: on a database that lacks one of the app's migrations, leases_prune
+    stops with the migrate command to run before it writes anything: met halfway, a
+    missing table failed the run after jobs were already deleted."""
+    old = job(JobState.SUCCEEDED, days_ago=40)
+    late = Job.objects.create(task_path=TASK, args=[1, 2])
+    Job.objects.filter(pk=late.pk).update(deadline=Now() - timedelta(days=1))
+    call_command("migrate", "django_leases", "0006", verbosity=0)
+    try:
+        with pytest.raises(CommandError, match=r"lacks django_leases migrations 0007_\w+; run:"):
+            call_command("leases_prune", "--older-than-days", "14", verbosity=0)
+    finally:
+        call_command("migrate", verbosity=0)
+    assert Job.objects.filter(pk=old.pk).exists()
+    assert Job.objects.get(pk=late.pk).state == JobState.PENDING

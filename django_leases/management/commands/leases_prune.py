@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 from django_leases.conf import MAX_INTERVAL_DAYS, checked_number, get_options, lease_backend
 from django_leases.enqueue import migrated
 from django_leases.exceptions import InvalidLeaseOption
-from django_leases.management import LeasesCommand
+from django_leases.management import LeasesCommand, require_migrated
 from django_leases.models import Job, ScheduleRun
 from django_leases.states import JobState
 
@@ -79,7 +79,10 @@ class Command(LeasesCommand):
             raise CommandError(str(e)) from e
         if batch_size < 1:
             raise CommandError(f"--batch-size must be >= 1, got {batch_size}")
+        # Checked before anything is written: a missing table met halfway would leave jobs
+        # pruned and the run reported as failed.
         with migrated(Job, lease_options.database, CommandError):
+            require_migrated(lease_options.database)
             self._prune(lease_options.database, days, include_dead, batch_size, dry_run)
 
     def _prune(

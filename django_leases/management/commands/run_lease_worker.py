@@ -18,7 +18,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from ... import conf
 from ...exceptions import InvalidLeaseOption
-from .. import LeasesCommand
+from .. import LeasesCommand, unapplied_migrations, unmigrated
 
 if TYPE_CHECKING:
     from ...worker import Worker
@@ -281,17 +281,10 @@ def _require_ready_database(database: str) -> None:
     """Refuse to start on a database that lacks django_leases's tables or columns (every
     claim would fail, and the loop would log the same error once per poll forever), or
     whose session clock is not UTC (MySQL/MariaDB: every lease would be off)."""
-    from django.db import DatabaseError, connections
-    from django.db.migrations.executor import MigrationExecutor
+    from django.db import DatabaseError
 
     try:
-        executor = MigrationExecutor(connections[database])
-        leaves = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "django_leases"]
-        missing = [
-            migration.name
-            for migration, _ in executor.migration_plan(leaves)
-            if migration.app_label == "django_leases"
-        ]
+        missing = unapplied_migrations(database)
     except DatabaseError as e:
         # Unreachable for now: the loop waits for it like for any outage.
         logging.getLogger("django_leases.worker").warning(
@@ -302,10 +295,7 @@ def _require_ready_database(database: str) -> None:
         )
         return
     if missing:
-        raise CommandError(
-            f"database {database!r} lacks django_leases migrations {', '.join(missing)}; "
-            f"run: manage.py migrate django_leases --database {database}"
-        )
+        raise unmigrated(database, missing)
     from ...checks import utc_session_problem
 
     problem = utc_session_problem(database)
