@@ -126,6 +126,7 @@ class JobActions(_JobAdminBase):
         if request.POST.get("post") == "yes":
             return None
         jobs = list(Job.objects.filter(pk__in=queryset.values("pk")).order_by("-id")[:100])
+        across = request.POST.get("select_across", "0")
         return TemplateResponse(
             request,
             "admin/django_leases/job/action_confirmation.html",
@@ -137,9 +138,16 @@ class JobActions(_JobAdminBase):
                 "action": action,
                 "jobs": jobs,
                 "total": queryset.count(),
-                "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+                # Across every page the filter in the URL is the selection, acted on again
+                # at post=yes: one id is carried, as Django asks for one to act, not every
+                # one (a page of a million ids; DATA_UPLOAD_MAX_NUMBER_FIELDS refuses more
+                # than 1,000 fields).
+                "selected": request.POST.getlist(ACTION_CHECKBOX_NAME)[:1]
+                if across == "1"
+                else [str(pk) for pk in queryset.values_list("pk", flat=True)],
                 "action_checkbox_name": ACTION_CHECKBOX_NAME,
-                "select_across": request.POST.get("select_across", "0"),
+                "select_across": across,
+                "back": request.get_full_path(),
             },
         )
 
