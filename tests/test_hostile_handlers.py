@@ -892,6 +892,29 @@ def test_a_transaction_left_open_after_the_ack_is_logged(workers, isolation):
 
 
 @workers_db
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_receiver_that_raises_system_exit_fails_no_job(workers, isolation):
+    """A project's task_started or task_finished receiver that raises SystemExit (a
+    BaseException, which Django's send_robust lets through): it is logged as
+    receiver_raised and the job keeps its outcome. It failed the job (task_finished:
+    after the handler's work was done, which then ran again at each retry) (6)."""
+    results = {
+        when: t.receiver_exits.using_lease(max_attempts=3).enqueue(_key(when), when)
+        for when in ("started", "finished")
+    }
+    worker = workers.start(
+        f"receiver-exits-{isolation}", *STEADY, "--burst", "--isolation", isolation, ready=False
+    )
+    assert worker.wait_exit(120) == 0
+    for when, result in results.items():
+        job = Job.objects.get(pk=result.id)
+        assert (job.state, job.attempts) == (JobState.SUCCEEDED, 1), when
+        assert not job.failures.exists(), when
+        assert Effect.objects.filter(key=job.args[0], phase="ran").count() == 1, when
+        assert worker.events("receiver_raised", job_id=job.pk), when
+
+
+@workers_db
 def test_a_connection_that_broke_under_a_handler_is_no_transaction_left_open():
     """(6) A handler whose connection the server cut (it caught the OperationalError and
     returned) left no work behind: Django keeps the broken connection, libpq says its

@@ -319,8 +319,14 @@ def _send(signal: Any, task: Any, task_result: TaskResult[..., Any] | None) -> N
     if task_result is None:
         return
     name = "task_started" if signal is task_started else "task_finished"
-    for receiver, response in signal.send_robust(type(task.get_backend()), task_result=task_result):
-        if not isinstance(response, Exception):
+    try:
+        responses = signal.send_robust(type(task.get_backend()), task_result=task_result)
+    except BaseException as e:  # noqa: BLE001
+        # send_robust catches Exception only: a receiver's SystemExit or KeyboardInterrupt
+        # ends the sending, with the receivers after it not called, but fails no job.
+        responses = [("a receiver (the receivers after it were not called)", e)]
+    for receiver, response in responses:
+        if not isinstance(response, BaseException):
             continue
         try:
             logger.error(

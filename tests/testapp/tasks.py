@@ -866,6 +866,26 @@ task_finished.connect(_record_hostile_signal, dispatch_uid="tests.testapp.record
 
 
 @task
+def receiver_exits(key: str, when: str) -> str:
+    """Record the run; a receiver of ``when`` ("started" or "finished") raises SystemExit."""
+    _effect(key, "ran")
+    return key
+
+
+def _exit_in_receiver(sender, task_result, signal, **kwargs) -> None:
+    """A project's receiver that raises a BaseException (SystemExit) for receiver_exits."""
+    if task_result.task.name != "receiver_exits":
+        return
+    name = "started" if signal is task_started else "finished"
+    if task_result.args[1] == name:
+        raise SystemExit(6)
+
+
+task_started.connect(_exit_in_receiver, dispatch_uid="tests.testapp.exit_in_started")
+task_finished.connect(_exit_in_receiver, dispatch_uid="tests.testapp.exit_in_finished")
+
+
+@task
 def hostile_checkpoint(key: str, cursor: object) -> str:
     """Checkpoint ``cursor``; a refusal by the database raises in the handler."""
     from django_leases.api import current_job
