@@ -893,6 +893,33 @@ def test_a_transaction_left_open_after_the_ack_is_logged(workers, isolation):
 
 @workers_db
 @pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_child_a_handler_forked_ends_where_it_leaves_the_handler(workers, isolation):
+    """A handler that forks, its child returning or raising out of it: the child ends
+    there (status 0 or 1, which its parent reads), and the job is what the parent did.
+    In process isolation the child's return was reported as the job's result (its parent
+    then raised); on a slot thread the child hung on the worker's locks, the parent's
+    waitpid never returned and the job stayed claimed, renewed forever (6, 3)."""
+    results = {
+        (name, child): getattr(t, name).using_lease(max_attempts=1).enqueue(_key(child), child)
+        for name in ("fork_then", "fork_then_async")
+        for child in ("return", "raise")
+    }
+    added = t.add.enqueue(1, 1)
+    worker = workers.start(
+        f"forks-{isolation}", *STEADY, "--burst", "--isolation", isolation, ready=False
+    )
+    assert worker.wait_exit(120) == 0, worker.log()[-3000:]
+    for (name, child), result in results.items():
+        job = Job.objects.get(pk=result.id)
+        status = 1 if child == "raise" else 0
+        assert (job.state, job.result) == (JobState.SUCCEEDED, status), (name, child)
+        effects = Effect.objects.filter(key=job.args[0]).values_list("phase", flat=True)
+        assert list(effects) == [f"child:{status}"], (name, child)
+    assert Job.objects.get(pk=added.id).result == 2
+
+
+@workers_db
+@pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_receiver_that_raises_system_exit_fails_no_job(workers, isolation):
     """A project's task_started or task_finished receiver that raises SystemExit (a
     BaseException, which Django's send_robust lets through): it is logged as

@@ -14,7 +14,9 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import time
+import traceback
 from dataclasses import replace
 from typing import Any
 
@@ -138,7 +140,7 @@ def _run(
             # is tidied after each job, not to one thread shared by every handler.
             result = async_to_sync(_run_async)(task.func, args, kwargs, link)
         else:
-            result = task.func(*args, **kwargs)
+            result = _call(task.func, args, kwargs)
     # Whatever the handler raises, BaseException included (SystemExit, KeyboardInterrupt,
     # GeneratorExit, a class of its own), fails its job, not the worker: no stop signal
     # lands here, since Python runs signal handlers on the main thread, and a handler runs
@@ -362,7 +364,44 @@ async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any], link: W
             loop.call_soon_threadsafe(inner.cancel)
 
     link.on_lost(cancel)
-    return await inner
+    parent = os.getpid()
+    try:
+        result = await inner
+    except BaseException as e:
+        _end_if_forked(parent, e)
+        raise
+    _end_if_forked(parent, None)
+    return result
+
+
+def _call(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Call a sync handler; in a process it forked that returns or raises, end there."""
+    parent = os.getpid()
+    try:
+        result = func(*args, **kwargs)
+    except BaseException as e:
+        _end_if_forked(parent, e)
+        raise
+    _end_if_forked(parent, None)
+    return result
+
+
+def _end_if_forked(parent: int, error: BaseException | None) -> None:
+    """End at once a child the handler forked (os.fork()) that came back out of it, as
+    multiprocessing ends its children: it would report the job's outcome as its parent's
+    (process isolation) or wait forever on the worker's locks, holding its sockets (a slot
+    thread). Its status tells its parent how it ended: 0 returned, 1 raised (traceback on
+    stderr), a SystemExit's code."""
+    if os.getpid() == parent:
+        return
+    code = 0
+    if isinstance(error, SystemExit):
+        code = error.code if isinstance(error.code, int) else 1
+    elif error is not None:
+        code = 1
+        with contextlib.suppress(BaseException):
+            traceback.print_exception(error)
+    os._exit(code)
 
 
 def connect_before_handler(database: str) -> Outcome | None:

@@ -866,6 +866,42 @@ task_finished.connect(_record_hostile_signal, dispatch_uid="tests.testapp.record
 
 
 @task
+def fork_then(key: str, child: str) -> int:
+    """Fork; the child returns (``return``) or raises (``raise``) out of the handler, the
+    parent waits for it, records its exit status and returns it."""
+    import os
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
+        pid = os.fork()
+    if pid == 0:
+        if child == "raise":
+            raise RuntimeError("raised in the forked child")
+        return -1
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    _effect(key, f"child:{status}")
+    return status
+
+
+@task
+async def fork_then_async(key: str, child: str) -> int:
+    """fork_then, from an async handler."""
+    import os
+
+    from asgiref.sync import sync_to_async
+
+    pid = os.fork()
+    if pid == 0:
+        if child == "raise":
+            raise RuntimeError("raised in the forked child")
+        return -1
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    await sync_to_async(_effect)(key, f"child:{status}")
+    return status
+
+
+@task
 def receiver_exits(key: str, when: str) -> str:
     """Record the run; a receiver of ``when`` ("started" or "finished") raises SystemExit."""
     _effect(key, "ran")
