@@ -919,6 +919,21 @@ def test_a_child_a_handler_forked_ends_where_it_leaves_the_handler(workers, isol
 
 
 @workers_db
+def test_a_thread_a_handler_left_running_does_not_keep_the_worker_alive(workers):
+    """A handler that starts a thread that is no daemon and never ends: Python waits for
+    it at exit, so the stopped worker ("Worker stopped") lived on forever and --burst never
+    ended. The thread gets the grace, then the process ends with its status, naming the
+    thread (threads_left); the job succeeded (6)."""
+    result = t.start_a_thread.enqueue(_key("thread"))
+    worker = workers.start("thread-left", *STEADY, "--burst", "--grace", "1", ready=False)
+    assert worker.wait_exit(60) == 0, worker.log()[-3000:]
+    job = Job.objects.get(pk=result.id)
+    assert job.state == JobState.SUCCEEDED
+    [logged] = worker.events("threads_left")
+    assert logged["threads"] == [f"left-{job.args[0]}"], logged
+
+
+@workers_db
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_receiver_that_raises_system_exit_fails_no_job(workers, isolation):
     """A project's task_started or task_finished receiver that raises SystemExit (a

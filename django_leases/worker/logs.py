@@ -41,6 +41,7 @@ EVENTS: dict[str, str] = {
     "hurried": "a second stop signal with handlers still running: the rest of the grace is "
     "skipped (signal)",
     "handlers_running": "handlers still running at the end of the grace, released anyway (jobs)",
+    "threads_left": "threads a handler started still ran a grace after the worker stopped; the process ended without them (threads)",
     "max_jobs": "the worker ran its --max-jobs",
     "burst_done": "nothing claimable under --burst; leaving",
     "thread_died": "a thread the worker needs died: releasing and exiting with status 1 (role)",
@@ -140,6 +141,7 @@ FIELDS = (
     "unchanged",
     "taken",
     "databases",
+    "threads",
 )
 
 

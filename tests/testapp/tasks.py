@@ -902,6 +902,21 @@ async def fork_then_async(key: str, child: str) -> int:
 
 
 @task
+def start_a_thread(key: str) -> str:
+    """Start a thread that is no daemon and never ends, and return."""
+    import threading
+    import time
+
+    def forever() -> None:
+        while True:
+            time.sleep(0.2)
+
+    threading.Thread(target=forever, name=f"left-{key}", daemon=False).start()
+    _effect(key, "ran")
+    return key
+
+
+@task
 def receiver_exits(key: str, when: str) -> str:
     """Record the run; a receiver of ``when`` ("started" or "finished") raises SystemExit."""
     _effect(key, "ran")

@@ -182,6 +182,7 @@ class Command(LeasesCommand):
             raise
         if worker.handlers_running():
             _end_now(status, worker)
+        _end_if_threads_linger(status, worker)
         if status:
             sys.exit(status)
 
@@ -232,6 +233,37 @@ def _exit_status(error: BaseException) -> int:
         return 1
     traceback.print_exception(error)
     return 130 if isinstance(error, KeyboardInterrupt) else 1
+
+
+def _end_if_threads_linger(status: int, worker: Worker) -> None:
+    """Python waits at exit for every thread that is not a daemon: one a handler started
+    and left looping kept a stopped worker alive forever ("Worker stopped", then nothing;
+    a second SIGTERM, or a --burst run that never ended). Such threads get the grace to
+    end; then the process ends without them, naming them. A normal exit that comes first
+    (every thread done, the exit hooks running) disarms it."""
+    exiting = threading.Event()
+    atexit.register(exiting.set)  # run after Python has joined the threads
+
+    def linger() -> None:
+        if exiting.is_set():
+            return
+        main = threading.main_thread()
+        names = [
+            t.name for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()
+        ]
+        with contextlib.suppress(Exception):
+            logging.getLogger("django_leases.worker").warning(
+                "Threads a handler started still run %s s after the worker stopped: %s; "
+                "ending the process without them",
+                worker.grace,
+                ", ".join(names),
+                extra={"event": "threads_left", "threads": names},
+            )
+        _end_now(status, worker)
+
+    timer = threading.Timer(max(worker.grace, 1.0), linger)
+    timer.daemon = True
+    timer.start()
 
 
 def _end_now(status: int, worker: Worker) -> None:
