@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any, cast
 from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import FieldDoesNotExist
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
+from django.db.models import JSONField, QuerySet
+from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest
 from django.utils.functional import cached_property
 from django.utils.translation import gettext_lazy as _
@@ -124,10 +126,17 @@ class LeaseAdminPaginator(_JobPaginatorBase):
         return super().get_elided_page_range(page, on_each_side=on_each_side, on_ends=on_ends)
 
 
+# What a filter in the address may ask of a column: its value, a range of values, or none.
+PLAIN_LOOKUPS = frozenset({"exact", "in", "isnull", "gt", "gte", "lt", "lte", "range"})
+
+
 class TextFilterChangeList(ChangeList):
-    """Refuses a filter value with a NUL in it as Django's admin refuses a bad lookup (the
-    list again, "?e=1"): PostgreSQL cannot hold NUL in text, so ``?queue_name=%00`` was a
-    DataError, and a 500, when the page was read."""
+    """Refuses, as Django's admin refuses a bad lookup (the list again, "?e=1"), a filter
+    value with a NUL in it (PostgreSQL cannot hold NUL in text: ``?queue_name=%00`` was a
+    DataError, and a 500), and a filter on a column by anything but its value
+    (PLAIN_LOOKUPS): Django takes any lookup on a model's own field, so
+    ``?claimed_by__regex=(`` was a 500 and ``?args__contains=`` or ``?task_path__icontains=``
+    a read of every job at each page."""
 
     def get_filters_params(self, params: Any = None) -> Any:
         lookup_params = super().get_filters_params(params)
@@ -135,7 +144,18 @@ class TextFilterChangeList(ChangeList):
             values = values if isinstance(values, list | tuple) else [values]
             if "\x00" in key or any("\x00" in str(v) for v in values):
                 raise IncorrectLookupParameters(f"a NUL character in filter {key!r}")
+            if not self._plain(key):
+                raise IncorrectLookupParameters(f"filter {key!r} asks more than a value")
         return lookup_params
+
+    def _plain(self, key: str) -> bool:
+        """A list filter's own parameter (no column of that name), or a column's value."""
+        name, _, lookup = key.partition(LOOKUP_SEP)
+        try:
+            field = self.model._meta.get_field(name)
+        except FieldDoesNotExist:
+            return True  # a SimpleListFilter's parameter, or refused by Django itself
+        return not isinstance(field, JSONField) and (not lookup or lookup in PLAIN_LOOKUPS)
 
 
 class SortableByOnlyChangeList(TextFilterChangeList):
