@@ -243,6 +243,7 @@ def _end_if_threads_linger(status: int, worker: Worker) -> None:
     (every thread done, the exit hooks running) disarms it."""
     exiting = threading.Event()
     atexit.register(exiting.set)  # run after Python has joined the threads
+    wait = max(worker.grace, 1.0)
 
     def linger() -> None:
         if exiting.is_set():
@@ -255,13 +256,13 @@ def _end_if_threads_linger(status: int, worker: Worker) -> None:
             logging.getLogger("django_leases.worker").warning(
                 "Threads a handler started still run %s s after the worker stopped: %s; "
                 "ending the process without them",
-                worker.grace,
+                wait,
                 ", ".join(names),
                 extra={"event": "threads_left", "threads": names},
             )
         _end_now(status, worker)
 
-    timer = threading.Timer(max(worker.grace, 1.0), linger)
+    timer = threading.Timer(wait, linger)
     timer.daemon = True
     timer.start()
 
