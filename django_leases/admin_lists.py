@@ -126,8 +126,10 @@ class LeaseAdminPaginator(_JobPaginatorBase):
         return super().get_elided_page_range(page, on_each_side=on_each_side, on_ends=on_ends)
 
 
-# What a filter in the address may ask of a column: its value, a range of values, or none.
-PLAIN_LOOKUPS = frozenset({"exact", "in", "isnull", "gt", "gte", "lt", "lte", "range"})
+# What a filter in the address may ask of a column: its value, a range of values, none, or
+# empty (EmptyFieldListFilter's); of a date, also a part of it (date_hierarchy's).
+PLAIN_LOOKUPS = frozenset({"exact", "in", "isnull", "isempty", "gt", "gte", "lt", "lte", "range"})
+DATE_PARTS = frozenset({"date", "year", "month", "day", "week", "week_day", "quarter"})
 
 
 class TextFilterChangeList(ChangeList):
@@ -149,13 +151,28 @@ class TextFilterChangeList(ChangeList):
         return lookup_params
 
     def _plain(self, key: str) -> bool:
-        """A list filter's own parameter (no column of that name), or a column's value."""
-        name, _, lookup = key.partition(LOOKUP_SEP)
-        try:
-            field = self.model._meta.get_field(name)
-        except FieldDoesNotExist:
-            return True  # a SimpleListFilter's parameter, or refused by Django itself
-        return not isinstance(field, JSONField) and (not lookup or lookup in PLAIN_LOOKUPS)
+        return plain_lookup(self.model, key)
+
+
+def plain_lookup(model: Any, key: str) -> bool:
+    """Whether filter ``key`` asks no more of ``model``'s columns than PLAIN_LOOKUPS: a
+    list filter's own parameter (no field of that name) is; a relation's is judged on the
+    related model; a JSON field never is (its lookups read every row)."""
+    name, _sep, rest = key.partition(LOOKUP_SEP)
+    try:
+        field = model._meta.pk if name == "pk" else model._meta.get_field(name)
+    except FieldDoesNotExist:
+        return True  # a SimpleListFilter's parameter, or refused by Django itself
+    if isinstance(field, JSONField):
+        return False
+    if not rest:
+        return True
+    if field.is_relation and field.related_model is not None:
+        head = rest.partition(LOOKUP_SEP)[0]
+        if head not in PLAIN_LOOKUPS:
+            return plain_lookup(field.related_model, rest)
+    *parts, last = rest.split(LOOKUP_SEP)
+    return all(part in DATE_PARTS for part in parts) and last in PLAIN_LOOKUPS | DATE_PARTS
 
 
 class SortableByOnlyChangeList(TextFilterChangeList):

@@ -894,15 +894,16 @@ def test_a_transaction_left_open_after_the_ack_is_logged(workers, isolation):
 @workers_db
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_child_a_handler_forked_ends_where_it_leaves_the_handler(workers, isolation):
-    """A handler that forks, its child returning or raising out of it: the child ends
-    there (status 0 or 1, which its parent reads), and the job is what the parent did.
+    """A handler that forks, its child returning, raising or calling sys.exit() out of it:
+    the child ends there with the status Python's exit would give (which its parent reads:
+    sys.exit() is 0, not 1), and the job is what the parent did.
     In process isolation the child's return was reported as the job's result (its parent
     then raised); on a slot thread the child hung on the worker's locks, the parent's
     waitpid never returned and the job stayed claimed, renewed forever (6, 3)."""
     results = {
         (name, child): getattr(t, name).using_lease(max_attempts=1).enqueue(_key(child), child)
         for name in ("fork_then", "fork_then_async")
-        for child in ("return", "raise")
+        for child in ("return", "raise", "exit", "exit3")
     }
     added = t.add.enqueue(1, 1)
     worker = workers.start(
@@ -911,7 +912,7 @@ def test_a_child_a_handler_forked_ends_where_it_leaves_the_handler(workers, isol
     assert worker.wait_exit(120) == 0, worker.log()[-3000:]
     for (name, child), result in results.items():
         job = Job.objects.get(pk=result.id)
-        status = 1 if child == "raise" else 0
+        status = {"return": 0, "raise": 1, "exit": 0, "exit3": 3}[child]
         assert (job.state, job.result) == (JobState.SUCCEEDED, status), (name, child)
         effects = Effect.objects.filter(key=job.args[0]).values_list("phase", flat=True)
         assert list(effects) == [f"child:{status}"], (name, child)
@@ -931,6 +932,47 @@ def test_a_thread_a_handler_left_running_does_not_keep_the_worker_alive(workers)
     assert job.state == JobState.SUCCEEDED
     [logged] = worker.events("threads_left")
     assert logged["threads"] == [f"left-{job.args[0]}"], logged
+
+
+@workers_db
+def test_run_lease_worker_called_in_a_projects_process_leaves_it_running():
+    """A project's own code (a script, a test, a command of its own) that runs the worker
+    with call_command() goes on after it returns, its own threads too: the end of a
+    stopped worker's process (threads_left) is run_lease_worker's own process's alone (an
+    earlier version ended any caller's process a grace later, with status 0) (6)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.worker_helpers import ROOT
+
+    job = t.add.enqueue(2, 2)
+    script = (
+        "import threading, time, django\n"
+        "django.setup()\n"
+        "from django.core.management import call_command\n"
+        "threading.Thread(target=time.sleep, args=(3,), name='callers-own').start()\n"
+        "call_command('run_lease_worker', '--burst', '--grace', '0', '-v', '0')\n"
+        "time.sleep(2.5)\n"
+        "print('the caller went on')\n"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+        "LEASES_WORKER_DB_NAME": connection.settings_dict["NAME"],
+        "PYTHONPATH": str(ROOT),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (run.returncode, run.stdout) == (0, "the caller went on\n"), run.stderr[-3000:]
+    assert "threads_left" not in run.stderr and "Threads still run" not in run.stderr
+    assert Job.objects.get(pk=job.id).result == 4
 
 
 @workers_db
@@ -995,6 +1037,44 @@ def test_a_connection_that_broke_under_a_handler_is_no_transaction_left_open():
     cut.set()
     thread.join(30)
     assert seen[1:] == ["cut", True, []]
+
+
+@workers_db
+def test_a_mariadb_connection_that_broke_cannot_say_it_is_in_a_transaction():
+    """(6) With autocommit off, MariaDB is asked @@in_transaction after a job; on a
+    connection the server cut, that query raised, aborting the tidy-up before it closed the
+    broken connection (every later job on the slot failed). It cannot tell (None): no
+    work to fail the job for, and the tidy-up closes it."""
+    if connection.vendor != "mysql" or not connection.mysql_is_mariadb:
+        pytest.skip("@@in_transaction is MariaDB's")
+    from django.db import connections
+
+    from django_leases.worker.running import _in_transaction, left_in_transaction
+
+    started, cut, seen = threading.Event(), threading.Event(), []
+
+    def handler():
+        conn = connections["default"]
+        try:
+            conn.set_autocommit(False)
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT CONNECTION_ID()")
+                seen.append(cursor.fetchone()[0])
+            started.set()
+            cut.wait(30)
+            seen.append(_in_transaction(conn))
+            seen.append(left_in_transaction(conn))
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=handler)
+    thread.start()
+    assert started.wait(30)
+    with connection.cursor() as cursor:
+        cursor.execute(f"KILL {int(seen[0])}")
+    cut.set()
+    thread.join(30)
+    assert seen[1:] == [None, True]
 
 
 # -- a row holding a retry ladder nothing can read --------------------------------------

@@ -16,7 +16,7 @@ import inspect
 import logging
 import os
 import time
-import traceback
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -38,6 +38,7 @@ from ..storable import (
 )
 from .claims import Kind, Outcome
 from .dberrors import DB_ERRORS
+from .shutdown import exit_status
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -140,7 +141,8 @@ def _run(
             # is tidied after each job, not to one thread shared by every handler.
             result = async_to_sync(_run_async)(task.func, args, kwargs, link)
         else:
-            result = _call(task.func, args, kwargs)
+            with _forked_children_end_here():
+                result = task.func(*args, **kwargs)
     # Whatever the handler raises, BaseException included (SystemExit, KeyboardInterrupt,
     # GeneratorExit, a class of its own), fails its job, not the worker: no stop signal
     # lands here, since Python runs signal handlers on the main thread, and a handler runs
@@ -356,7 +358,7 @@ def _send(signal: Any, task: Any, task_result: TaskResult[..., Any] | None) -> N
 async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any], link: WorkerLink) -> Any:
     """Await the handler in a task that is cancelled as soon as the claim is lost."""
     loop = asyncio.get_running_loop()
-    inner = asyncio.ensure_future(func(*args, **kwargs))
+    inner = asyncio.ensure_future(_forked_children_end_in(func(*args, **kwargs)))
 
     def cancel() -> None:
         # RuntimeError: the loop already closed, the handler finished first.
@@ -364,43 +366,41 @@ async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any], link: W
             loop.call_soon_threadsafe(inner.cancel)
 
     link.on_lost(cancel)
+    return await inner
+
+
+async def _forked_children_end_in(handler: Any) -> Any:
+    """Await the handler inside its task: a SystemExit leaves an asyncio task through
+    the event loop, not through what awaits the task, so a forked child is ended here."""
+    with _forked_children_end_here():
+        return await handler
+
+
+@contextlib.contextmanager
+def _forked_children_end_here() -> Iterator[None]:
+    """Around the handler: a process it forked that returns or raises out of it ends."""
     parent = os.getpid()
     try:
-        result = await inner
+        yield
     except BaseException as e:
         _end_if_forked(parent, e)
         raise
     _end_if_forked(parent, None)
-    return result
-
-
-def _call(func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    """Call a sync handler; in a process it forked that returns or raises, end there."""
-    parent = os.getpid()
-    try:
-        result = func(*args, **kwargs)
-    except BaseException as e:
-        _end_if_forked(parent, e)
-        raise
-    _end_if_forked(parent, None)
-    return result
 
 
 def _end_if_forked(parent: int, error: BaseException | None) -> None:
     """End at once a child the handler forked (os.fork()) that came back out of it, as
     multiprocessing ends its children: it would report the job's outcome as its parent's
     (process isolation) or wait forever on the worker's locks, holding its sockets (a slot
-    thread). Its status tells its parent how it ended: 0 returned, 1 raised (traceback on
-    stderr), a SystemExit's code."""
+    thread). Its status tells its parent how it ended, as Python's exit would: 0 returned,
+    a SystemExit's code, 1 raised (the traceback on stderr)."""
     if os.getpid() == parent:
         return
     code = 0
-    if isinstance(error, SystemExit):
-        code = error.code if isinstance(error.code, int) else 1
-    elif error is not None:
-        code = 1
+    if error is not None:
         with contextlib.suppress(BaseException):
-            traceback.print_exception(error)
+            code = 1
+            code = exit_status(error)
     os._exit(code)
 
 
@@ -452,10 +452,11 @@ def left_in_transaction(conn: Any) -> bool:
 
 def _in_transaction(conn: Any) -> bool | None:
     """What the driver says of ``conn``'s transaction: True open, False none, None when
-    it cannot tell (a PostgreSQL connection that broke). SQLite and libpq keep the status
-    on the connection; MariaDB answers ``@@in_transaction`` (set by a write or a
-    ``START TRANSACTION``, asked only with autocommit off: one query where a handler turned
-    it off); MySQL has no such answer, so autocommit off counts as open there."""
+    it cannot tell (a connection that broke). SQLite and libpq keep the status on the
+    connection; MariaDB answers ``@@in_transaction`` (set by a write or a ``START
+    TRANSACTION``), asked only with autocommit off: one query after a job whose handler
+    turned it off, or after every job on an ``AUTOCOMMIT: False`` alias. MySQL has no such
+    answer, so autocommit off counts as open there."""
     raw = conn.connection
     if conn.vendor == "sqlite":
         return bool(raw.in_transaction)
@@ -467,9 +468,13 @@ def _in_transaction(conn: Any) -> bool | None:
         return False
     if not conn.mysql_is_mariadb:
         return True
-    with conn.cursor() as cursor:
-        cursor.execute("SELECT @@in_transaction")
-        return bool(cursor.fetchone()[0])
+    # On the driver's own cursor: no execute_wrapper of the project's, no DEBUG query log.
+    try:
+        with raw.cursor() as cursor:
+            cursor.execute("SELECT @@in_transaction")
+            return bool(cursor.fetchone()[0])
+    except Exception:  # noqa: BLE001 -- a connection that broke cannot tell
+        return None
 
 
 # libpq's transaction statuses, the same numbers in psycopg 3 and psycopg2: IDLE, then

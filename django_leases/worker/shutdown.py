@@ -11,7 +11,9 @@ are restored afterwards.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+import traceback
 from typing import Any
 
 from .waker import Waker
@@ -54,3 +56,16 @@ class StopRequest:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+
+
+def exit_status(error: BaseException) -> int:
+    """The status Python would end with for ``error`` uncaught, printing what it would
+    (130 for Ctrl-C, as a shell reports Python's death by SIGINT): for a worker that ends
+    at once, and for a child a handler forked that raised out of it."""
+    if isinstance(error, SystemExit):
+        if error.code is None or isinstance(error.code, int):
+            return error.code or 0
+        sys.stderr.write(f"{error.code}\n")
+        return 1
+    traceback.print_exception(error)
+    return 130 if isinstance(error, KeyboardInterrupt) else 1

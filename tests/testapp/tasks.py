@@ -876,12 +876,22 @@ def fork_then(key: str, child: str) -> int:
         warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
         pid = os.fork()
     if pid == 0:
-        if child == "raise":
-            raise RuntimeError("raised in the forked child")
+        _child_leaves(child)
         return -1
     status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     _effect(key, f"child:{status}")
     return status
+
+
+def _child_leaves(how: str) -> None:
+    """How a forked child leaves the handler: ``return``, ``raise``, ``exit`` (sys.exit()),
+    or ``exit3`` (sys.exit(3))."""
+    import sys
+
+    if how == "raise":
+        raise RuntimeError("raised in the forked child")
+    if how.startswith("exit"):
+        sys.exit(int(how[4:]) if how[4:] else None)
 
 
 @task
@@ -893,8 +903,7 @@ async def fork_then_async(key: str, child: str) -> int:
 
     pid = os.fork()
     if pid == 0:
-        if child == "raise":
-            raise RuntimeError("raised in the forked child")
+        _child_leaves(child)
         return -1
     status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     await sync_to_async(_effect)(key, f"child:{status}")

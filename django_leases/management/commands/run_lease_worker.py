@@ -11,13 +11,14 @@ import os
 import signal
 import sys
 import threading
-import traceback
+import time
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import CommandError, CommandParser
 
 from ... import conf
 from ...exceptions import InvalidLeaseOption
+from ...worker.shutdown import exit_status
 from .. import LeasesCommand, unapplied_migrations, unmigrated
 
 if TYPE_CHECKING:
@@ -178,11 +179,13 @@ class Command(LeasesCommand):
             status = worker.run()
         except BaseException as e:
             if worker.handlers_running():
-                _end_now(_exit_status(e), worker)
+                _end_now(exit_status(e), worker)
             raise
         if worker.handlers_running():
             _end_now(status, worker)
-        _end_if_threads_linger(status, worker)
+        # Its own process (run_from_argv), not a project's call_command(), which goes on.
+        if getattr(self, "_called_from_command_line", False):
+            _end_if_threads_linger(status, worker)
         if status:
             sys.exit(status)
 
@@ -223,48 +226,32 @@ def _option_help(name: str, default: str) -> str:
 EXIT_HOOKS_SECONDS = 2.0
 
 
-def _exit_status(error: BaseException) -> int:
-    """The status Python would end with for ``error`` uncaught, printing what it would
-    (130 for Ctrl-C, as a shell reports Python's death by SIGINT)."""
-    if isinstance(error, SystemExit):
-        if error.code is None or isinstance(error.code, int):
-            return error.code or 0
-        sys.stderr.write(f"{error.code}\n")
-        return 1
-    traceback.print_exception(error)
-    return 130 if isinstance(error, KeyboardInterrupt) else 1
-
-
 def _end_if_threads_linger(status: int, worker: Worker) -> None:
     """Python waits at exit for every thread that is not a daemon: one a handler started
-    and left looping kept a stopped worker alive forever ("Worker stopped", then nothing;
-    a second SIGTERM, or a --burst run that never ended). Such threads get the grace to
-    end; then the process ends without them, naming them. A normal exit that comes first
-    (every thread done, the exit hooks running) disarms it."""
-    exiting = threading.Event()
-    atexit.register(exiting.set)  # run after Python has joined the threads
+    (``daemon=False``) and left looping kept a stopped worker alive forever ("Worker
+    stopped", then nothing; a second SIGTERM, or a --burst run that never ended). Such
+    threads get the grace to end; then the process ends without them, naming them."""
     wait = max(worker.grace, 1.0)
+    deadline = time.monotonic() + wait
+    for thread in _threads_python_waits_for():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    names = [thread.name for thread in _threads_python_waits_for()]
+    if not names:
+        return
+    with contextlib.suppress(Exception):
+        logging.getLogger("django_leases.worker").warning(
+            "Threads still run %s s after the worker stopped: %s; ending the process without them",
+            wait,
+            ", ".join(names),
+            extra={"event": "threads_left", "threads": names},
+        )
+    _end_now(status, worker)
 
-    def linger() -> None:
-        if exiting.is_set():
-            return
-        main = threading.main_thread()
-        names = [
-            t.name for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()
-        ]
-        with contextlib.suppress(Exception):
-            logging.getLogger("django_leases.worker").warning(
-                "Threads a handler started still run %s s after the worker stopped: %s; "
-                "ending the process without them",
-                wait,
-                ", ".join(names),
-                extra={"event": "threads_left", "threads": names},
-            )
-        _end_now(status, worker)
 
-    timer = threading.Timer(wait, linger)
-    timer.daemon = True
-    timer.start()
+def _threads_python_waits_for() -> list[threading.Thread]:
+    """The threads besides this one that Python would join at exit: alive, no daemon."""
+    current = threading.current_thread()
+    return [t for t in threading.enumerate() if t is not current and not t.daemon and t.is_alive()]
 
 
 def _end_now(status: int, worker: Worker) -> None:
