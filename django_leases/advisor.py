@@ -143,7 +143,11 @@ def advise(
     )
     if len(durations) < min_samples:
         advice.findings.append(
-            Finding(FEW, f"only {len(durations)} finished jobs; judging needs {min_samples}")
+            Finding(
+                FEW,
+                f"only {len(durations)} finished job{'' if len(durations) == 1 else 's'}; "
+                f"judging needs {min_samples}",
+            )
         )
         return advice
     if lease < p999 * headroom:

@@ -389,3 +389,25 @@ def test_a_workers_records_each_name_a_listed_event(workers):
     assert {"started", "claimed", "acked", "failed", "renewed", "stopping", "released"} <= seen
     assert {"task_running", "task_successful", "task_failed", "stopped"} <= seen
     assert w.events("released", job_id=held.id, fence=1, worker="events-a")
+
+
+def test_a_task_line_with_no_exception_prints_no_empty_traceback():
+    """Django 6.0 (the oldest Django supported) logs every finished task with
+    ``exc_info=sys.exc_info()``: with no exception, a "NoneType: None" line under each
+    success, and an ``exc_info`` field in every JSON line. The worker's filter drops it."""
+    import logging
+
+    from django_leases.worker.logs import TaskSignalFields
+
+    record = logging.LogRecord(
+        "django.tasks",
+        logging.INFO,
+        __file__,
+        1,
+        "Task id=%s path=%s state=%s",
+        ("7", "tests.testapp.tasks.add", "SUCCESSFUL"),
+        (None, None, None),
+    )
+    assert TaskSignalFields().filter(record)
+    assert record.exc_info is None
+    assert "NoneType" not in logging.Formatter().format(record)

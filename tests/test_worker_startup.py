@@ -72,6 +72,33 @@ def test_sigterm_while_waiting_for_the_database_exits_0(workers, down_database):
     assert (job_of(result).state, job_of(result).attempts) == (JobState.PENDING, 0)
 
 
+@over_tcp
+def test_a_stop_while_the_database_is_down_ends_within_its_bound_with_status_1(
+    workers, down_database
+):
+    """SIGTERM with a handler running and the database gone: the last writes (the
+    release, the worker row) are retried for LAST_WRITES_SECONDS, not five backed-off
+    tries each (the grace + 41 s, past any process manager's stop timeout), and the
+    status is 1: the job could not be released and stays claimed until its lease ends,
+    which a process manager should see (3)."""
+    from tests.testapp.models import Effect
+    from tests.testapp.tasks import stubborn
+
+    down_database.heal()
+    key = f"down-stop-{uuid.uuid4().hex[:8]}"
+    result = stubborn.enqueue(key, 60)
+    env = {"LEASES_WORKER_DB_PORT": str(down_database.port)}
+    w = workers.start(
+        "down-stop", "--lease", "30", "--heartbeat", "2", "--grace", "1", env_extra=env
+    )
+    wait_for(lambda: Effect.objects.filter(key=key).exists(), 30, "the handler to start")
+    down_database.cut()
+    w.signal(signal.SIGTERM)
+    assert w.wait_exit(timeout=25) == 1, w.log()[-3000:]
+    assert w.events("release_failed", job_id=int(result.id)), w.log()[-3000:]
+    assert job_of(result).state == JobState.CLAIMED
+
+
 @contextlib.contextmanager
 def limited_role(limit: int):
     """A login role of its own with CONNECTION LIMIT ``limit`` and the rights the worker

@@ -237,7 +237,8 @@ RESULT_SET = (
 def test_an_outcome_the_database_never_took_is_not_released_at_a_stop(workers):
     """Invariants 3 and 4: the handler succeeded but its ack met a database outage; a stop
     before the database answers must not release the job to run again before its lease
-    ends: the worker keeps trying the ack, then leaves the claim to expire."""
+    ends: the worker keeps trying the ack, then leaves the claim to expire, and exits 1 for
+    the process manager to see a job left claimed."""
     result = add.enqueue(2, 3)
     a = workers.start(
         "unsent-a",
@@ -250,7 +251,7 @@ def test_an_outcome_the_database_never_took_is_not_released_at_a_stop(workers):
     )
     a.wait_event("db_trouble", timeout=20, worker="unsent-a")
     a.signal(signal.SIGTERM)
-    assert a.wait_exit(60) == 0
+    assert a.wait_exit(60) == 1
     log = a.log()
     job = job_of(result)
     assert (job.state, job.attempts, job.claimed_by) == (JobState.CLAIMED, 1, "unsent-a"), log[
@@ -288,7 +289,7 @@ def test_a_handler_waking_the_loop_after_it_closed_writes_into_no_file_opened_si
 def test_a_worker_ending_at_once_after_an_error_ends_as_python_would(capsys):
     """When run() raises with handlers still running, run_lease_worker ends at once with
     the status, and the output, Python's own exit would have given the error."""
-    from django_leases.management.commands.run_lease_worker import _exit_status
+    from django_leases.worker.shutdown import exit_status as _exit_status
 
     assert [_exit_status(SystemExit(code)) for code in (None, 0, 3)] == [0, 0, 3]
     assert _exit_status(SystemExit("no database")) == 1

@@ -166,6 +166,10 @@ class TaskSignalFields(logging.Filter):
     lines (-v 2) would. Leaves any other record alone."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == TASKS_LOGGER and record.exc_info == (None, None, None):
+            # Django 6.0 logs every finished task with exc_info=sys.exc_info(), printed
+            # as "NoneType: None" under each success (6.0.x later and 6.1 pass None).
+            record.exc_info = None
         if record.name == TASKS_LOGGER and not hasattr(record, "event"):
             args: tuple[Any, ...] = record.args if isinstance(record.args, tuple) else ()
             if len(args) >= 3 and str(record.msg).startswith("Task id="):

@@ -599,9 +599,14 @@ class Worker(Stopping):
             thread.start()
         return threads
 
-    def _db_trouble(self, what: str, error: Exception, *, wait: bool = True) -> None:
-        """Log, drop the broken connection, back off; the next call reconnects."""
+    def _db_trouble(
+        self, what: str, error: Exception, *, wait: bool = True, most: float | None = None
+    ) -> None:
+        """Log, drop the broken connection, back off (``most`` seconds at most); the next
+        call reconnects."""
         delay = self._backoff.next()
+        if most is not None:
+            delay = max(0.0, min(delay, most))
         said = first_line(error)
         logger.warning(
             "Database trouble during %s worker=%s error=%s; retrying in %.1fs",

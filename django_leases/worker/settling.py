@@ -59,7 +59,9 @@ class Settling:
         _done: queue.SimpleQueue[tuple[Claim, Outcome]]
         _unsent: list[tuple[Claim, Outcome]]
 
-        def _db_trouble(self, what: str, error: Exception, *, wait: bool = True) -> None: ...
+        def _db_trouble(
+            self, what: str, error: Exception, *, wait: bool = True, most: float | None = None
+        ) -> None: ...
 
     def _settle(self, *, hold_acks: bool = False) -> list[tuple[Claim, Outcome]]:
         """Write what the handlers came back with: an outbox of (claim, outcome), those just
@@ -264,7 +266,7 @@ class Settling:
             )
         else:
             logger.info(
-                "Failed job=%s fence=%s worker=%s attempt=%s error=%s: %s; retrying in %gs",
+                "Failed job=%s fence=%s worker=%s attempt=%s error=%s: %s; retrying in %.1fs",
                 claim.pk,
                 claim.job.fence,
                 self.worker_id,

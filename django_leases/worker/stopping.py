@@ -32,9 +32,17 @@ logger = logging.getLogger("django_leases.worker")
 # their jobs are released anyway (a thread cannot be killed; it ends with the process).
 RELEASE_NOTICE_SECONDS = 1.0
 
+# How long the last writes (outcomes, releases, the worker row) are retried through a
+# database outage once the grace is over: a stop stays within what a process manager's
+# stop timeout allows (the grace plus a few seconds), not five backed-off tries per write.
+LAST_WRITES_SECONDS = 8.0
+
 
 class Stopping(Settling):
     """Worker's shutdown: what run() does once the loop has ended."""
+
+    # Until when (time.monotonic()) the last writes are retried; None before the stop.
+    _writes_until: float | None = None
 
     def handlers_running(self) -> bool:
         """Whether a handler still runs now that run() has returned: told to stop and deaf
@@ -67,10 +75,12 @@ class Stopping(Settling):
         def _release_unconnected(self) -> None: ...
 
     def _shutdown(self) -> int:
-        """Let handlers finish within the grace; then tell the rest to stop, mark the worker
-        stopped and release their jobs, in that order: every other write comes first, so a
+        """Let handlers finish within the grace; then tell the rest to stop, write what
+        came back, mark the worker stopped and release their jobs, in that order, within
+        LAST_WRITES_SECONDS of database trouble: every other write comes first, so a
         handler the process cannot kill (a thread) runs on after its job is released only
-        until the process exits, right after. 1 if a vital thread died, else 0."""
+        until the process exits, right after. 1 if a vital thread died or a last write
+        never went (a job left claimed until its lease ends), else 0."""
         dead = self._dead_thread()
         if dead is not None:
             self._log_death(dead)
@@ -111,20 +121,30 @@ class Stopping(Settling):
             )
         self._settle()
         unfinished = self._tell_to_stop()
-        self._settle_before_exit()
+        self._writes_until = time.monotonic() + LAST_WRITES_SECONDS
+        unwritten = self._settle_before_exit()
+        # Tried once: the row's heartbeat going stale says as much, and the releases are
+        # what the time is kept for.
         self._call_until_done(
             "mark stopped",
             lambda: self.WorkerProcess.objects.using(self.database).stopped(
                 self.worker_id, self.instance
             ),
+            tries=1,
         )
-        self._release_all(unfinished)
+        unwritten += self._release_all(unfinished)
         logger.info(
             "Worker stopped worker=%s",
             self.worker_id,
             extra={"event": "stopped", "worker": self.worker_id},
         )
-        return 0 if dead is None else 1
+        return 0 if dead is None and not unwritten else 1
+
+    def _may_retry(self) -> bool:
+        """Whether a last write that met database trouble is tried again (and waited for):
+        not after a second signal, nor past LAST_WRITES_SECONDS."""
+        until = self._writes_until
+        return not self.stop_request.hurry and (until is None or time.monotonic() < until)
 
     def _log_death(self, thread: VitalThread) -> None:
         consequence = (
@@ -180,16 +200,19 @@ class Stopping(Settling):
             )
         return claims
 
-    def _settle_before_exit(self, tries: int = 5) -> None:
+    def _settle_before_exit(self, tries: int = 5) -> int:
         """Write the outcomes the handlers came back with, retried through database trouble
-        as a release is; one never sent leaves its job claimed until the lease ends."""
+        as a release is; one never sent leaves its job claimed until the lease ends. The
+        number never sent."""
         for _ in range(tries):
             self._settle()
-            if not self._unsent or self.stop_request.hurry:
+            if not self._unsent or not self._may_retry():
                 break
+        unsent = 0
         for claim, _ in self._unsent:
             if claim.state == RELEASING:
                 continue  # its ack never went (finish_released()): released, as it was to be
+            unsent += 1
             self.book.forget(claim)
             logger.error(
                 "Could not write the outcome of job=%s fence=%s worker=%s: the database is "
@@ -200,14 +223,18 @@ class Stopping(Settling):
                 extra=claim_fields(claim.job, self.worker_id, "outcome_unsent"),
             )
         self._unsent = []
+        return unsent
 
-    def _release_all(self, claims: list[Claim]) -> None:
+    def _release_all(self, claims: list[Claim]) -> int:
+        """Release the jobs of ``claims``; the number that could not be."""
+        failed = 0
         for claim in claims:
             if claim.acked or claim.state != RELEASING:
                 # Its handler acknowledged it meanwhile (fenced(ack=True)), or returned a
                 # result that was acknowledged (finish_released()).
                 continue
             if self._call_until_done("release", lambda c=claim: self._release(c)) is None:
+                failed += 1
                 self.book.forget(claim)
                 logger.error(
                     "Could not release job=%s fence=%s worker=%s: the database is "
@@ -217,10 +244,14 @@ class Stopping(Settling):
                     self.worker_id,
                     extra=claim_fields(claim.job, self.worker_id, "release_failed"),
                 )
+        return failed
 
     def _call_until_done(self, what: str, call: Any, tries: int = 5) -> Any:
-        """Retry ``call`` through database trouble a few times; None if it never went."""
-        for _ in range(tries):
+        """Retry ``call`` through database trouble a few times, while _may_retry(); None
+        if it never went."""
+        for attempt in range(tries):
+            if attempt and not self._may_retry():
+                return None
             try:
                 return call()
             except DB_ERRORS as e:
@@ -237,5 +268,7 @@ class Stopping(Settling):
                         },
                     )
                     return None
-                self._db_trouble(what, e, wait=not self.stop_request.hurry)
+                until = self._writes_until
+                most = None if until is None else until - time.monotonic()
+                self._db_trouble(what, e, wait=self._may_retry(), most=most)
         return None
