@@ -63,6 +63,10 @@ class Settling:
             self, what: str, error: Exception, *, wait: bool = True, most: float | None = None
         ) -> None: ...
 
+    def _last_writes_left(self) -> float | None:
+        """At a stop, the seconds left to write (stopping.py); None while running."""
+        return None
+
     def _settle(self, *, hold_acks: bool = False) -> list[tuple[Claim, Outcome]]:
         """Write what the handlers came back with: an outbox of (claim, outcome), those just
         returned and those a database outage left unsent. The acks go out in one statement,
@@ -90,7 +94,7 @@ class Settling:
             for claim, _ in unsent.values():
                 claim.finish_failed()
             self._unsent = list(unsent.values())
-            self._db_trouble("acknowledge", e)
+            self._db_trouble("acknowledge", e, most=self._last_writes_left())
             return []
         return oks if hold_acks else []
 

@@ -119,9 +119,9 @@ class Stopping(Settling):
                     "signal": self.stop_request.signal_name,
                 },
             )
+        self._writes_until = time.monotonic() + LAST_WRITES_SECONDS
         self._settle()
         unfinished = self._tell_to_stop()
-        self._writes_until = time.monotonic() + LAST_WRITES_SECONDS
         unwritten = self._settle_before_exit()
         # Tried once: the row's heartbeat going stale says as much, and the releases are
         # what the time is kept for.
@@ -141,10 +141,15 @@ class Stopping(Settling):
         return 0 if dead is None and not unwritten else 1
 
     def _may_retry(self) -> bool:
-        """Whether a last write that met database trouble is tried again (and waited for):
-        not after a second signal, nor past LAST_WRITES_SECONDS."""
+        """Whether a last write that met database trouble is tried again: not past
+        LAST_WRITES_SECONDS (after a second signal too, but at once, with no back-off)."""
         until = self._writes_until
-        return not self.stop_request.hurry and (until is None or time.monotonic() < until)
+        return until is None or time.monotonic() < until
+
+    def _last_writes_left(self) -> float | None:
+        """Seconds left to the last writes (None before the stop): no back-off waits longer."""
+        until = self._writes_until
+        return None if until is None else max(0.0, until - time.monotonic())
 
     def _log_death(self, thread: VitalThread) -> None:
         consequence = (
@@ -206,7 +211,7 @@ class Stopping(Settling):
         number never sent."""
         for _ in range(tries):
             self._settle()
-            if not self._unsent or not self._may_retry():
+            if not self._unsent or self.stop_request.hurry or not self._may_retry():
                 break
         unsent = 0
         for claim, _ in self._unsent:
@@ -268,7 +273,12 @@ class Stopping(Settling):
                         },
                     )
                     return None
-                until = self._writes_until
-                most = None if until is None else until - time.monotonic()
-                self._db_trouble(what, e, wait=self._may_retry(), most=most)
+                # No wait after the last try, nor after a second signal.
+                again = attempt + 1 < tries and self._may_retry()
+                self._db_trouble(
+                    what,
+                    e,
+                    wait=again and not self.stop_request.hurry,
+                    most=self._last_writes_left(),
+                )
         return None
