@@ -418,7 +418,9 @@ def test_a_write_the_database_refuses_ends_the_attempt_not_the_worker(
 @pytest.fixture
 def disk_full_while_flagged():
     """A PostgreSQL trigger that fails a job's ack with SQLSTATE 53100 (disk_full) while
-    the hostile_disk_full table holds a row: a server short of a resource for a while."""
+    the hostile_disk_full table holds a row: a server short of a resource for a while.
+    Each refusal takes a number of the sequence hostile_disk_full_tries (never rolled
+    back), so a test counts the worker's tries, which its log tells in few lines."""
     if connection.vendor != "postgresql":
         pytest.skip("a trigger raising a SQLSTATE of our choosing needs PostgreSQL")
     q = connection.ops.quote_name
@@ -427,9 +429,11 @@ def disk_full_while_flagged():
         "postgresql": [
             "CREATE TABLE hostile_disk_full (id integer)",
             "INSERT INTO hostile_disk_full VALUES (1)",
+            "CREATE SEQUENCE hostile_disk_full_tries",
             """CREATE OR REPLACE FUNCTION hostile_disk_full() RETURNS trigger
         LANGUAGE plpgsql AS $$ BEGIN
           IF NEW.state = 'succeeded' AND EXISTS (SELECT 1 FROM hostile_disk_full) THEN
+            PERFORM nextval('hostile_disk_full_tries');
             RAISE EXCEPTION 'disk full, says the test trigger' USING ERRCODE = '53100';
           END IF;
           RETURN NEW;
@@ -443,9 +447,18 @@ def disk_full_while_flagged():
             f"DROP TRIGGER IF EXISTS hostile_disk_full ON {job}",
             "DROP FUNCTION IF EXISTS hostile_disk_full()",
             "DROP TABLE IF EXISTS hostile_disk_full",
+            "DROP SEQUENCE IF EXISTS hostile_disk_full_tries",
         ]
     }
     yield from _triggers(create, drops)
+
+
+def _disk_full_refusals() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM hostile_disk_full_tries"
+        )
+        return cursor.fetchone()[0]
 
 
 @workers_db
@@ -460,15 +473,11 @@ def test_a_server_short_of_a_resource_is_waited_out_not_held_against_the_ack(
     result = t.add.using_lease(max_attempts=1).enqueue(4, 4)
     worker = workers.start("disk-full", *STEADY, "--burst", ready=False)
     wait_for(
-        lambda: (
-            len(
-                [r for r in worker.events("db_trouble") if "disk full, says the test" in r["error"]]
-            )
-            > WRITE_STRIKES
-        ),
+        lambda: _disk_full_refusals() > WRITE_STRIKES,
         90,
         "the ack to fail more often than the strikes allow",
     )
+    assert [r for r in worker.events("db_trouble") if "disk full, says the test" in r["error"]]
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM hostile_disk_full")
     assert worker.wait_exit(120) == 0

@@ -342,7 +342,17 @@ def logging_calls() -> list[tuple[str, int, str | None, set[str]]]:
                 and _is_worker_logger(node.func.value)
             ):
                 where = str(path.relative_to(PACKAGE))
+                if where == "worker/repeats.py" and _event_of(node) is None:
+                    continue  # Trouble.warn(): it writes the events Trouble(...) names
                 found.append((where, node.lineno, _event_of(node), _fields_of(node)))
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "Trouble"
+            ):
+                where, event = str(path.relative_to(PACKAGE)), node.args[0]
+                name = event.value if isinstance(event, ast.Constant) else None
+                found.append((where, node.lineno, name, {"event", "worker", "repeats", "error"}))
     return found
 
 
@@ -411,3 +421,27 @@ def test_a_task_line_with_no_exception_prints_no_empty_traceback():
     assert TaskSignalFields().filter(record)
     assert record.exc_info is None
     assert "NoneType" not in logging.Formatter().format(record)
+
+
+def test_a_repeated_trouble_is_told_when_it_starts_once_a_minute_and_when_it_ends(caplog):
+    """A failure that repeats (the database down) is one line, then one per
+    REPEAT_SECONDS with how many were held back (``repeats``), and its first success one
+    ``trouble_over`` line with the count; a success without trouble says nothing."""
+    from django_leases.worker.repeats import REPEAT_SECONDS, Trouble
+
+    assert REPEAT_SECONDS == 60
+    trouble = Trouble("renewal_failed", "rep-a")
+    with caplog.at_level(logging.INFO, logger=logs.WORKER_LOGGER):
+        trouble.over()
+        for _ in range(3):
+            trouble.warn("Renewal failed worker=%s", "rep-a", error="down")
+        assert [(r.event, r.repeats) for r in caplog.records] == [("renewal_failed", 0)]
+        trouble.every = 0  # the minute has passed
+        trouble.warn("Renewal failed worker=%s", "rep-a", error="still down")
+        trouble.over()
+        trouble.over()
+    first, later, over = caplog.records
+    assert (later.repeats, later.error) == (2, "still down")
+    assert later.getMessage() == "Renewal failed worker=rep-a (2 more since the last line)"
+    assert (over.event, over.trouble, over.failures) == ("trouble_over", "renewal_failed", 4)
+    assert over.levelno == logging.INFO and first.levelno == logging.WARNING

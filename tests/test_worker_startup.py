@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 import uuid
 
 import pytest
@@ -98,6 +99,34 @@ def test_a_stop_while_the_database_is_down_ends_within_its_bound_with_status_1(
     assert w.wait_exit(timeout=18) == 1, w.log()[-3000:]
     assert w.events("release_failed", job_id=int(result.id)), w.log()[-3000:]
     assert job_of(result).state == JobState.CLAIMED
+
+
+@over_tcp
+def test_an_outage_is_told_once_per_trouble_and_when_it_ends(workers, down_database):
+    """Eight seconds without the database: the claim loop, the renewals (every 0.5 s), the
+    wake-up connection (PostgreSQL) and the schedule ticker each log one warning, not one
+    per try (about 200 lines a minute per worker before), and each says when it is over;
+    a job enqueued during the outage runs after it (3)."""
+    down_database.heal()
+    env = {"LEASES_WORKER_DB_PORT": str(down_database.port)}
+    w = workers.start("outage-a", "--heartbeat", "0.5", "--poll", "0.2", env_extra=env)
+    down_database.cut()
+    wait_for(lambda: w.events("renewal_failed") and w.events("db_trouble"), 10, "the outage")
+    troubles = ["db_trouble", "renewal_failed", "schedules_trouble"]
+    if connection.vendor == "postgresql":
+        troubles.append("listen_failed")
+    wait_for(lambda: all(w.events(t) for t in troubles), 10, "every kind of trouble")
+    time.sleep(6)  # the outage goes on: renewals alone would fail a dozen times more
+    result = add.enqueue(4, 4)
+    down_database.heal()
+    wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 20, "the job after it")
+    for trouble in troubles:
+        w.wait_event("trouble_over", trouble=trouble, timeout=10)
+        assert len(w.events(trouble)) == 1, (trouble, w.log()[-3000:])
+        [over] = w.events("trouble_over", trouble=trouble)
+        assert over["failures"] > 1, over
+    w.signal(signal.SIGTERM)
+    assert w.wait_exit() == 0
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from ..storable import first_line
 from .claims import RUNNING, ClaimBook, read_back_acks
 from .dberrors import DB_ERRORS
 from .logs import claim_fields
+from .repeats import Trouble
 from .vital import VitalThread
 from .waker import Waker
 
@@ -62,6 +63,7 @@ class Heartbeat(VitalThread):
         # When the first beat since then began that has not gone through (failing, or
         # hanging on a half-open connection); None while none has.
         self.trying_since: float | None = None
+        self.failing = Trouble("renewal_failed", worker_id)
 
     def serve(self) -> None:
         from ..models import Job, WorkerProcess
@@ -84,19 +86,16 @@ class Heartbeat(VitalThread):
                     if self.trying_since is None:
                         self.trying_since = now
                     self.beat(Job, WorkerProcess)
+                    self.failing.over()
                     delay = self._period()
                     nap = min(delay, _SLICE)
                 except Exception as e:  # noqa: BLE001 -- renewals must outlive any one error
                     if isinstance(e, DB_ERRORS):
-                        logger.warning(
+                        self.failing.warn(
                             "Renewal failed worker=%s error=%s; retrying",
                             self.worker_id,
                             first_line(e),
-                            extra={
-                                "event": "renewal_failed",
-                                "worker": self.worker_id,
-                                "error": first_line(e),
-                            },
+                            error=first_line(e),
                         )
                     else:
                         self.round_failed(e)

@@ -13,6 +13,8 @@ from typing import Any
 
 from django.db import connections
 
+from ..storable import first_line
+from .repeats import Trouble
 from .waker import Waker
 
 logger = logging.getLogger("django_leases.worker")
@@ -52,6 +54,7 @@ class Listener(threading.Thread):
         self.worker_id = worker_id
         self._stop_event = threading.Event()
         self._conn: Any = None
+        self.failing = Trouble("listen_failed", worker_id)
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -68,17 +71,18 @@ class Listener(threading.Thread):
                     self.worker_id,
                     extra={"event": "listening", "worker": self.worker_id},
                 )
+                self.failing.over()
                 backoff = 0.5
                 while not self._stop_event.is_set():
                     for note in self._conn.notifies(timeout=0.5):
                         if self.queues is None or note.payload in self.queues:
                             self.waker.wake()
             except Exception as e:  # noqa: BLE001 -- any failure here only costs latency
-                logger.warning(
+                self.failing.warn(
                     "Wake-up connection failed worker=%s error=%s; polling until it is back",
                     self.worker_id,
-                    e,
-                    extra={"event": "listen_failed", "worker": self.worker_id},
+                    first_line(e),
+                    error=first_line(e),
                 )
                 self._stop_event.wait(backoff)
                 backoff = min(backoff * 2, 10.0)

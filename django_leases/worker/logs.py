@@ -36,7 +36,7 @@ EVENTS: dict[str, str] = {
     "stopping (host, pid: the new holder's)",
     "started": "the worker is registered and claiming (worker, queue)",
     "listening": "LISTEN for wake-ups is in place (PostgreSQL)",
-    "listen_failed": "the wake-up connection failed; polling until it is back (error)",
+    "listen_failed": "the wake-up connection failed; polling until it is back (error, repeats)",
     "stopping": "a stop signal came: claiming nothing more (signal)",
     "hurried": "a second stop signal with handlers still running: the rest of the grace is "
     "skipped (signal)",
@@ -83,17 +83,18 @@ EVENTS: dict[str, str] = {
     "paused": "claiming paused: a handler could not connect; its job was released (error)",
     # Heartbeat and database
     "renewed": "one round of renewals (held, claims, statements, lost)",
-    "renewal_failed": "a round of renewals failed; retrying (error)",
+    "renewal_failed": "a round of renewals failed; retrying (error, repeats)",
     "heartbeat_overdue": "no renewal went through for too long: claiming nothing",
     "heartbeat_back": "renewals go through again: claiming again",
-    "db_trouble": "the database is unreachable during a write; retrying (error)",
+    "db_trouble": "the database is unreachable during a write; retrying (error; repeats, in the claim loop)",
+    "trouble_over": "a trouble logged above ended: its first success (trouble, failures)",
     "db_refused": "the database refused a write that cannot succeed later (error)",
     "cleanup_failed": "the handler's connections could not be closed after its job (error)",
     "tidy_failed": "a connection could not be tidied after a job (error)",
     # Periodic schedules
     "schedules_synced": "synced with the code at start (added, changed, removed, unchanged, taken)",
     "schedule_contested": "taken at sync from another backend whose code declares it too (schedule, backend)",
-    "schedules_trouble": "the database failed while ticking; the next look retries (error)",
+    "schedules_trouble": "the database failed while ticking; the next look retries (error, repeats)",
     "schedule_ticked": "this worker decided a schedule's ticks (schedule, jobs, skipped, misfired)",
     "schedule_unrunnable": "this code cannot enqueue its task: left to others (schedule, error)",
     "schedule_unreadable": "this version cannot read its stored spec: left alone (schedule, error)",
@@ -142,6 +143,9 @@ FIELDS = (
     "taken",
     "databases",
     "threads",
+    "repeats",
+    "trouble",
+    "failures",
 )
 
 

@@ -37,6 +37,7 @@ from .identity import (
 )
 from .listener import Listener
 from .logs import claim_fields
+from .repeats import Trouble
 from .running import unrunnable
 from .shutdown import StopRequest
 from .stopping import Stopping
@@ -118,6 +119,8 @@ class Worker(Stopping):
         self._unsent: list[tuple[Claim, Outcome]] = []
         self._claimed = 0
         self._backoff = Backoff()
+        # The claim path's trouble: in an outage, one line when it starts and once a minute.
+        self._claim_trouble = Trouble("db_trouble", self.worker_id)
         self._settled_at = float("-inf")
         self._vital: list[VitalThread] = []
         self._overdue_logged = False
@@ -236,8 +239,10 @@ class Worker(Stopping):
                             self.Job.objects.using(self.database).claim_order(self.queues).exists()
                         )
                     self._backoff.reset()
+                    self._claim_trouble.over()
                 except DB_ERRORS as e:
-                    self._db_trouble("acknowledge and claim" if acks else "claim", e)
+                    what = "acknowledge and claim" if acks else "claim"
+                    self._db_trouble(what, e, trouble=self._claim_trouble)
                     continue
                 if self.burst and not got and not self.book and not self._unsent and not left:
                     logger.info(
@@ -600,22 +605,32 @@ class Worker(Stopping):
         return threads
 
     def _db_trouble(
-        self, what: str, error: Exception, *, wait: bool = True, most: float | None = None
+        self,
+        what: str,
+        error: Exception,
+        *,
+        wait: bool = True,
+        most: float | None = None,
+        trouble: Trouble | None = None,
     ) -> None:
-        """Log, drop the broken connection, back off (``most`` seconds at most); the next
-        call reconnects."""
+        """Log (through ``trouble``, if given, which holds repeats back), drop the broken
+        connection, back off (``most`` seconds at most); the next call reconnects."""
         delay = self._backoff.next()
         if most is not None:
             delay = max(0.0, min(delay, most))
         said = first_line(error)
-        logger.warning(
-            "Database trouble during %s worker=%s error=%s; retrying in %.1fs",
-            what,
-            self.worker_id,
-            said,
-            delay,
-            extra={"event": "db_trouble", "worker": self.worker_id, "error": said},
-        )
+        msg = "Database trouble during %s worker=%s error=%s; retrying in %.1fs"
+        if trouble is not None:
+            trouble.warn(msg, what, self.worker_id, said, delay, error=said)
+        else:
+            logger.warning(
+                msg,
+                what,
+                self.worker_id,
+                said,
+                delay,
+                extra={"event": "db_trouble", "worker": self.worker_id, "error": said},
+            )
         with contextlib.suppress(*DB_ERRORS):
             connections[self.database].close()
         if wait:

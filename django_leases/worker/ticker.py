@@ -16,6 +16,7 @@ from .. import registry
 from ..schedules import declared_names, declared_schedules
 from ..storable import first_line
 from .dberrors import DB_ERRORS
+from .repeats import Trouble
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -37,6 +38,7 @@ class Ticker:
         self._synced = False
         self._unrunnable: set[str] = set()
         self._unreadable: set[str] = set()
+        self.failing = Trouble("schedules_trouble", worker_id)
 
     def sync(self) -> None:
         """Make the schedule rows say what this code declares, and log what changed. A
@@ -102,17 +104,14 @@ class Ticker:
             # worker keeps running its jobs.
             if not isinstance(e, DB_ERRORS):
                 self._last = now + self.every * (TROUBLE_BACKOFF - 1)
-            logger.warning(
+            self.failing.warn(
                 "Schedules not ticked worker=%s: %s",
                 self.worker_id,
                 first_line(e),
-                extra={
-                    "event": "schedules_trouble",
-                    "worker": self.worker_id,
-                    "error": first_line(e),
-                },
+                error=first_line(e),
             )
             return
+        self.failing.over()
         for outcome in outcomes:
             logger.info(
                 "Schedule ticked schedule=%s jobs=%s skipped=%d misfired=%d worker=%s",
