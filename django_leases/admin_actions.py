@@ -7,15 +7,18 @@ a job ask first, as Django's delete_selected does.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
+from django.db import OperationalError, router, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from .admin_lists import heartbeat_seconds
+from .deadlocks import TRIES as DEADLOCK_TRIES
+from .deadlocks import is_deadlock
 from .models import Job
 from .states import JobState
 
@@ -39,10 +42,50 @@ def _watched(job: Job) -> tuple[Any, ...]:
 
 def after_count(selection: JobQuerySet, verb: str) -> int:
     """Selected jobs a verb had to leave in place: for requeue, the dead or cancelled jobs
-    still dead or cancelled afterwards (their unique key is held by an active job)."""
+    still dead or cancelled afterwards (their unique key is held by an active job); for
+    purge, the finished jobs still there (a project's row protects them)."""
     if verb == "requeue":
         return selection.filter(state__in=[JobState.DEAD, JobState.CANCELLED]).count()
+    if verb == "purge":
+        return selection.filter(state__in=[JobState.SUCCEEDED, JobState.CANCELLED]).count()
     return 0
+
+
+# Why the jobs after_count() counts stayed, per verb.
+_HELD = {
+    "requeue": (
+        "%(n)d stays: another active job holds its unique key",
+        "%(n)d stay: other active jobs hold their unique keys",
+    ),
+    "purge": (
+        "%(n)d stays: a row of the project protects it",
+        "%(n)d stay: rows of the project protect them",
+    ),
+}
+
+
+def _acted(selection: QuerySet[Job], verb: Callable[[JobQuerySet], int]) -> tuple[Any, ...]:
+    """(the jobs before, the verb's count, the jobs after), read with the selected rows
+    locked in one transaction: what differs after is the verb's own change, never a
+    worker's claim or ack, a prune or another person's action in between (claims skip
+    locked rows; a renewal waits a moment). Sent again if the database picked it as a
+    deadlock victim (it changed nothing then)."""
+    db = router.db_for_write(Job)
+    selection = selection.using(db)  # every read in the transaction, never a replica
+    for tries_left in range(DEADLOCK_TRIES - 1, -1, -1):
+        try:
+            with transaction.atomic(using=db):
+                locked = selection.select_for_update().order_by("pk")
+                before = {job.pk: job for job in locked.only("task_path", *_WATCHED)}
+                changed = verb(cast("JobQuerySet", selection))
+                # By id: the selection may be a filter the verb's change takes them out of.
+                again = Job.objects.using(db).filter(pk__in=before).only(*_WATCHED)
+                after = {job.pk: job for job in again}
+            return before, changed, after
+        except OperationalError as error:
+            if not tries_left or not is_deadlock(error):
+                raise
+    raise AssertionError("unreachable")
 
 
 class JobActions(_JobAdminBase):
@@ -61,9 +104,7 @@ class JobActions(_JobAdminBase):
         # Rebuild the selection without the list's annotations, so the verb's statement is
         # the plain conditional UPDATE operators.py wrote.
         selection = Job.objects.filter(pk__in=queryset.values("pk"))
-        before = {job.pk: job for job in selection.only("task_path", *_WATCHED)}
-        changed = verb(selection)
-        after = {job.pk: job for job in Job.objects.filter(pk__in=before).only(*_WATCHED)}
+        before, changed, after = _acted(selection, verb)
         self._log(
             request,
             [
@@ -86,11 +127,7 @@ class JobActions(_JobAdminBase):
                 "why": not_eligible,
             }
         if held > 0:
-            message += "; " + ngettext(
-                "%(n)d stays: another active job holds its unique key",
-                "%(n)d stay: other active jobs hold their unique keys",
-                held,
-            ) % {"n": held}
+            message += "; " + ngettext(*_HELD[waiting], held) % {"n": held}
         self.message_user(
             request, message + ".", messages.SUCCESS if skipped + held <= 0 else messages.WARNING
         )
@@ -210,9 +247,19 @@ class JobActions(_JobAdminBase):
         )
         return None
 
+    def has_purge_permission(self, request: HttpRequest) -> bool:
+        """Purge deletes: the job model's change and delete permissions, as Django's own
+        "Delete selected" asks for the delete one (the admin deletes no job otherwise)."""
+        from django.contrib.auth import get_permission_codename
+
+        codename = get_permission_codename("delete", self.opts)
+        return self.has_change_permission(request) and request.user.has_perm(
+            f"{self.opts.app_label}.{codename}"
+        )
+
     @admin.action(
         description=_("Purge selected finished jobs (succeeded or cancelled)"),
-        permissions=["change"],
+        permissions=["purge"],
     )
     def purge_finished(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
         if asking := self._confirmation(
@@ -231,5 +278,6 @@ class JobActions(_JobAdminBase):
             lambda qs: qs.purge_finished(),
             "purged",
             "not succeeded or cancelled",
+            waiting="purge",
         )
         return None

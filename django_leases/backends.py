@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -29,6 +30,8 @@ from .fits import task_misfit
 from .jsonsafe import MAX_INT, shown
 from .states import FailureKind, JobState, LeaseLostPolicy
 from .task import LeaseTask, UndeclaredTask
+
+logger = logging.getLogger("django_leases.enqueue")
 
 _STATUS = {
     # Due, waiting for its run_after or retry delay, or parked (available_at NULL) until a
@@ -221,7 +224,7 @@ class LeaseBackend(BaseTaskBackend):
             holder = task if job.task_path == task.module_path else self._task_of(job)
             return cast("TaskResult[P, R]", self._to_result(job, holder))
         result = self._enqueued_result(task, fields.priority, *row)
-        task_enqueued.send(type(self), task_result=result)
+        self._send_enqueued([result])
         return result
 
     def enqueue_many(self, task: Any, calls: Any) -> list[TaskResult[..., Any]]:
@@ -248,9 +251,23 @@ class LeaseBackend(BaseTaskBackend):
         results: list[TaskResult[..., Any]] = [
             self._enqueued_result(task, fields.priority, *row) for row in rows
         ]
-        for result in results:
-            task_enqueued.send(type(self), task_result=result)
+        self._send_enqueued(results)
         return results
+
+    def _send_enqueued(self, results: list[TaskResult[..., Any]]) -> None:
+        """Send task_enqueued for each result; a receiver that raises is logged, never
+        raised: the rows are written, and a call that raises must have written nothing
+        (enqueue_many's others would go unsignalled, and the caller never learn the ids)."""
+        for result in results:
+            for receiver, response in task_enqueued.send_robust(type(self), task_result=result):
+                if isinstance(response, Exception):
+                    logger.error(
+                        "Receiver %r of task_enqueued raised for job=%s",
+                        receiver,
+                        result.id,
+                        exc_info=response,
+                        extra={"event": "receiver_raised", "job_id": result.id},
+                    )
 
     def _job_fields(self, task: Any) -> JobFields:
         """What a job of ``task`` gets (the task's options, else its queue's, else the

@@ -7,7 +7,14 @@ from typing import Any
 from django.core import checks
 from django.db import connections
 
-from .conf import LeaseOptions, check_id_for, get_options, lease_backend_aliases, validate_options
+from .conf import (
+    LeaseOptions,
+    check_id_for,
+    get_options,
+    lease_backend_aliases,
+    served_queues,
+    validate_options,
+)
 from .exceptions import InvalidLeaseOption
 
 
@@ -43,6 +50,7 @@ def check_backend(alias: str, options: Any) -> list[checks.CheckMessage]:
     if not messages:
         mine = LeaseOptions.from_dict(options)
         messages.extend(_shared_retention_messages(alias, mine))
+        messages.extend(_shared_queue_messages(alias, mine))
         messages.extend(_shared_schedule_messages(alias, mine, options.get("SCHEDULES") or {}))
     messages.extend(time_zone)
     database = options.get("DATABASE", "default") if isinstance(options, dict) else "default"
@@ -196,6 +204,47 @@ def _shared_retention_messages(alias: str, mine: LeaseOptions) -> list[checks.Ch
             "leases_prune only for the one with the longest.",
             obj=f"TASKS[{alias!r}]",
             id="django_leases.W002",
+        )
+    ]
+
+
+def _shared_queue_messages(alias: str, mine: LeaseOptions) -> list[checks.CheckMessage]:
+    """A job records its queue, not its backend: two backends of one database that take
+    the same queue run each other's jobs (a worker of either claims them), whatever
+    options or task modules each was meant to have."""
+    ours = served_queues(alias)
+    shared = []
+    for other in lease_backend_aliases():
+        if other == alias:
+            continue
+        try:
+            theirs = get_options(other)
+        except InvalidLeaseOption:
+            continue  # its own check reports it
+        if theirs.database != mine.database:
+            continue
+        their_queues = served_queues(other)
+        if ours is None or their_queues is None:
+            both = their_queues if ours is None else ours
+            said = "every queue" if both is None else ", ".join(map(repr, both))
+        else:
+            common = [q for q in ours if q in their_queues]
+            said = ", ".join(map(repr, common))
+        if said:
+            shared.append(f"TASKS[{other!r}] ({said})")
+    if not shared:
+        return []
+    return [
+        checks.Warning(
+            f"TASKS[{alias!r}] takes queues that {', '.join(shared)} "
+            f"{'takes' if len(shared) == 1 else 'take'} too, in the same database "
+            f"{mine.database!r}: a job records its queue, not its backend, so the workers "
+            "of each run the other's jobs of those queues.",
+            hint="Give each backend its own QUEUES (an empty list takes every queue), or "
+            "its own OPTIONS['DATABASE']; silence django_leases.W005 if they are meant to "
+            "share their jobs.",
+            obj=f"TASKS[{alias!r}]",
+            id="django_leases.W005",
         )
     ]
 

@@ -186,6 +186,8 @@ def _checked_dict(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, item in value.items():
+        if lenient and isinstance(key, bytes):
+            key = _as_django_stores(key, f"{path}[{shown(key)}]")  # as Django decodes it
         if not isinstance(key, str):
             raise InvalidJobArgument(
                 f"{path}[{shown(key)}]",

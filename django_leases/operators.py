@@ -8,19 +8,23 @@ JobQuerySet (query.py) is composed from these, the claim (claiming.py), the owne
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import connections, models, router
+from django.apps import apps
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Case, F, Value, When
+from django.db.models.deletion import ProtectedError, RestrictedError
 from django.db.models.functions import Coalesce, Least, Now
 
 from . import conf
 from .deadlocks import retry_deadlock_victims
 from .enqueue_options import checked_seconds
 from .lease_statements import after_now
+from .prune_refusals import check_foreign_keys_now
 from .states import ACTIVE_STATES, DeadReason, JobState
 
 if TYPE_CHECKING:
@@ -38,6 +42,8 @@ else:
 # exactly up to CENSUS_CAP and larger ones estimated from a sample of about
 # CENSUS_SAMPLE_ROWS rows (docs/scale.md measures it on 5,100,000 jobs).
 CENSUS_EXACT_ROWS = 1_000_000
+# What keeps a job purge_finished() was asked to delete.
+_KEPT = (ProtectedError, RestrictedError, IntegrityError)
 CENSUS_CAP = 1000
 CENSUS_SAMPLE_ROWS = 50_000
 
@@ -138,8 +144,34 @@ class OperatorVerbs(_VerbsBase):
             )
 
     def purge_finished(self) -> int:
-        """Delete succeeded and cancelled jobs (with their failure rows); return jobs deleted."""
-        _, per_model = self.filter(state__in=[JobState.SUCCEEDED, JobState.CANCELLED]).delete()
+        """Delete succeeded and cancelled jobs (with their failure rows); return jobs deleted.
+
+        The jobs are locked as they are read, in one transaction with the delete: a job
+        requeued meanwhile is pending when read and stays (Django's delete() reads the jobs,
+        then deletes by id, with no state in the DELETE). A job a project's row protects
+        (PROTECT, RESTRICT, a foreign key the database checks) stays, the others go.
+        """
+        db = self._db or router.db_for_write(self.model)
+        finished = self.filter(state__in=[JobState.SUCCEEDED, JobState.CANCELLED]).using(db)
+        with transaction.atomic(using=db):
+            ids = list(finished.select_for_update().order_by("pk").values_list("pk", flat=True))
+            try:
+                return self._delete_jobs(db, ids)
+            except _KEPT:
+                pass
+            deleted = 0
+            for pk in ids:  # what protects one job keeps that job, not the rest
+                with contextlib.suppress(*_KEPT):
+                    deleted += self._delete_jobs(db, [pk])
+            return deleted
+
+    def _delete_jobs(self, db: str, ids: list[Any]) -> int:
+        """Delete the jobs of ``ids`` with what Django's on_delete says, in a savepoint whose
+        foreign keys are checked before it ends: a refusal rolls back these jobs alone."""
+        with transaction.atomic(using=db):
+            jobs = self.model._default_manager.using(db).filter(pk__in=ids)
+            _, per_model = jobs.delete()
+            check_foreign_keys_now(db, {apps.get_model(label) for label in per_model})
         return per_model.get(self.model._meta.label, 0)
 
     # -- reads: the admin's, the backend's, the advisor's --------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.db import router, transaction
 from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.urls import reverse
@@ -194,15 +195,39 @@ class ScheduleAdmin(_ScheduleAdminBase):
         # Without the list's annotations: the verb's statement is the plain UPDATE.
         return Schedule.objects.filter(pk__in=queryset.values("pk"))
 
+    def _log(self, request: HttpRequest, schedules: list[Schedule], message: str) -> None:
+        """One admin log entry per schedule an action changed, as the job actions write."""
+        from django.contrib.admin.models import CHANGE, LogEntry
+
+        if schedules:
+            # single_object is known at run time only; django-stubs types it by literal.
+            LogEntry.objects.log_actions(  # type: ignore[call-overload]
+                user_id=request.user.pk,
+                queryset=schedules,
+                action_flag=CHANGE,
+                change_message=message,
+                single_object=len(schedules) == 1,
+            )
+
+    def _switch(self, request: HttpRequest, queryset: QuerySet[Schedule], pause: bool) -> None:
+        """Pause or resume the selection, in one transaction with the schedules locked:
+        the log names the ones this action changed, none another session did meanwhile."""
+        selection = self._selection(queryset)
+        with transaction.atomic(using=router.db_for_write(Schedule)):
+            locked = selection.select_for_update().order_by("pk")
+            switched = [s for s in locked.only("pk", "name", "paused") if s.paused != pause]
+            done = selection.pause() if pause else selection.resume()
+        verb = "paused" if pause else "resumed from now"
+        self._log(request, switched, f"{verb.capitalize()} by the admin action.")
+        self.message_user(request, f"{done} of {selection.count()} {verb}.")
+
     @admin.action(description=_("Pause selected schedules"), permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        done = self._selection(queryset).pause()
-        self.message_user(request, f"{done} of {queryset.count()} paused.")
+        self._switch(request, queryset, pause=True)
 
     @admin.action(description=_("Resume selected schedules"), permissions=["change"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        done = self._selection(queryset).resume()
-        self.message_user(request, f"{done} of {queryset.count()} resumed from now.")
+        self._switch(request, queryset, pause=False)
 
     @admin.action(
         description=_("Run now: one job of each selected schedule (not a tick)"),
@@ -217,6 +242,7 @@ class ScheduleAdmin(_ScheduleAdminBase):
                 refused.append(f"{schedule.name}: {e}")
                 continue
             made.append(job)
+            self._log(request, [schedule], f"Run now by the admin action: job {job.pk}.")
         if made:
             self.message_user(
                 request,

@@ -328,7 +328,10 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
         """Enqueue one job of ``schedule`` now, with its arguments; not a tick (the
         schedule's last tick and next tick stay as they are). A held ``unique_key``
         raises DuplicateJob whatever the task's on_duplicate: merging would link a job
-        some other call made to this schedule."""
+        some other call made to this schedule. A schedule the code no longer declares
+        (removed_at set) raises ValueError: what it would run is no longer asked for."""
+        if schedule.removed_at is not None:
+            raise ValueError("removed from the code: it runs no more, even by hand")
         db = self._db_name()
         if fields.unique_key is not None:
             fields = replace(fields, on_duplicate="refuse")

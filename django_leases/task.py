@@ -62,8 +62,16 @@ class LeaseTask(_TaskBase):
 
     def using_lease(self, **changes: Any) -> LeaseTask:
         """A copy with other lease options (lease, max_attempts, retry, on_lease_lost,
-        non_retryable, unique_key, on_duplicate, deadline, max_age, schedule); validated at once,
-        like ``using()``."""
+        unique_key, on_duplicate, deadline, max_age, schedule); validated at once, like
+        ``using()``. Not ``non_retryable``: the worker reads that from the task as
+        declared, never from a job, so a copy's would be ignored."""
+        if "non_retryable" in changes:
+            raise InvalidTask(
+                f"{self.module_path}: using_lease() cannot change non_retryable: the worker "
+                "reads it from the task as declared (@task(non_retryable=...), Django 6.1 "
+                "and later), not from each job, so a copy's would be ignored. Raise "
+                "django_leases.exceptions.NonRetryable from the handler instead (any Django)."
+            )
         allowed = LEASE_OPTIONS
         unknown = set(changes) - allowed
         if unknown:
@@ -73,8 +81,11 @@ class LeaseTask(_TaskBase):
         return replace(self, **changes)
 
 
-# The options using_lease() changes: the fields LeaseTask adds to Django's Task.
-LEASE_OPTIONS = frozenset({f.name for f in fields(LeaseTask)} - {f.name for f in fields(Task)})
+# The options using_lease() changes: the fields LeaseTask adds to Django's Task, but the
+# one the worker reads from the declaration alone.
+LEASE_OPTIONS = frozenset(
+    {f.name for f in fields(LeaseTask)} - {f.name for f in fields(Task)} - {"non_retryable"}
+)
 
 
 def _not_runnable(*args: Any, **kwargs: Any) -> Any:

@@ -7,6 +7,7 @@ heartbeat_at on the database clock (Now() +/- an interval) instead of sleeping.
 from __future__ import annotations
 
 import re
+import threading
 import uuid
 from datetime import timedelta
 from html import unescape
@@ -14,7 +15,7 @@ from unittest import mock
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Value
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
@@ -25,7 +26,7 @@ from django_leases.admin_lists import LeaseAdminPaginator
 from django_leases.durations import duration_text
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
-from tests.worker_helpers import ROW_INSTANCE, worker_row
+from tests.worker_helpers import ROW_INSTANCE, session_id, until_waiting_on_a_lock, worker_row
 
 pytestmark = pytest.mark.django_db
 
@@ -113,7 +114,9 @@ def viewer(client):
 
 @pytest.fixture
 def operator(client):
-    client.force_login(staff("operator", "view_job", "change_job", "view_workerprocess"))
+    client.force_login(
+        staff("operator", "view_job", "change_job", "delete_job", "view_workerprocess")
+    )
     return client
 
 
@@ -496,6 +499,31 @@ def test_staff_with_change_permission_see_every_action(operator):
     assert 'value="delete_selected"' not in page
 
 
+def test_purge_asks_for_the_delete_permission_as_delete_selected_does(client):
+    """Purge deletes jobs: staff with the change permission but not the delete one (who
+    could purge before) see the other actions, not it, and a forced POST deletes nothing."""
+    client.force_login(staff("changer", "view_job", "change_job"))
+    done = succeeded_job()
+    page = client.get(LIST).content.decode()
+    assert 'value="cancel"' in page and 'value="purge_finished"' not in page
+    client.post(LIST, {"action": "purge_finished", "_selected_action": [done.pk], "post": "yes"})
+    assert Job.objects.filter(pk=done.pk).exists()
+
+
+def test_purge_says_which_jobs_a_row_of_the_project_keeps(operator):
+    """A job a project's row protects stays and the message says why, not "not succeeded
+    or cancelled" (before: ProtectedError, a 500, and nothing purged)."""
+    from tests.reportapp.models import Invoice
+
+    kept, done, dead = succeeded_job(), succeeded_job(), dead_job()
+    Invoice.objects.create(job=kept)
+    assert act(operator, "purge_finished", [kept, done, dead]) == [
+        "1 of 3 purged; 1 was not succeeded or cancelled; "
+        "1 stays: a row of the project protects it."
+    ]
+    assert set(Job.objects.values_list("pk", flat=True)) == {kept.pk, dead.pk}
+
+
 def test_staff_without_view_permission_are_refused(client):
     client.force_login(staff("nobody"))
     assert client.get(LIST).status_code == 403
@@ -729,6 +757,11 @@ def test_a_confirmed_action_across_every_page_acts_on_the_filtered_jobs(operator
     )
     assert [str(m) for m in response.context["messages"]] == ["3 of 3 cancelled."]
     assert Job.objects.get(pk=healthy.pk).state == JobState.CLAIMED
+    # Logged as changed, though the cancel took them out of the filter (?lease=expired).
+    from django.contrib.admin.models import CHANGE, LogEntry
+
+    logged = LogEntry.objects.values_list("object_id", "action_flag")
+    assert sorted(logged) == sorted((str(job.pk), CHANGE) for job in expired)
 
 
 def test_a_confirmed_action_across_more_jobs_than_a_form_may_carry_acts_on_them_all(
@@ -777,6 +810,57 @@ def test_each_job_an_action_changed_gets_an_admin_log_entry(operator):
     deleted = LogEntry.objects.filter(action_flag=DELETION)
     assert sorted(int(e.object_id) for e in deleted) == sorted([done.pk, pending.pk])
     assert not Job.objects.filter(pk__in=[done.pk, pending.pk]).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_change_made_by_another_session_during_an_action_is_not_logged_as_its(operator):
+    """The admin log is the action's own changes: a job claimed by a worker while Retry now
+    ran (its UPDATE waited on the claim's lock, then matched no row) was logged as "Made
+    due now by the admin action." under "0 of 1 made due now", since the jobs were
+    compared before and after. The action locks the selection it reads: it waits for the
+    claim, reads the job claimed, changes and logs nothing (2)."""
+    from django.contrib.admin.models import LogEntry
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite's IMMEDIATE transactions take turns: no lock to wait on")
+    pending = Job.objects.enqueue(TASK, [1, 1])
+    admin_session = session_id()
+    claimed, finish = threading.Event(), threading.Event()
+
+    def worker():
+        try:
+            with transaction.atomic():
+                [claim] = Job.objects.claim("w-race", ["default"])
+                assert claim.pk == pending.pk
+                claimed.set()
+                finish.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=worker)
+    holder.start()
+    assert claimed.wait(30)
+
+    def commit_once_the_action_waits():
+        try:
+            waited.append(until_waiting_on_a_lock(admin_session))
+        finally:
+            finish.set()
+            connection.close()
+
+    waited: list[bool] = []
+    releaser = threading.Thread(target=commit_once_the_action_waits)
+    releaser.start()
+    try:
+        said = act(operator, "retry_now", [pending])
+    finally:
+        finish.set()
+        releaser.join(30)
+        holder.join(30)
+    assert waited == [True], "the action never waited: no race"
+    assert said == ["0 of 1 made due now; 1 was not pending."]
+    assert not LogEntry.objects.exists()
+    assert Job.objects.get(pk=pending.pk).state == JobState.CLAIMED
 
 
 def test_requeue_reports_jobs_whose_unique_key_is_held_apart(operator):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 from collections.abc import Sequence
 from datetime import timedelta
@@ -87,6 +88,13 @@ def test_the_tasks_api_takes_arguments_as_djangos_taskresult_normalizes_them():
     assert (again.args, again.kwargs) == (result.args, result.kwargs)
     [many] = echo.enqueue_many([((b"x", range(2)), {})])
     assert Job.objects.get(pk=int(many.id)).args == ["x", [0, 1]] == many.args
+    # A bytes key too, as normalize_json decodes it (before: refused, "key of type bytes").
+    keyed = echo.enqueue({b"k\xc3\xa9": 1})
+    assert Job.objects.get(pk=int(keyed.id)).args == [{"ké": 1}] == keyed.args
+    with pytest.raises(ValueError, match=r"args\[0\]\[b'\\xff'\]: is bytes that are not UTF-8"):
+        echo.enqueue({b"\xff": 1})
+    with pytest.raises(InvalidJobArgument, match="key of type bytes"):
+        Job.objects.enqueue(echo.module_path, [{b"k": 1}])
     with pytest.raises(InvalidJobArgument, match=r"args\[0\]"):
         Job.objects.enqueue(echo.module_path, [b"abc"])
 
@@ -308,7 +316,6 @@ def test_a_task_with_list_or_dict_options_stays_hashable():
         add.using_lease(retry=[5, 50]),
         add.using_lease(retry={"base": 5, "factor": 2}),
         add.using_lease(schedule=[Periodic(every=60, args=[1, 2])]),
-        add.using_lease(non_retryable=[ValueError]),
     ]
     assert {task: i for i, task in enumerate(variants)}[variants[0]] == 0
     assert hash(variants[0]) == hash(add.using_lease(retry=[5, 50]))
@@ -330,12 +337,24 @@ def test_a_duplicate_unique_key_through_django_tasks_raises_and_writes_nothing()
     [
         ({"on_lease_lost": "sometimes"}, "on_lease_lost"),
         ({"retry": [-1]}, "retry"),
-        ({"non_retryable": (int,)}, "non_retryable"),
     ],
 )
 def test_bad_using_lease_options_raise_invalid_task(changes, named):
     with pytest.raises(InvalidTask, match=named):
         add.using_lease(**changes)
+
+
+@pytest.mark.parametrize("classes", [(ValueError,), [ValueError], (), (int,)])
+def test_a_copys_non_retryable_is_refused_naming_the_way_that_works(classes):
+    """The worker reads non_retryable from the task as declared (the registry's), never
+    from a job: using_lease(non_retryable=...) was accepted, and its jobs retried as if it
+    had not been given (a tryout's CardDeclined, three attempts, dead_reason=attempts).
+    Refused (invariant 6: a caller's option is applied or refused, never dropped), naming
+    the option and NonRetryable, which works on every Django."""
+    with pytest.raises(InvalidTask, match=r"cannot change non_retryable.*NonRetryable"):
+        add.using_lease(non_retryable=classes)
+    with pytest.raises(TypeError, match="unknown options"):
+        add.using_lease(non_retryables=classes)
 
 
 def test_a_cancelled_job_is_failed_without_an_invented_error():
@@ -382,6 +401,35 @@ def test_enqueue_many_writes_every_job_in_bulk_or_none():
         add.enqueue_many([((1, 2), {}), ((object(), 2), {})])
     assert Job.objects.count() == 250
     assert len(Job.objects.claim("w", limit=300)) == 250
+
+
+def test_a_task_enqueued_receiver_that_raises_is_logged_and_the_call_returns(caplog):
+    """A task_enqueued receiver that raised made enqueue() and enqueue_many() raise after
+    the rows were written (outside a transaction: committed), the batch's later jobs
+    unsignalled and their ids unknown to the caller (invariant 3: a call that raises wrote
+    nothing). It is logged with its traceback; every job is signalled and returned."""
+    seen = []
+
+    def broken(sender, task_result, **kwargs):
+        raise RuntimeError("receiver broke")
+
+    def counting(sender, task_result, **kwargs):
+        seen.append(task_result.id)
+
+    task_enqueued.connect(broken)
+    task_enqueued.connect(counting)
+    try:
+        with caplog.at_level(logging.ERROR, logger="django_leases.enqueue"):
+            one = add.enqueue(1, 2)
+            many = send_receipt.enqueue_many([((i,), {}) for i in range(3)])
+    finally:
+        task_enqueued.disconnect(broken)
+        task_enqueued.disconnect(counting)
+    ids = [one.id, *(r.id for r in many)]
+    assert seen == ids and Job.objects.filter(pk__in=ids).count() == 4
+    logged = [r for r in caplog.records if getattr(r, "event", "") == "receiver_raised"]
+    assert [r.job_id for r in logged] == ids
+    assert all(r.exc_info[1].args == ("receiver broke",) for r in logged)
 
 
 def test_enqueue_many_results_read_like_get_result_and_each_is_signalled():

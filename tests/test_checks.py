@@ -213,8 +213,8 @@ def test_backends_sharing_a_database_with_different_retentions_are_warned_about(
     one on a database of its own, or with the same retention, is not."""
     tasks = {
         "long": {"BACKEND": BACKEND, "OPTIONS": {"RETENTION_DAYS": 30}},
-        "short": {"BACKEND": BACKEND, "OPTIONS": {"RETENTION_DAYS": 7}},
-        "same": {"BACKEND": BACKEND, "OPTIONS": {"RETENTION_DAYS": 7}},
+        "short": {"BACKEND": BACKEND, "QUEUES": ["s"], "OPTIONS": {"RETENTION_DAYS": 7}},
+        "same": {"BACKEND": BACKEND, "QUEUES": ["m"], "OPTIONS": {"RETENTION_DAYS": 7}},
         "apart": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": "queue", "RETENTION_DAYS": 90}},
     }
     with override_settings(TASKS=tasks):
@@ -224,6 +224,33 @@ def test_backends_sharing_a_database_with_different_retentions_are_warned_about(
     assert "TASKS['short'] (7 days)" in warning.msg and "'same'" in warning.msg
     assert "30 days" in warning.msg and "'default'" in warning.msg
     assert messages["short"] == messages["same"] == messages["apart"] == []
+
+
+def test_backends_of_one_database_taking_the_same_queues_are_warned_about():
+    """A job records its queue, not its backend: two backends of one database that take a
+    queue in common run each other's jobs of it (before: no check said so). Each is told,
+    naming the other and the queues (an empty QUEUES takes every queue); backends with
+    queues of their own, or on another database, are not."""
+    tasks = {
+        "web": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"]},
+        "slow": {"BACKEND": BACKEND, "OPTIONS": {"LEASE_SECONDS": 600}},  # ["default"]
+        "reports": {"BACKEND": BACKEND, "QUEUES": ["reports"]},
+        "apart": {"BACKEND": BACKEND, "OPTIONS": {"DATABASE": "queue"}},
+    }
+    with override_settings(TASKS=tasks):
+        messages = {alias: check_backend(alias, tasks[alias].get("OPTIONS", {})) for alias in tasks}
+    [web], [slow] = messages["web"], messages["slow"]
+    assert isinstance(web, Warning) and web.id == slow.id == "django_leases.W005"
+    assert "TASKS['slow'] ('default') takes too" in web.msg and "'emails'" not in web.msg
+    assert "TASKS['web'] ('default')" in slow.msg and "database 'default'" in slow.msg
+    assert messages["reports"] == messages["apart"] == []
+    tasks["any"] = {"BACKEND": BACKEND, "QUEUES": []}
+    with override_settings(TASKS=tasks):
+        [anything] = check_backend("any", {})
+        [reports] = check_backend("reports", {})
+    assert "TASKS['web'] ('default', 'emails'), TASKS['slow'] ('default')" in anything.msg
+    assert "TASKS['reports'] ('reports')" in anything.msg and " take too" in anything.msg
+    assert "TASKS['any'] ('reports') takes too" in reports.msg
 
 
 def test_a_schedule_name_two_backends_of_one_database_declare_is_an_error(monkeypatch):
@@ -256,7 +283,7 @@ def test_a_schedule_name_two_backends_of_one_database_declare_is_an_error(monkey
     with override_settings(TASKS=tasks):
         for alias in tasks:
             add.using(backend=alias)  # declared for each: SCHEDULES may name it
-        messages = {alias: check_backend(alias, tasks[alias]["OPTIONS"]) for alias in tasks}
+        messages = {alias: schedule_messages(alias, tasks[alias]["OPTIONS"]) for alias in tasks}
     [error] = messages["twin-a"]
     assert isinstance(error, Error) and error.id == "django_leases.E021"
     assert "TASKS['twin-b'] ('sweep')" in error.msg and "'default'" in error.msg
@@ -266,8 +293,13 @@ def test_a_schedule_name_two_backends_of_one_database_declare_is_an_error(monkey
     assert messages["twin-c"] == messages["twin-apart"] == []
     tasks["twin-c"]["OPTIONS"]["SCHEDULES"]["sweep"] = every(30)
     with override_settings(TASKS=tasks):
-        [error] = check_backend("twin-a", tasks["twin-a"]["OPTIONS"])
+        [error] = schedule_messages("twin-a", tasks["twin-a"]["OPTIONS"])
     assert "TASKS['twin-b'] ('sweep'), TASKS['twin-c'] ('sweep') declare too" in error.msg
+
+
+def schedule_messages(alias, options):
+    """check_backend()'s messages but W005 (these backends share the queue 'default')."""
+    return [m for m in check_backend(alias, options) if m.id != "django_leases.W005"]
 
 
 @pytest.mark.django_db

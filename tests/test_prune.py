@@ -44,6 +44,7 @@ from tests.reportapp.models import (
     ReportLock,
     ReportPage,
 )
+from tests.worker_helpers import session_id, until_waiting_on_a_lock, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -206,6 +207,15 @@ def test_older_than_days_out_of_range_is_refused_naming_it(days):
         CommandError, match=r"--older-than-days: must be at least 0 and at most 36500, got"
     ):
         call_command("leases_prune", "--older-than-days", days, stdout=StringIO())
+
+
+@pytest.mark.parametrize("size", ["0", "-1", "10001", "99999999999999999999"])
+def test_a_batch_size_out_of_range_is_refused_naming_it(size):
+    """(6) Before: 99999999999999999999 was a DataError traceback (bigint out of range)."""
+    with pytest.raises(
+        CommandError, match=r"--batch-size: must be at least 1 and at most 10,000, got"
+    ):
+        call_command("leases_prune", "--older-than-days", "0", "--batch-size", size)
 
 
 @pytest.mark.parametrize("command", ["leases_prune", "lease_report"])
@@ -579,3 +589,73 @@ def test_prune_refuses_a_database_missing_a_migration_before_writing():
         call_command("migrate", verbosity=0)
     assert Job.objects.filter(pk=old.pk).exists()
     assert Job.objects.get(pk=late.pk).state == JobState.PENDING
+
+
+def test_purge_finished_keeps_what_a_projects_row_protects_and_deletes_the_rest():
+    """Invariant 3: one job of the selection a project's row protects (PROTECT), restricts
+    (RESTRICT) or points at under a constraint (DO_NOTHING) made purge_finished() raise
+    ProtectedError (a 500 in the admin) and purge none of the others. It keeps those and
+    deletes the rest, with what they cascade to, in a caller's transaction too."""
+    invoiced, approved, audited, reported, plain = (
+        job(JobState.SUCCEEDED, days_ago=0, failures=1) for _ in range(5)
+    )
+    Invoice.objects.create(job=invoiced)
+    Approval.objects.create(job=approved)
+    Audit.objects.create(job=audited)
+    Report.objects.create(job=reported)
+    kept = {invoiced.pk, approved.pk, audited.pk}
+    everyone = Job.objects.filter(pk__in=[*kept, reported.pk, plain.pk])
+    with transaction.atomic():
+        assert everyone.purge_finished() == 2
+    assert set(Job.objects.values_list("pk", flat=True)) == kept
+    assert set(JobFailure.objects.values_list("job_id", flat=True)) == kept
+    assert not Report.objects.exists()
+    assert everyone.purge_finished() == 0
+
+
+def test_a_job_requeued_while_purge_finished_reads_it_stays():
+    """Invariant 3: purge_finished() read a cancelled job, then deleted it by id (Django's
+    delete() puts no state in its DELETE): a requeue committed in between, by an operator
+    or another admin, lost the job, pending again ("1 of 1 purged"). The purge locks what
+    it reads; waiting on the requeue's lock, it reads the job pending and leaves it. (On
+    SQLite the purge's IMMEDIATE transaction takes its turn before it reads.)"""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite's IMMEDIATE transactions take turns: no lock to wait on")
+    cancelled = job(JobState.CANCELLED, days_ago=0)
+    requeued, finish = threading.Event(), threading.Event()
+
+    def operator():
+        try:
+            with transaction.atomic():
+                assert Job.objects.filter(pk=cancelled.pk).requeue() == 1
+                requeued.set()
+                finish.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=operator)
+    holder.start()
+    assert requeued.wait(30)
+    session, outcome = [], []
+
+    def purge():
+        try:
+            session.append(session_id())
+            outcome.append(Job.objects.filter(pk=cancelled.pk).purge_finished())
+        except Exception as e:  # noqa: BLE001 -- reported by the assertion below
+            outcome.append(e)
+        finally:
+            connection.close()
+
+    purger = threading.Thread(target=purge)
+    purger.start()
+    try:
+        wait_for(lambda: session, 30, "the purge's session id")
+        # Without this wait the test could pass with no race at all.
+        assert until_waiting_on_a_lock(session[0]), "the purge never waited: no race"
+    finally:
+        finish.set()
+        holder.join(30)
+        purger.join(30)
+    assert outcome == [0]
+    assert Job.objects.get(pk=cancelled.pk).state == JobState.PENDING

@@ -107,6 +107,34 @@ def test_a_schedule_of_a_task_no_longer_declared_is_not_run(admin_client, schedu
     assert Job.objects.count() == 0
 
 
+def test_schedule_actions_write_the_admin_log_as_job_actions_do(admin_client, schedule):
+    """Pause, Resume and Run now wrote no admin log entry (every job action does): each
+    schedule an action changed gets one, none it left alone."""
+    from django.contrib.admin.models import LogEntry
+
+    act(admin_client, "pause", schedule)
+    act(admin_client, "pause", schedule)  # already paused: no change, no entry
+    act(admin_client, "resume", schedule)
+    act(admin_client, "run_now", schedule)
+    job = Job.objects.get()
+    said = [e.get_change_message() for e in LogEntry.objects.order_by("pk")]
+    assert said == [
+        "Paused by the admin action.",
+        "Resumed from now by the admin action.",
+        f"Run now by the admin action: job {job.pk}.",
+    ]
+    assert {e.object_id for e in LogEntry.objects.all()} == {str(schedule.pk)}
+
+
+def test_a_schedule_removed_from_the_code_is_not_run_now(admin_client, schedule):
+    """Run now on a schedule the code no longer declares (the list says "removed from
+    code") enqueued its job: refused, saying why; nothing is written."""
+    Schedule.objects.sync("default", [])
+    page = unescape(act(admin_client, "run_now", schedule).content.decode())
+    assert "Not run: nightly: removed from the code" in page
+    assert not Job.objects.exists() and not ScheduleRun.objects.exists()
+
+
 def test_run_now_on_a_held_unique_key_says_so(admin_client, schedule, monkeypatch):
     """Invariant 3: a task whose unique_key is held (on_duplicate="merge") is not run now:
     the page says why (no server error) and no run links the other call's job."""

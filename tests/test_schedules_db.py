@@ -5,7 +5,6 @@ database's own clock, never a sleep."""
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import django
@@ -19,7 +18,7 @@ from django_leases.enqueue_options import EnqueueOptions
 from django_leases.models import Job, Schedule, ScheduleRun
 from django_leases.schedules import Periodic, ScheduleSpec, declared_schedules
 from django_leases.states import JobState
-from tests.worker_helpers import wait_for
+from tests.worker_helpers import session_id, until_waiting_on_a_lock, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,10 +83,7 @@ def test_workers_starting_together_each_sync_without_a_duplicate_key_error():
 
     def second_worker():
         try:
-            with connection.cursor() as cursor:
-                own = "pg_backend_pid()" if connection.vendor == "postgresql" else "CONNECTION_ID()"
-                cursor.execute(f"SELECT {own}")
-                session.append(cursor.fetchone()[0])
+            session.append(session_id())
             outcome.append(Schedule.objects.sync("default", [spec("s", every=120)]))
         except Exception as e:  # noqa: BLE001 -- the failure this test is about
             outcome.append(e)
@@ -99,7 +95,7 @@ def test_workers_starting_together_each_sync_without_a_duplicate_key_error():
     # Its insert reached the first one's uncommitted row: without this wait the test
     # could pass with no race at all.
     wait_for(lambda: session, 30, "the second sync's session id")
-    assert _until_waiting_on_a_lock(session[0]), "the second sync never waited: no race"
+    assert until_waiting_on_a_lock(session[0]), "the second sync never waited: no race"
     finish.set()
     holder.join(30)
     second.join(30)
@@ -108,29 +104,6 @@ def test_workers_starting_together_each_sync_without_a_duplicate_key_error():
     assert (report.added, report.changed) == ([], ["s"])
     assert list(Schedule.objects.values_list("name", flat=True)) == ["s"]
     assert Schedule.objects.get(name="s").spec["every"] == 120
-
-
-def _until_waiting_on_a_lock(session, seconds=30.0):
-    """True once database session ``session`` (its backend pid, its connection id) waits
-    for a lock (PostgreSQL's pg_stat_activity, InnoDB's transactions), False after
-    ``seconds``."""
-    query = (
-        "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'"
-        if connection.vendor == "postgresql"
-        else "SELECT count(*) FROM information_schema.innodb_trx "
-        "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'"
-    )
-    # InnoDB refreshes innodb_trx only when it was last read over 0.1 s ago: polled
-    # faster, it would never show the wait.
-    pause = 0.01 if connection.vendor == "postgresql" else 0.15
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute(query, [session])
-            if cursor.fetchone()[0]:
-                return True
-        time.sleep(pause)
-    return False
 
 
 def test_sync_reports_added_changed_and_removed():

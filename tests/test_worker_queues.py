@@ -108,6 +108,15 @@ def test_all_queues_and_queue_together_or_a_star_are_refused():
         call_command("run_lease_worker", "--queue", "*", "--burst")
 
 
+def test_a_queue_given_twice_is_served_once():
+    """--queue emails --queue default --queue emails: the worker row and its log named
+    "emails, default, emails"; each queue once, in the order given."""
+    from django_leases.worker.options import worker_kwargs
+
+    given = ["emails", "default", "emails"]
+    assert worker_kwargs(backend="default", queues=given)["queues"] == ["emails", "default"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not ON_POSTGRES, reason=PG_ONLY)
 def test_notify_wakes_a_worker_of_every_queue_for_any_queue(workers):

@@ -299,3 +299,34 @@ def job_of(result):
     from django_leases.models import Job
 
     return Job.objects.get(pk=int(result.id))
+
+
+def session_id() -> Any:
+    """This thread's database session: its backend pid (PostgreSQL), connection id (MySQL)."""
+    own = "pg_backend_pid()" if connection.vendor == "postgresql" else "CONNECTION_ID()"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {own}")
+        return cursor.fetchone()[0]
+
+
+def until_waiting_on_a_lock(session: Any, seconds: float = 30.0) -> bool:
+    """True once database session ``session`` (session_id()) waits for a lock
+    (PostgreSQL's pg_stat_activity, InnoDB's transactions), False after ``seconds``: a
+    race test's proof that the race happened."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'"
+        if connection.vendor == "postgresql"
+        else "SELECT count(*) FROM information_schema.innodb_trx "
+        "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'"
+    )
+    # InnoDB refreshes innodb_trx only when it was last read over 0.1 s ago: polled
+    # faster, it would never show the wait.
+    pause = 0.01 if connection.vendor == "postgresql" else 0.15
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(query, [session])
+            if cursor.fetchone()[0]:
+                return True
+        time.sleep(pause)
+    return False

@@ -94,7 +94,7 @@ def _served(alias: str, queues: Any, all_queues: bool) -> list[str] | None:
             + (f"absent, Django reads it as {declared!r}" if absent else ", ".join(declared or ()))
             + ")",
         )
-    return served
+    return list(dict.fromkeys(served))  # each once, in the order given
 
 
 def _max_jobs(max_jobs: Any) -> int | None:

@@ -16,6 +16,9 @@ from django_leases.management import LeasesCommand, require_migrated
 from django_leases.models import Job, ScheduleRun
 from django_leases.states import JobState
 
+# The most jobs one of its statements deletes.
+MAX_BATCH_SIZE = 10_000
+
 
 class Command(LeasesCommand):
     help = (
@@ -46,7 +49,8 @@ class Command(LeasesCommand):
             "--batch-size",
             type=int,
             default=1000,
-            help="Jobs (or schedule runs) deleted per statement (default 1000).",
+            help="Jobs (or schedule runs) deleted per statement (default 1000, at most "
+            f"{MAX_BATCH_SIZE:,}).",
         )
         parser.add_argument("--dry-run", action="store_true", help="Count, delete nothing.")
 
@@ -77,8 +81,12 @@ class Command(LeasesCommand):
             checked_number("--older-than-days", days, low=0, high=MAX_INTERVAL_DAYS)
         except InvalidLeaseOption as e:
             raise CommandError(str(e)) from e
-        if batch_size < 1:
-            raise CommandError(f"--batch-size must be >= 1, got {batch_size}")
+        if not 1 <= batch_size <= MAX_BATCH_SIZE:
+            # Above it a DataError traceback (a LIMIT past bigint), or one statement holding
+            # its locks for long and more ids than SQLite binds.
+            raise CommandError(
+                f"--batch-size: must be at least 1 and at most {MAX_BATCH_SIZE:,}, got {batch_size}"
+            )
         # Checked before anything is written: a missing table met halfway would leave jobs
         # pruned and the run reported as failed.
         with migrated(Job, lease_options.database, CommandError):
