@@ -7,10 +7,10 @@ a job ask first, as Django's delete_selected does.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.db import OperationalError, router, transaction
+from django.db import OperationalError, connections, router, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
@@ -20,7 +20,7 @@ from .admin_lists import heartbeat_seconds
 from .deadlocks import TRIES as DEADLOCK_TRIES
 from .deadlocks import is_deadlock
 from .models import Job
-from .states import JobState
+from .states import ACTIVE_STATES, JobState
 
 if TYPE_CHECKING:
     from django.utils.functional import _StrOrPromise
@@ -40,18 +40,7 @@ def _watched(job: Job) -> tuple[Any, ...]:
     return tuple(getattr(job, name) for name in _WATCHED)
 
 
-def after_count(selection: JobQuerySet, verb: str) -> int:
-    """Selected jobs a verb had to leave in place: for requeue, the dead or cancelled jobs
-    still dead or cancelled afterwards (their unique key is held by an active job); for
-    purge, the finished jobs still there (a project's row protects them)."""
-    if verb == "requeue":
-        return selection.filter(state__in=[JobState.DEAD, JobState.CANCELLED]).count()
-    if verb == "purge":
-        return selection.filter(state__in=[JobState.SUCCEEDED, JobState.CANCELLED]).count()
-    return 0
-
-
-# Why the jobs after_count() counts stayed, per verb.
+# Why jobs a verb may change stayed as they were, per verb that can leave some.
 _HELD = {
     "requeue": (
         "%(n)d stays: another active job holds its unique key",
@@ -63,25 +52,40 @@ _HELD = {
     ),
 }
 
+# The jobs each action's verb may change, by their state: the only ones it locks.
+Eligible = Callable[[QuerySet[Job]], QuerySet[Job]]
 
-def _acted(selection: QuerySet[Job], verb: Callable[[JobQuerySet], int]) -> tuple[Any, ...]:
-    """(the jobs before, the verb's count, the jobs after), read with the selected rows
-    locked in one transaction: what differs after is the verb's own change, never a
-    worker's claim or ack, a prune or another person's action in between (claims skip
-    locked rows; a renewal waits a moment). Sent again if the database picked it as a
-    deadlock victim (it changed nothing then)."""
+
+def _acted(
+    selection: QuerySet[Job],
+    eligible: Eligible,
+    verb: Callable[[JobQuerySet], int],
+    *,
+    deletes: bool,
+) -> tuple[int, dict[Any, Job], int, dict[Any, Job]]:
+    """(how many are selected, the eligible jobs before, the verb's count, those jobs
+    after), in one transaction with the eligible jobs locked and the verb run on them
+    alone: what differs after is the verb's own change, never a worker's claim or ack, a
+    prune or another person's action in between. Jobs the verb cannot change are not
+    locked, so nothing waits on them; on PostgreSQL the lock is FOR NO KEY UPDATE (as the
+    verb's UPDATE takes), which a handler's rows pointing at its job do not hold up.
+    Sent again if the database picked it as a deadlock victim (it changed nothing then),
+    unless it runs inside the caller's transaction, which only the caller can redo."""
     db = router.db_for_write(Job)
     selection = selection.using(db)  # every read in the transaction, never a replica
-    for tries_left in range(DEADLOCK_TRIES - 1, -1, -1):
+    connection = connections[db]
+    weakest = not deletes and connection.features.has_select_for_no_key_update
+    tries = 1 if connection.in_atomic_block else DEADLOCK_TRIES
+    for tries_left in range(tries - 1, -1, -1):
         try:
             with transaction.atomic(using=db):
-                locked = selection.select_for_update().order_by("pk")
+                total = selection.count()
+                locked = eligible(selection).select_for_update(no_key=weakest).order_by("pk")
                 before = {job.pk: job for job in locked.only("task_path", *_WATCHED)}
-                changed = verb(cast("JobQuerySet", selection))
-                # By id: the selection may be a filter the verb's change takes them out of.
-                again = Job.objects.using(db).filter(pk__in=before).only(*_WATCHED)
-                after = {job.pk: job for job in again}
-            return before, changed, after
+                jobs = Job.objects.using(db).filter(pk__in=list(before))
+                changed = verb(jobs) if before else 0
+                after = {job.pk: job for job in jobs.only(*_WATCHED)}
+            return total, before, changed, after
         except OperationalError as error:
             if not tries_left or not is_deadlock(error):
                 raise
@@ -95,16 +99,19 @@ class JobActions(_JobAdminBase):
         self,
         request: HttpRequest,
         queryset: QuerySet[Job],
+        eligible: Eligible,
         verb: Callable[[JobQuerySet], int],
         done: str,
         not_eligible: str,
         *,
-        waiting: str = "",
+        held_because: str = "",
     ) -> None:
         # Rebuild the selection without the list's annotations, so the verb's statement is
         # the plain conditional UPDATE operators.py wrote.
         selection = Job.objects.filter(pk__in=queryset.values("pk"))
-        before, changed, after = _acted(selection, verb)
+        total, before, changed, after = _acted(
+            selection, eligible, verb, deletes=held_because == "purge"
+        )
         self._log(
             request,
             [
@@ -115,10 +122,9 @@ class JobActions(_JobAdminBase):
             done,
             after,
         )
-        total = len(before)
-        # Jobs the verb left alone for a reason of their own (a held unique key), counted
-        # apart from the ineligible ones.
-        held = after_count(selection, waiting) if waiting else 0
+        # Eligible jobs the verb left alone for a reason of its own (a held unique key, a
+        # project's row), counted apart from the ineligible ones.
+        held = len(before) - changed if held_because else 0
         message = f"{changed} of {total} {done}"
         skipped = total - changed - held
         if skipped > 0:
@@ -127,7 +133,7 @@ class JobActions(_JobAdminBase):
                 "why": not_eligible,
             }
         if held > 0:
-            message += "; " + ngettext(*_HELD[waiting], held) % {"n": held}
+            message += "; " + ngettext(*_HELD[held_because], held) % {"n": held}
         self.message_user(
             request, message + ".", messages.SUCCESS if skipped + held <= 0 else messages.WARNING
         )
@@ -192,17 +198,25 @@ class JobActions(_JobAdminBase):
         description=_("Retry now: make selected pending jobs due"), permissions=["change"]
     )
     def retry_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
-        self._act(request, queryset, lambda qs: qs.retry_now(), "made due now", "not pending")
+        self._act(
+            request,
+            queryset,
+            lambda qs: qs.filter(state=JobState.PENDING),
+            lambda qs: qs.retry_now(),
+            "made due now",
+            "not pending",
+        )
 
     @admin.action(description=_("Requeue selected dead or cancelled jobs"), permissions=["change"])
     def requeue(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         self._act(
             request,
             queryset,
+            lambda qs: qs.filter(state__in=[JobState.DEAD, JobState.CANCELLED]),
             lambda qs: qs.requeue(),
             "requeued",
             "no longer dead or cancelled",
-            waiting="requeue",
+            held_because="requeue",
         )
 
     @admin.action(description=_("Cancel selected pending or claimed jobs"), permissions=["change"])
@@ -218,7 +232,12 @@ class JobActions(_JobAdminBase):
         ):
             return asking
         self._act(
-            request, queryset, lambda qs: qs.cancel(), "cancelled", "no longer pending or claimed"
+            request,
+            queryset,
+            lambda qs: qs.filter(state__in=ACTIVE_STATES),
+            lambda qs: qs.cancel(),
+            "cancelled",
+            "no longer pending or claimed",
         )
         return None
 
@@ -241,6 +260,8 @@ class JobActions(_JobAdminBase):
         self._act(
             request,
             queryset,
+            # Claimed ones: the verb's own UPDATE re-checks which are stalled.
+            lambda qs: qs.filter(state=JobState.CLAIMED),
             lambda qs: qs.expire_stalled_now(period),
             "expired",
             "not stalled claims",
@@ -275,9 +296,10 @@ class JobActions(_JobAdminBase):
         self._act(
             request,
             queryset,
+            lambda qs: qs.filter(state__in=[JobState.SUCCEEDED, JobState.CANCELLED]),
             lambda qs: qs.purge_finished(),
             "purged",
             "not succeeded or cancelled",
-            waiting="purge",
+            held_because="purge",
         )
         return None

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 from django.conf import settings
+from django.db import connections
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
@@ -255,12 +256,17 @@ class LeaseBackend(BaseTaskBackend):
         return results
 
     def _send_enqueued(self, results: list[TaskResult[..., Any]]) -> None:
-        """Send task_enqueued for each result; a receiver that raises is logged, never
-        raised: the rows are written, and a call that raises must have written nothing
-        (enqueue_many's others would go unsignalled, and the caller never learn the ids)."""
+        """Send task_enqueued for each result, to every receiver. In the caller's
+        transaction a receiver's error is raised once all are sent, as Django's backends
+        do: the caller's rollback takes the jobs with it (and a receiver's failed query
+        has left the transaction unusable on PostgreSQL). Outside one the rows are already
+        committed, so the error is logged and the call returns: a call that raises must
+        have written nothing, and the caller learns the ids."""
+        errors: list[Exception] = []
         for result in results:
             for receiver, response in task_enqueued.send_robust(type(self), task_result=result):
                 if isinstance(response, Exception):
+                    errors.append(response)
                     logger.error(
                         "Receiver %r of task_enqueued raised for job=%s",
                         receiver,
@@ -268,6 +274,8 @@ class LeaseBackend(BaseTaskBackend):
                         exc_info=response,
                         extra={"event": "receiver_raised", "job_id": result.id},
                     )
+        if errors and connections[self.database].in_atomic_block:
+            raise errors[0]
 
     def _job_fields(self, task: Any) -> JobFields:
         """What a job of ``task`` gets (the task's options, else its queue's, else the

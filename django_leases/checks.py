@@ -212,6 +212,8 @@ def _shared_queue_messages(alias: str, mine: LeaseOptions) -> list[checks.CheckM
     """A job records its queue, not its backend: two backends of one database that take
     the same queue run each other's jobs (a worker of either claims them), whatever
     options or task modules each was meant to have."""
+    from django.conf import settings
+
     ours = served_queues(alias)
     shared = []
     for other in lease_backend_aliases():
@@ -221,8 +223,9 @@ def _shared_queue_messages(alias: str, mine: LeaseOptions) -> list[checks.CheckM
             theirs = get_options(other)
         except InvalidLeaseOption:
             continue  # its own check reports it
-        if theirs.database != mine.database:
-            continue
+        declared = settings.TASKS[other].get("QUEUES", [])
+        if theirs.database != mine.database or not isinstance(declared, list | tuple | set):
+            continue  # a QUEUES that is no list of names: its own E022 reports it
         their_queues = served_queues(other)
         if ours is None or their_queues is None:
             both = their_queues if ours is None else ours

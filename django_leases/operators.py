@@ -44,6 +44,8 @@ else:
 CENSUS_EXACT_ROWS = 1_000_000
 # What keeps a job purge_finished() was asked to delete.
 _KEPT = (ProtectedError, RestrictedError, IntegrityError)
+# Jobs purge_finished() deletes in one statement (fewer ids than SQLite binds).
+PURGE_CHUNK = 500
 CENSUS_CAP = 1000
 CENSUS_SAMPLE_ROWS = 50_000
 
@@ -56,6 +58,8 @@ class OperatorVerbs(_VerbsBase):
         _db: str | None
 
         def stalled_claims(self, heartbeat_seconds: float) -> JobQuerySet: ...
+
+        def _kept_by_projects(self, db: str) -> models.Q: ...
 
     # -- operator actions: conditional on state, answering how many changed -------------
 
@@ -149,20 +153,26 @@ class OperatorVerbs(_VerbsBase):
         The jobs are locked as they are read, in one transaction with the delete: a job
         requeued meanwhile is pending when read and stays (Django's delete() reads the jobs,
         then deletes by id, with no state in the DELETE). A job a project's row protects
-        (PROTECT, RESTRICT, a foreign key the database checks) stays, the others go.
+        (PROTECT, RESTRICT, a foreign key the database checks) stays, the others go: those
+        prune() knows to be kept are left out, and a chunk of PURGE_CHUNK ids that is
+        refused all the same goes again a job at a time.
         """
         db = self._db or router.db_for_write(self.model)
         finished = self.filter(state__in=[JobState.SUCCEEDED, JobState.CANCELLED]).using(db)
         with transaction.atomic(using=db):
-            ids = list(finished.select_for_update().order_by("pk").values_list("pk", flat=True))
-            try:
-                return self._delete_jobs(db, ids)
-            except _KEPT:
-                pass
+            locked = finished.exclude(self._kept_by_projects(db)).select_for_update()
+            ids = list(locked.order_by("pk").values_list("pk", flat=True))
             deleted = 0
-            for pk in ids:  # what protects one job keeps that job, not the rest
-                with contextlib.suppress(*_KEPT):
-                    deleted += self._delete_jobs(db, [pk])
+            for at in range(0, len(ids), PURGE_CHUNK):
+                chunk = ids[at : at + PURGE_CHUNK]
+                try:
+                    deleted += self._delete_jobs(db, chunk)
+                    continue
+                except _KEPT:
+                    pass
+                for pk in chunk:  # what protects one job keeps that job, not the rest
+                    with contextlib.suppress(*_KEPT):
+                        deleted += self._delete_jobs(db, [pk])
             return deleted
 
     def _delete_jobs(self, db: str, ids: list[Any]) -> int:

@@ -210,16 +210,20 @@ class ScheduleAdmin(_ScheduleAdminBase):
             )
 
     def _switch(self, request: HttpRequest, queryset: QuerySet[Schedule], pause: bool) -> None:
-        """Pause or resume the selection, in one transaction with the schedules locked:
-        the log names the ones this action changed, none another session did meanwhile."""
-        selection = self._selection(queryset)
-        with transaction.atomic(using=router.db_for_write(Schedule)):
-            locked = selection.select_for_update().order_by("pk")
-            switched = [s for s in locked.only("pk", "name", "paused") if s.paused != pause]
-            done = selection.pause() if pause else selection.resume()
+        """Pause or resume the selection: the schedules it would change locked, then
+        changed, in one transaction, so the log names the ones this action changed and
+        none another session did meanwhile."""
+        db = router.db_for_write(Schedule)
+        selection = self._selection(queryset).using(db)
+        with transaction.atomic(using=db):
+            total = selection.count()
+            locked = selection.filter(paused=not pause).select_for_update().order_by("pk")
+            switched = list(locked.only("pk", "name", "paused"))
+            them = Schedule.objects.using(db).filter(pk__in=[s.pk for s in switched])
+            done = them.pause() if pause else them.resume()
         verb = "paused" if pause else "resumed from now"
         self._log(request, switched, f"{verb.capitalize()} by the admin action.")
-        self.message_user(request, f"{done} of {selection.count()} {verb}.")
+        self.message_user(request, f"{done} of {total} {verb}.")
 
     @admin.action(description=_("Pause selected schedules"), permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:

@@ -403,11 +403,14 @@ def test_enqueue_many_writes_every_job_in_bulk_or_none():
     assert len(Job.objects.claim("w", limit=300)) == 250
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_task_enqueued_receiver_that_raises_is_logged_and_the_call_returns(caplog):
-    """A task_enqueued receiver that raised made enqueue() and enqueue_many() raise after
-    the rows were written (outside a transaction: committed), the batch's later jobs
-    unsignalled and their ids unknown to the caller (invariant 3: a call that raises wrote
-    nothing). It is logged with its traceback; every job is signalled and returned."""
+    """Outside a transaction a task_enqueued receiver that raised made enqueue() and
+    enqueue_many() raise after the rows were committed, the batch's later jobs unsignalled
+    and their ids unknown to the caller (invariant 3: a call that raises wrote nothing).
+    It is logged with its traceback; every job is signalled and returned. Inside the
+    caller's transaction it is raised once every receiver ran, as Django's backends do,
+    and the caller's rollback takes the jobs with it."""
     seen = []
 
     def broken(sender, task_result, **kwargs):
@@ -422,14 +425,18 @@ def test_a_task_enqueued_receiver_that_raises_is_logged_and_the_call_returns(cap
         with caplog.at_level(logging.ERROR, logger="django_leases.enqueue"):
             one = add.enqueue(1, 2)
             many = send_receipt.enqueue_many([((i,), {}) for i in range(3)])
+        ids = [one.id, *(r.id for r in many)]
+        assert seen == ids and Job.objects.filter(pk__in=ids).count() == 4
+        logged = [r for r in caplog.records if getattr(r, "event", "") == "receiver_raised"]
+        assert [r.job_id for r in logged] == ids
+        assert all(r.exc_info[1].args == ("receiver broke",) for r in logged)
+        seen.clear()
+        with pytest.raises(RuntimeError, match="receiver broke"), transaction.atomic():
+            send_receipt.enqueue_many([((i,), {}) for i in range(3)])
+        assert len(seen) == 3 and Job.objects.count() == 4
     finally:
         task_enqueued.disconnect(broken)
         task_enqueued.disconnect(counting)
-    ids = [one.id, *(r.id for r in many)]
-    assert seen == ids and Job.objects.filter(pk__in=ids).count() == 4
-    logged = [r for r in caplog.records if getattr(r, "event", "") == "receiver_raised"]
-    assert [r.job_id for r in logged] == ids
-    assert all(r.exc_info[1].args == ("receiver broke",) for r in logged)
 
 
 def test_enqueue_many_results_read_like_get_result_and_each_is_signalled():

@@ -596,20 +596,23 @@ def test_purge_finished_keeps_what_a_projects_row_protects_and_deletes_the_rest(
     (RESTRICT) or points at under a constraint (DO_NOTHING) made purge_finished() raise
     ProtectedError (a 500 in the admin) and purge none of the others. It keeps those and
     deletes the rest, with what they cascade to, in a caller's transaction too."""
-    invoiced, approved, audited, reported, plain = (
-        job(JobState.SUCCEEDED, days_ago=0, failures=1) for _ in range(5)
+    invoiced, approved, audited, held_back, reported, plain = (
+        job(JobState.SUCCEEDED, days_ago=0, failures=1) for _ in range(6)
     )
     Invoice.objects.create(job=invoiced)
     Approval.objects.create(job=approved)
     Audit.objects.create(job=audited)
+    # Protected further along (a hold on its report): refused by the collector, so its
+    # chunk goes again a job at a time.
+    ReportHold.objects.create(report=Report.objects.create(job=held_back))
     Report.objects.create(job=reported)
-    kept = {invoiced.pk, approved.pk, audited.pk}
+    kept = {invoiced.pk, approved.pk, audited.pk, held_back.pk}
     everyone = Job.objects.filter(pk__in=[*kept, reported.pk, plain.pk])
     with transaction.atomic():
         assert everyone.purge_finished() == 2
     assert set(Job.objects.values_list("pk", flat=True)) == kept
     assert set(JobFailure.objects.values_list("job_id", flat=True)) == kept
-    assert not Report.objects.exists()
+    assert list(Report.objects.values_list("job_id", flat=True)) == [held_back.pk]
     assert everyone.purge_finished() == 0
 
 

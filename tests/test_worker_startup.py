@@ -121,7 +121,8 @@ def test_an_outage_is_told_once_per_trouble_and_when_it_ends(workers, down_datab
     down_database.heal()
     wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 20, "the job after it")
     for trouble in troubles:
-        w.wait_event("trouble_over", trouble=trouble, timeout=10)
+        # The listener's is over once its new connection stayed up STEADY_SECONDS (5 s).
+        w.wait_event("trouble_over", trouble=trouble, timeout=30)
         assert len(w.events(trouble)) == 1, (trouble, w.log()[-3000:])
         [over] = w.events("trouble_over", trouble=trouble)
         assert over["failures"] > 1, over

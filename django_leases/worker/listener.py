@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from typing import Any
 
 from django.db import connections
@@ -22,6 +23,10 @@ logger = logging.getLogger("django_leases.worker")
 # Enqueue wake-ups on PostgreSQL (sent by the trigger of migration 0002): the payload is the
 # queue name.
 NOTIFY_CHANNEL = "django_leases"
+
+# How long a new LISTEN connection stays up before its trouble is over and the back-off
+# starts again from its shortest: one the server ends at once is no recovery.
+STEADY_SECONDS = 5.0
 
 
 def listen(database: str) -> Any:
@@ -71,12 +76,15 @@ class Listener(threading.Thread):
                     self.worker_id,
                     extra={"event": "listening", "worker": self.worker_id},
                 )
-                self.failing.over()
-                backoff = 0.5
+                up_at, steady = time.monotonic(), False
                 while not self._stop_event.is_set():
                     for note in self._conn.notifies(timeout=0.5):
                         if self.queues is None or note.payload in self.queues:
                             self.waker.wake()
+                    if not steady and time.monotonic() - up_at >= STEADY_SECONDS:
+                        # Back for good, not a connection the server ends at once again.
+                        steady, backoff = True, 0.5
+                        self.failing.over()
             except Exception as e:  # noqa: BLE001 -- any failure here only costs latency
                 self.failing.warn(
                     "Wake-up connection failed worker=%s error=%s; polling until it is back",

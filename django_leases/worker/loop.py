@@ -119,8 +119,9 @@ class Worker(Stopping):
         self._unsent: list[tuple[Claim, Outcome]] = []
         self._claimed = 0
         self._backoff = Backoff()
-        # The claim path's trouble: in an outage, one line when it starts and once a minute.
-        self._claim_trouble = Trouble("db_trouble", self.worker_id)
+        # The main loop's writes (claims, acks, fails) in an outage: one line when it
+        # starts, then once a minute; over once a claim goes through with nothing unsent.
+        self._writes_trouble = Trouble("db_trouble", self.worker_id)
         self._settled_at = float("-inf")
         self._vital: list[VitalThread] = []
         self._overdue_logged = False
@@ -239,10 +240,11 @@ class Worker(Stopping):
                             self.Job.objects.using(self.database).claim_order(self.queues).exists()
                         )
                     self._backoff.reset()
-                    self._claim_trouble.over()
+                    if not self._unsent:
+                        self._writes_trouble.over()
                 except DB_ERRORS as e:
                     what = "acknowledge and claim" if acks else "claim"
-                    self._db_trouble(what, e, trouble=self._claim_trouble)
+                    self._db_trouble(what, e, trouble=self._writes_trouble)
                     continue
                 if self.burst and not got and not self.book and not self._unsent and not left:
                     logger.info(

@@ -40,6 +40,7 @@ from .logs import claim_fields
 
 if TYPE_CHECKING:
     from ..models import Job as JobModel
+    from .repeats import Trouble
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -59,8 +60,16 @@ class Settling:
         _done: queue.SimpleQueue[tuple[Claim, Outcome]]
         _unsent: list[tuple[Claim, Outcome]]
 
+        _writes_trouble: Trouble
+
         def _db_trouble(
-            self, what: str, error: Exception, *, wait: bool = True, most: float | None = None
+            self,
+            what: str,
+            error: Exception,
+            *,
+            wait: bool = True,
+            most: float | None = None,
+            trouble: Trouble | None = None,
         ) -> None: ...
 
     def _last_writes_left(self) -> float | None:
@@ -94,7 +103,10 @@ class Settling:
             for claim, _ in unsent.values():
                 claim.finish_failed()
             self._unsent = list(unsent.values())
-            self._db_trouble("acknowledge", e, most=self._last_writes_left())
+            left = self._last_writes_left()
+            # Running, told in few lines with the claims' trouble; at a stop, every try.
+            trouble = self._writes_trouble if left is None else None
+            self._db_trouble("acknowledge", e, most=left, trouble=trouble)
             return []
         return oks if hold_acks else []
 
