@@ -180,18 +180,31 @@ def _time_zone_messages(alias: str) -> list[checks.CheckMessage]:
     ]
 
 
-def _shared_retention_messages(alias: str, mine: LeaseOptions) -> list[checks.CheckMessage]:
-    """A job records no backend, so `leases_prune --backend X` deletes every finished job
-    of X's database past X's RETENTION_DAYS: a backend sharing that database with one of a
-    shorter retention keeps its jobs only as long as that one's."""
-    shorter = []
+def _same_database(alias: str, mine: LeaseOptions) -> list[tuple[str, LeaseOptions]]:
+    """The other lease backends whose jobs are in ``alias``'s database, with their options
+    (one whose OPTIONS do not read is left to its own check)."""
+    found = []
     for other in lease_backend_aliases():
+        if other == alias:
+            continue
         try:
             theirs = get_options(other)
         except InvalidLeaseOption:
             continue  # its own check reports it
-        if theirs.database == mine.database and theirs.retention_days < mine.retention_days:
-            shorter.append(f"TASKS[{other!r}] ({theirs.retention_days:g} days)")
+        if theirs.database == mine.database:
+            found.append((other, theirs))
+    return found
+
+
+def _shared_retention_messages(alias: str, mine: LeaseOptions) -> list[checks.CheckMessage]:
+    """A job records no backend, so `leases_prune --backend X` deletes every finished job
+    of X's database past X's RETENTION_DAYS: a backend sharing that database with one of a
+    shorter retention keeps its jobs only as long as that one's."""
+    shorter = [
+        f"TASKS[{other!r}] ({theirs.retention_days:g} days)"
+        for other, theirs in _same_database(alias, mine)
+        if theirs.retention_days < mine.retention_days
+    ]
     if not shorter:
         return []
     return [
@@ -216,23 +229,15 @@ def _shared_queue_messages(alias: str, mine: LeaseOptions) -> list[checks.CheckM
 
     ours = served_queues(alias)
     shared = []
-    for other in lease_backend_aliases():
-        if other == alias:
-            continue
-        try:
-            theirs = get_options(other)
-        except InvalidLeaseOption:
-            continue  # its own check reports it
-        declared = settings.TASKS[other].get("QUEUES", [])
-        if theirs.database != mine.database or not isinstance(declared, list | tuple | set):
+    for other, _ in _same_database(alias, mine):
+        if not isinstance(settings.TASKS[other].get("QUEUES", []), list | tuple | set):
             continue  # a QUEUES that is no list of names: its own E022 reports it
         their_queues = served_queues(other)
         if ours is None or their_queues is None:
             both = their_queues if ours is None else ours
             said = "every queue" if both is None else ", ".join(map(repr, both))
         else:
-            common = [q for q in ours if q in their_queues]
-            said = ", ".join(map(repr, common))
+            said = ", ".join(repr(q) for q in ours if q in their_queues)
         if said:
             shared.append(f"TASKS[{other!r}] ({said})")
     if not shared:
@@ -264,14 +269,8 @@ def _shared_schedule_messages(
     if not names:
         return []
     clashes = []
-    for other in lease_backend_aliases():
-        if other == alias:
-            continue
-        try:
-            theirs = get_options(other)
-        except InvalidLeaseOption:
-            continue  # its own check reports it
-        shared = sorted(names & declared_names(other)) if theirs.database == mine.database else []
+    for other, _ in _same_database(alias, mine):
+        shared = sorted(names & declared_names(other))
         if shared:
             clashes.append(f"TASKS[{other!r}] ({', '.join(map(repr, shared))})")
     if not clashes:

@@ -15,7 +15,7 @@ from unittest import mock
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import Value
 from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
@@ -26,7 +26,13 @@ from django_leases.admin_lists import LeaseAdminPaginator
 from django_leases.durations import duration_text
 from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.states import FailureKind, JobState
-from tests.worker_helpers import ROW_INSTANCE, session_id, until_waiting_on_a_lock, worker_row
+from tests.worker_helpers import (
+    ROW_INSTANCE,
+    held_open,
+    session_id,
+    until_waiting_on_a_lock,
+    worker_row,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -825,38 +831,25 @@ def test_a_change_made_by_another_session_during_an_action_is_not_logged_as_its(
         pytest.skip("SQLite's IMMEDIATE transactions take turns: no lock to wait on")
     pending = Job.objects.enqueue(TASK, [1, 1])
     admin_session = session_id()
-    claimed, finish = threading.Event(), threading.Event()
-
-    def worker():
-        try:
-            with transaction.atomic():
-                [claim] = Job.objects.claim("w-race", ["default"])
-                assert claim.pk == pending.pk
-                claimed.set()
-                finish.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=worker)
-    holder.start()
-    assert claimed.wait(30)
-
-    def commit_once_the_action_waits():
-        try:
-            waited.append(until_waiting_on_a_lock(admin_session))
-        finally:
-            finish.set()
-            connection.close()
-
     waited: list[bool] = []
-    releaser = threading.Thread(target=commit_once_the_action_waits)
-    releaser.start()
-    try:
+
+    def claim():
+        [claim] = Job.objects.claim("w-race", ["default"])
+        assert claim.pk == pending.pk
+
+    with held_open(claim) as commit:
+
+        def commit_once_the_action_waits():
+            try:
+                waited.append(until_waiting_on_a_lock(admin_session))
+            finally:
+                commit()
+                connection.close()
+
+        releaser = threading.Thread(target=commit_once_the_action_waits)
+        releaser.start()
         said = act(operator, "retry_now", [pending])
-    finally:
-        finish.set()
         releaser.join(30)
-        holder.join(30)
     assert waited == [True], "the action never waited: no race"
     assert said == ["0 of 1 made due now; 1 was not pending."]
     assert not LogEntry.objects.exists()

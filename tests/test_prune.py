@@ -44,7 +44,7 @@ from tests.reportapp.models import (
     ReportLock,
     ReportPage,
 )
-from tests.worker_helpers import session_id, until_waiting_on_a_lock, wait_for
+from tests.worker_helpers import held_open, session_id, until_waiting_on_a_lock, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -625,20 +625,6 @@ def test_a_job_requeued_while_purge_finished_reads_it_stays():
     if connection.vendor == "sqlite":
         pytest.skip("SQLite's IMMEDIATE transactions take turns: no lock to wait on")
     cancelled = job(JobState.CANCELLED, days_ago=0)
-    requeued, finish = threading.Event(), threading.Event()
-
-    def operator():
-        try:
-            with transaction.atomic():
-                assert Job.objects.filter(pk=cancelled.pk).requeue() == 1
-                requeued.set()
-                finish.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=operator)
-    holder.start()
-    assert requeued.wait(30)
     session, outcome = [], []
 
     def purge():
@@ -650,15 +636,12 @@ def test_a_job_requeued_while_purge_finished_reads_it_stays():
         finally:
             connection.close()
 
-    purger = threading.Thread(target=purge)
-    purger.start()
-    try:
+    with held_open(lambda: Job.objects.filter(pk=cancelled.pk).requeue()):
+        purger = threading.Thread(target=purge)
+        purger.start()
         wait_for(lambda: session, 30, "the purge's session id")
         # Without this wait the test could pass with no race at all.
         assert until_waiting_on_a_lock(session[0]), "the purge never waited: no race"
-    finally:
-        finish.set()
-        holder.join(30)
-        purger.join(30)
+    purger.join(30)
     assert outcome == [0]
     assert Job.objects.get(pk=cancelled.pk).state == JobState.PENDING

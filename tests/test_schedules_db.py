@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import django
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import F
 from django.db.models.functions import Now
 from django.test import override_settings
@@ -18,7 +18,7 @@ from django_leases.enqueue_options import EnqueueOptions
 from django_leases.models import Job, Schedule, ScheduleRun
 from django_leases.schedules import Periodic, ScheduleSpec, declared_schedules
 from django_leases.states import JobState
-from tests.worker_helpers import session_id, until_waiting_on_a_lock, wait_for
+from tests.worker_helpers import held_open, session_id, until_waiting_on_a_lock, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,25 +61,7 @@ def test_workers_starting_together_each_sync_without_a_duplicate_key_error():
     (On MariaDB the locking read itself waits for the uncommitted row and then reads it.)"""
     if connection.vendor == "sqlite":
         pytest.skip("SQLite's IMMEDIATE transactions take turns: the second reads the row")
-    inserted, finish = threading.Event(), threading.Event()
-
-    def first_worker():
-        try:
-            with transaction.atomic():
-                Schedule.objects.create(
-                    name="s", backend="default", task_path=TASK, spec=spec("s").to_json()
-                )
-                inserted.set()
-                finish.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=first_worker)
-    holder.start()
-    assert inserted.wait(30)
-    outcome = []
-
-    session = []
+    outcome, session = [], []
 
     def second_worker():
         try:
@@ -90,14 +72,14 @@ def test_workers_starting_together_each_sync_without_a_duplicate_key_error():
         finally:
             connection.close()
 
-    second = threading.Thread(target=second_worker)
-    second.start()
-    # Its insert reached the first one's uncommitted row: without this wait the test
-    # could pass with no race at all.
-    wait_for(lambda: session, 30, "the second sync's session id")
-    assert until_waiting_on_a_lock(session[0]), "the second sync never waited: no race"
-    finish.set()
-    holder.join(30)
+    first = {"name": "s", "backend": "default", "task_path": TASK, "spec": spec("s").to_json()}
+    with held_open(lambda: Schedule.objects.create(**first)):
+        second = threading.Thread(target=second_worker)
+        second.start()
+        # Its insert reached the first one's uncommitted row: without this wait the test
+        # could pass with no race at all.
+        wait_for(lambda: session, 30, "the second sync's session id")
+        assert until_waiting_on_a_lock(session[0]), "the second sync never waited: no race"
     second.join(30)
     [report] = outcome
     assert not isinstance(report, Exception), report

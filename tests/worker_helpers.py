@@ -14,12 +14,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 ROOT = Path(__file__).resolve().parent.parent
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith("postgres")
@@ -330,3 +331,34 @@ def until_waiting_on_a_lock(session: Any, seconds: float = 30.0) -> bool:
                 return True
         time.sleep(pause)
     return False
+
+
+@contextlib.contextmanager
+def held_open(write: Callable[[], Any]) -> Iterator[Callable[[], None]]:
+    """Run ``write`` in a transaction of another thread (its own connection) and keep it
+    open, its row locks held, until the block ends or the callable it yields is called;
+    then it commits. A race test's other session."""
+    written, finish = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                write()
+                written.set()
+                finish.wait(30)
+        except BaseException as e:  # noqa: BLE001 -- reported to the test below
+            failed.append(e)
+            written.set()
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert written.wait(30) and not failed, failed
+    try:
+        yield finish.set
+    finally:
+        finish.set()
+        holder.join(30)
+    assert not failed, failed
