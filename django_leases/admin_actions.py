@@ -61,27 +61,31 @@ def _acted(
     eligible: Eligible,
     verb: Callable[[JobQuerySet], int],
     *,
-    deletes: bool,
+    no_key: bool,
 ) -> tuple[int, dict[Any, Job], int, dict[Any, Job]]:
     """(how many are selected, the eligible jobs before, the verb's count, those jobs
     after), in one transaction with the eligible jobs locked and the verb run on them
     alone: what differs after is the verb's own change, never a worker's claim or ack, a
     prune or another person's action in between. Jobs the verb cannot change are not
-    locked, so nothing waits on them; on PostgreSQL the lock is FOR NO KEY UPDATE (as the
-    verb's UPDATE takes), which a handler's rows pointing at its job do not hold up.
-    Sent again if the database picked it as a deadlock victim (it changed nothing then),
-    unless it runs inside the caller's transaction, which only the caller can redo."""
+    locked, so nothing waits on them. ``no_key``: the verb's UPDATE leaves the columns of
+    unique indexes alone (not ``state``, which the unique active_key follows), so on
+    PostgreSQL the rows are locked FOR NO KEY UPDATE as that UPDATE would lock them, which
+    a handler's rows pointing at its job (FOR KEY SHARE) do not hold up; otherwise FOR
+    UPDATE, the lock that UPDATE or DELETE takes anyway. Sent again if the database picked
+    it as a deadlock victim (it changed nothing then), unless it runs inside the caller's
+    transaction, which only the caller can redo."""
     db = router.db_for_write(Job)
     selection = selection.using(db)  # every read in the transaction, never a replica
     connection = connections[db]
-    weakest = not deletes and connection.features.has_select_for_no_key_update
-    tries = 1 if connection.in_atomic_block else DEADLOCK_TRIES
+    weakest = no_key and connection.features.has_select_for_no_key_update
+    own = not connection.in_atomic_block and connection.get_autocommit()
+    tries = DEADLOCK_TRIES if own else 1
     for tries_left in range(tries - 1, -1, -1):
         try:
             with transaction.atomic(using=db):
-                total = selection.count()
                 locked = eligible(selection).select_for_update(no_key=weakest).order_by("pk")
                 before = {job.pk: job for job in locked.only("task_path", *_WATCHED)}
+                total = max(selection.count(), len(before))
                 jobs = Job.objects.using(db).filter(pk__in=list(before))
                 changed = verb(jobs) if before else 0
                 after = {job.pk: job for job in jobs.only(*_WATCHED)}
@@ -105,13 +109,12 @@ class JobActions(_JobAdminBase):
         not_eligible: str,
         *,
         held_because: str = "",
+        no_key: bool = False,
     ) -> None:
         # Rebuild the selection without the list's annotations, so the verb's statement is
         # the plain conditional UPDATE operators.py wrote.
         selection = Job.objects.filter(pk__in=queryset.values("pk"))
-        total, before, changed, after = _acted(
-            selection, eligible, verb, deletes=held_because == "purge"
-        )
+        total, before, changed, after = _acted(selection, eligible, verb, no_key=no_key)
         self._log(
             request,
             [
@@ -205,6 +208,7 @@ class JobActions(_JobAdminBase):
             lambda qs: qs.retry_now(),
             "made due now",
             "not pending",
+            no_key=True,
         )
 
     @admin.action(description=_("Requeue selected dead or cancelled jobs"), permissions=["change"])
@@ -265,6 +269,7 @@ class JobActions(_JobAdminBase):
             lambda qs: qs.expire_stalled_now(period),
             "expired",
             "not stalled claims",
+            no_key=True,
         )
         return None
 

@@ -44,7 +44,7 @@ else:
 CENSUS_EXACT_ROWS = 1_000_000
 # What keeps a job purge_finished() was asked to delete.
 _KEPT = (ProtectedError, RestrictedError, IntegrityError)
-# Jobs purge_finished() deletes in one statement (fewer ids than SQLite binds).
+# Jobs purge_finished() deletes at a time once a delete of them all was refused.
 PURGE_CHUNK = 500
 CENSUS_CAP = 1000
 CENSUS_SAMPLE_ROWS = 50_000
@@ -154,14 +154,18 @@ class OperatorVerbs(_VerbsBase):
         requeued meanwhile is pending when read and stays (Django's delete() reads the jobs,
         then deletes by id, with no state in the DELETE). A job a project's row protects
         (PROTECT, RESTRICT, a foreign key the database checks) stays, the others go: those
-        prune() knows to be kept are left out, and a chunk of PURGE_CHUNK ids that is
-        refused all the same goes again a job at a time.
+        prune() knows to be kept are left out, and should the rest be refused all the
+        same, they go again in chunks of PURGE_CHUNK, a refused chunk a job at a time.
         """
         db = self._db or router.db_for_write(self.model)
         finished = self.filter(state__in=[JobState.SUCCEEDED, JobState.CANCELLED]).using(db)
         with transaction.atomic(using=db):
             locked = finished.exclude(self._kept_by_projects(db)).select_for_update()
             ids = list(locked.order_by("pk").values_list("pk", flat=True))
+            # At once first: each check re-checks what went before it (PostgreSQL's
+            # deferred foreign keys), so chunks only once something refused.
+            with contextlib.suppress(*_KEPT):
+                return self._delete_jobs(db, ids) if ids else 0
             deleted = 0
             for at in range(0, len(ids), PURGE_CHUNK):
                 chunk = ids[at : at + PURGE_CHUNK]
