@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import queue
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -59,18 +60,9 @@ class Settling:
         worker_id: str
         _done: queue.SimpleQueue[tuple[Claim, Outcome]]
         _unsent: list[tuple[Claim, Outcome]]
-
         _writes_trouble: Trouble
-
-        def _db_trouble(
-            self,
-            what: str,
-            error: Exception,
-            *,
-            wait: bool = True,
-            most: float | None = None,
-            trouble: Trouble | None = None,
-        ) -> None: ...
+        # Worker._db_trouble (loop.py): log, drop the connection, back off.
+        _db_trouble: Callable[..., None]
 
     def _last_writes_left(self) -> float | None:
         """At a stop, the seconds left to write (stopping.py); None while running."""
