@@ -29,8 +29,6 @@ from django_leases.states import FailureKind, JobState
 from tests.worker_helpers import (
     ROW_INSTANCE,
     held_open,
-    session_id,
-    until_waiting_on_a_lock,
     worker_row,
 )
 
@@ -830,20 +828,19 @@ def test_a_change_made_by_another_session_during_an_action_is_not_logged_as_its(
     if connection.vendor == "sqlite":
         pytest.skip("SQLite's IMMEDIATE transactions take turns: no lock to wait on")
     pending = Job.objects.enqueue(TASK, [1, 1])
-    admin_session = session_id()
     waited: list[bool] = []
 
     def claim():
         [claim] = Job.objects.claim("w-race", ["default"])
         assert claim.pk == pending.pk
 
-    with held_open(claim) as commit:
+    with held_open(claim) as held:
 
         def commit_once_the_action_waits():
             try:
-                waited.append(until_waiting_on_a_lock(admin_session))
+                waited.append(held.until_it_blocks_another())
             finally:
-                commit()
+                held.commit()
                 connection.close()
 
         releaser = threading.Thread(target=commit_once_the_action_waits)

@@ -44,7 +44,7 @@ from tests.reportapp.models import (
     ReportLock,
     ReportPage,
 )
-from tests.worker_helpers import held_open, session_id, until_waiting_on_a_lock, wait_for
+from tests.worker_helpers import held_open
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -625,23 +625,21 @@ def test_a_job_requeued_while_purge_finished_reads_it_stays():
     if connection.vendor == "sqlite":
         pytest.skip("SQLite's IMMEDIATE transactions take turns: no lock to wait on")
     cancelled = job(JobState.CANCELLED, days_ago=0)
-    session, outcome = [], []
+    outcome = []
 
     def purge():
         try:
-            session.append(session_id())
             outcome.append(Job.objects.filter(pk=cancelled.pk).purge_finished())
         except Exception as e:  # noqa: BLE001 -- reported by the assertion below
             outcome.append(e)
         finally:
             connection.close()
 
-    with held_open(lambda: Job.objects.filter(pk=cancelled.pk).requeue()):
+    with held_open(lambda: Job.objects.filter(pk=cancelled.pk).requeue()) as held:
         purger = threading.Thread(target=purge)
         purger.start()
-        wait_for(lambda: session, 30, "the purge's session id")
         # Without this wait the test could pass with no race at all.
-        assert until_waiting_on_a_lock(session[0]), "the purge never waited: no race"
+        assert held.until_it_blocks_another(), "the purge never waited: no race"
     purger.join(30)
     assert outcome == [0]
     assert Job.objects.get(pk=cancelled.pk).state == JobState.PENDING

@@ -18,7 +18,7 @@ from django_leases.enqueue_options import EnqueueOptions
 from django_leases.models import Job, Schedule, ScheduleRun
 from django_leases.schedules import Periodic, ScheduleSpec, declared_schedules
 from django_leases.states import JobState
-from tests.worker_helpers import held_open, session_id, until_waiting_on_a_lock, wait_for
+from tests.worker_helpers import held_open
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,11 +61,10 @@ def test_workers_starting_together_each_sync_without_a_duplicate_key_error():
     (On MariaDB the locking read itself waits for the uncommitted row and then reads it.)"""
     if connection.vendor == "sqlite":
         pytest.skip("SQLite's IMMEDIATE transactions take turns: the second reads the row")
-    outcome, session = [], []
+    outcome = []
 
     def second_worker():
         try:
-            session.append(session_id())
             outcome.append(Schedule.objects.sync("default", [spec("s", every=120)]))
         except Exception as e:  # noqa: BLE001 -- the failure this test is about
             outcome.append(e)
@@ -73,13 +72,12 @@ def test_workers_starting_together_each_sync_without_a_duplicate_key_error():
             connection.close()
 
     first = {"name": "s", "backend": "default", "task_path": TASK, "spec": spec("s").to_json()}
-    with held_open(lambda: Schedule.objects.create(**first)):
+    with held_open(lambda: Schedule.objects.create(**first)) as held:
         second = threading.Thread(target=second_worker)
         second.start()
         # Its insert reached the first one's uncommitted row: without this wait the test
         # could pass with no race at all.
-        wait_for(lambda: session, 30, "the second sync's session id")
-        assert until_waiting_on_a_lock(session[0]), "the second sync never waited: no race"
+        assert held.until_it_blocks_another(), "the second sync never waited: no race"
     second.join(30)
     [report] = outcome
     assert not isinstance(report, Exception), report

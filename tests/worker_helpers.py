@@ -302,49 +302,62 @@ def job_of(result):
     return Job.objects.get(pk=int(result.id))
 
 
-def session_id() -> Any:
-    """This thread's database session: its backend pid (PostgreSQL), connection id (MySQL)."""
+def _session_id() -> Any:
+    """This connection's database session: its backend pid (PostgreSQL), connection id
+    (MySQL). Through a transaction pooler it is stable only inside one transaction."""
     own = "pg_backend_pid()" if connection.vendor == "postgresql" else "CONNECTION_ID()"
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {own}")
         return cursor.fetchone()[0]
 
 
-def until_waiting_on_a_lock(session: Any, seconds: float = 30.0) -> bool:
-    """True once database session ``session`` (session_id()) waits for a lock
-    (PostgreSQL's pg_stat_activity, InnoDB's transactions), False after ``seconds``: a
-    race test's proof that the race happened."""
-    query = (
-        "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'"
-        if connection.vendor == "postgresql"
-        else "SELECT count(*) FROM information_schema.innodb_trx "
-        "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'"
-    )
-    # InnoDB refreshes innodb_trx only when it was last read over 0.1 s ago: polled
-    # faster, it would never show the wait.
-    pause = 0.01 if connection.vendor == "postgresql" else 0.15
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute(query, [session])
-            if cursor.fetchone()[0]:
-                return True
-        time.sleep(pause)
-    return False
+class Held:
+    """The open transaction of held_open(): commit it, or wait until it blocks another."""
+
+    def __init__(self, finish: threading.Event) -> None:
+        self.commit = finish.set
+        self.session: Any = None  # read inside the transaction, so a pooler cannot change it
+
+    def until_it_blocks_another(self, seconds: float = 30.0) -> bool:
+        """True once another session waits for a lock this transaction holds
+        (pg_blocking_pids on PostgreSQL, InnoDB's lock waits on MariaDB), False after
+        ``seconds``: a race test's proof that the race happened. The waiter is found
+        through the holder because through a transaction pooler the waiter's own session
+        is not known before it waits."""
+        query = (
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+            if connection.vendor == "postgresql"
+            else "SELECT count(*) FROM information_schema.innodb_lock_waits w "
+            "JOIN information_schema.innodb_trx t ON t.trx_id = w.blocking_trx_id "
+            "WHERE t.trx_mysql_thread_id = %s"
+        )
+        # InnoDB refreshes these tables only when they were last read over 0.1 s ago:
+        # polled faster, they would never show the wait.
+        pause = 0.01 if connection.vendor == "postgresql" else 0.15
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with connection.cursor() as cursor:
+                cursor.execute(query, [self.session])
+                if cursor.fetchone()[0]:
+                    return True
+            time.sleep(pause)
+        return False
 
 
 @contextlib.contextmanager
-def held_open(write: Callable[[], Any]) -> Iterator[Callable[[], None]]:
+def held_open(write: Callable[[], Any]) -> Iterator[Held]:
     """Run ``write`` in a transaction of another thread (its own connection) and keep it
-    open, its row locks held, until the block ends or the callable it yields is called;
-    then it commits. A race test's other session."""
+    open, its row locks held, until the block ends or ``Held.commit`` is called; then it
+    commits. A race test's other session."""
     written, finish = threading.Event(), threading.Event()
+    held = Held(finish)
     failed: list[BaseException] = []
 
     def hold() -> None:
         try:
             with transaction.atomic():
                 write()
+                held.session = _session_id()
                 written.set()
                 finish.wait(30)
         except BaseException as e:  # noqa: BLE001 -- reported to the test below
@@ -357,7 +370,7 @@ def held_open(write: Callable[[], Any]) -> Iterator[Callable[[], None]]:
     holder.start()
     assert written.wait(30) and not failed, failed
     try:
-        yield finish.set
+        yield held
     finally:
         finish.set()
         holder.join(30)
