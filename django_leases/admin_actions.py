@@ -20,7 +20,6 @@ from .admin_lists import heartbeat_seconds
 from .deadlocks import TRIES as DEADLOCK_TRIES
 from .deadlocks import is_deadlock
 from .models import Job
-from .states import ACTIVE_STATES, JobState
 
 if TYPE_CHECKING:
     from django.utils.functional import _StrOrPromise
@@ -52,12 +51,13 @@ _HELD = {
     ),
 }
 
-# The jobs each action's verb may change, by their state: the only ones it locks.
-Eligible = Callable[[QuerySet[Job]], QuerySet[Job]]
+# The jobs each action's verb may change (its JobQuerySet.*_candidates()): the only ones
+# it locks.
+Eligible = Callable[["JobQuerySet"], "JobQuerySet"]
 
 
 def _acted(
-    selection: QuerySet[Job],
+    selection: JobQuerySet,
     eligible: Eligible,
     verb: Callable[[JobQuerySet], int],
     *,
@@ -204,7 +204,7 @@ class JobActions(_JobAdminBase):
         self._act(
             request,
             queryset,
-            lambda qs: qs.filter(state=JobState.PENDING),
+            lambda qs: qs.retry_now_candidates(),
             lambda qs: qs.retry_now(),
             "made due now",
             "not pending",
@@ -216,7 +216,7 @@ class JobActions(_JobAdminBase):
         self._act(
             request,
             queryset,
-            lambda qs: qs.filter(state__in=[JobState.DEAD, JobState.CANCELLED]),
+            lambda qs: qs.requeue_candidates(),
             lambda qs: qs.requeue(),
             "requeued",
             "no longer dead or cancelled",
@@ -238,7 +238,7 @@ class JobActions(_JobAdminBase):
         self._act(
             request,
             queryset,
-            lambda qs: qs.filter(state__in=ACTIVE_STATES),
+            lambda qs: qs.cancel_candidates(),
             lambda qs: qs.cancel(),
             "cancelled",
             "no longer pending or claimed",
@@ -265,7 +265,7 @@ class JobActions(_JobAdminBase):
             request,
             queryset,
             # Claimed ones: the verb's own UPDATE re-checks which are stalled.
-            lambda qs: qs.filter(state=JobState.CLAIMED),
+            lambda qs: qs.expire_candidates(),
             lambda qs: qs.expire_stalled_now(period),
             "expired",
             "not stalled claims",
@@ -301,7 +301,7 @@ class JobActions(_JobAdminBase):
         self._act(
             request,
             queryset,
-            lambda qs: qs.filter(state__in=[JobState.SUCCEEDED, JobState.CANCELLED]),
+            lambda qs: qs.purge_candidates(),
             lambda qs: qs.purge_finished(),
             "purged",
             "not succeeded or cancelled",

@@ -12,7 +12,7 @@ import contextlib
 import json
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from django.apps import apps
 from django.db import IntegrityError, connections, models, router, transaction
@@ -46,6 +46,8 @@ CENSUS_EXACT_ROWS = 1_000_000
 _KEPT = (ProtectedError, RestrictedError, IntegrityError)
 # Jobs purge_finished() deletes at a time once a delete of them all was refused.
 PURGE_CHUNK = 500
+# Unique keys requeue() reads and puts back at a time.
+REQUEUE_CHUNK = 500
 CENSUS_CAP = 1000
 CENSUS_SAMPLE_ROWS = 50_000
 
@@ -63,10 +65,29 @@ class OperatorVerbs(_VerbsBase):
 
     # -- operator actions: conditional on state, answering how many changed -------------
 
+    # The jobs each verb may change, by state: the verb's own condition, and what the
+    # admin locks before it calls the verb.
+
+    def cancel_candidates(self) -> Self:
+        return self.filter(state__in=ACTIVE_STATES)
+
+    def requeue_candidates(self) -> Self:
+        return self.filter(state__in=[JobState.DEAD, JobState.CANCELLED])
+
+    def retry_now_candidates(self) -> Self:
+        return self.filter(state=JobState.PENDING)
+
+    def expire_candidates(self) -> Self:
+        """Claimed jobs; expire_stalled_now() changes only those of them that are stalled."""
+        return self.filter(state=JobState.CLAIMED)
+
+    def purge_candidates(self) -> Self:
+        return self.filter(state__in=[JobState.SUCCEEDED, JobState.CANCELLED])
+
     @retry_deadlock_victims
     def cancel(self) -> int:
         """Cancel pending and claimed jobs; a running handler learns at its next renewal."""
-        return self.filter(state__in=ACTIVE_STATES).update(
+        return self.cancel_candidates().update(
             state=JobState.CANCELLED, finished_at=Now(), claim_token=None, lease_expires_at=None
         )
 
@@ -74,54 +95,72 @@ class OperatorVerbs(_VerbsBase):
         """Put dead and cancelled jobs back to pending, due now, with a fresh deadline
         (``max_age`` seconds, default the backend's MAX_AGE_DAYS, from the database's Now()).
 
-        A job whose unique key is held by another active job stays where it is.
+        One active job per unique key, as enqueue keeps it: of the jobs asked for that share
+        a key, the newest (highest id) goes back; they all stay where they are while another
+        active job holds their key. Keyed jobs go back REQUEUE_CHUNK at a time, and should a
+        chunk be refused (a job enqueued with the key meanwhile), one at a time.
         """
         age = (
             conf.get_options(None).max_age_days * 86400
             if max_age is None
             else checked_seconds("max_age", max_age)
         )
-        changes: dict[str, Any] = (
-            {"attempts": 0}
-            if reset_attempts
-            else {
-                # Keep the count but leave room for one more try.
-                "max_attempts": Case(
-                    When(attempts__gte=F("max_attempts"), then=F("attempts") + 1),
-                    default=F("max_attempts"),
-                    output_field=models.PositiveIntegerField(),
-                )
-            }
-        )
-        taken = list(
-            self.model._default_manager.using(self.db)
-            .filter(active_key__isnull=False)
-            .values_list("active_key", flat=True)
-        )
-        return (
-            self.filter(state__in=[JobState.DEAD, JobState.CANCELLED])
-            .exclude(unique_key__in=taken)
-            .update(
-                state=JobState.PENDING,
-                available_at=Now(),
-                finished_at=None,
-                dead_reason="",
-                deadline=after_now(timedelta(seconds=age)),
-                **changes,
+        back: dict[str, Any] = {
+            "state": JobState.PENDING,
+            "available_at": Now(),
+            "finished_at": None,
+            "dead_reason": "",
+            "deadline": after_now(timedelta(seconds=age)),
+        }
+        if reset_attempts:
+            back["attempts"] = 0
+        else:
+            # Keep the count but leave room for one more try.
+            back["max_attempts"] = Case(
+                When(attempts__gte=F("max_attempts"), then=F("attempts") + 1),
+                default=F("max_attempts"),
+                output_field=models.PositiveIntegerField(),
             )
-        )
+        db = self._db or router.db_for_write(self.model)
+        ended = self.using(db).requeue_candidates()
+        manager = self.model._default_manager.using(db)
+        with transaction.atomic(using=db):
+            requeued = ended.filter(unique_key__isnull=True).update(**back)
+            # Ordered by id, so the newest job of each key is the one the dict keeps.
+            newest = dict(
+                ended.filter(unique_key__isnull=False)
+                .order_by("pk")
+                .values_list("unique_key", "pk")
+            )
+            keys = list(newest)
+            for at in range(0, len(keys), REQUEUE_CHUNK):
+                chunk = keys[at : at + REQUEUE_CHUNK]
+                held = set(
+                    manager.filter(active_key__in=chunk).values_list("active_key", flat=True)
+                )
+                ids = [newest[key] for key in chunk if key not in held]
+                try:
+                    with transaction.atomic(using=db):
+                        requeued += manager.filter(pk__in=ids).requeue_candidates().update(**back)
+                    continue
+                except IntegrityError:
+                    pass
+                for pk in ids:  # the key enqueued meanwhile keeps its job ended, not the rest
+                    with contextlib.suppress(IntegrityError), transaction.atomic(using=db):
+                        requeued += manager.filter(pk=pk).requeue_candidates().update(**back)
+        return requeued
 
     @retry_deadlock_victims
     def retry_now(self) -> int:
         """Make pending jobs due now, parked ones included."""
-        return self.filter(state=JobState.PENDING).update(available_at=Now())
+        return self.retry_now_candidates().update(available_at=Now())
 
     @retry_deadlock_victims
     def expire_now(self) -> int:
         """End the lease of claimed jobs so any worker may take them: a second before the
         last renewal (DB clock), so the lease it leaves reads as one no claim is granted,
         and the takeover says the lease was ended early, not that some lease ran out."""
-        return self.filter(state=JobState.CLAIMED).update(
+        return self.expire_candidates().update(
             lease_expires_at=Least(Now(), Coalesce(F("heartbeat_at"), Now()))
             - Value(timedelta(seconds=1))
         )
@@ -158,7 +197,7 @@ class OperatorVerbs(_VerbsBase):
         same, they go again in chunks of PURGE_CHUNK, a refused chunk a job at a time.
         """
         db = self._db or router.db_for_write(self.model)
-        finished = self.filter(state__in=[JobState.SUCCEEDED, JobState.CANCELLED]).using(db)
+        finished = self.purge_candidates().using(db)
         with transaction.atomic(using=db):
             locked = finished.exclude(self._kept_by_projects(db)).select_for_update()
             ids = list(locked.order_by("pk").values_list("pk", flat=True))

@@ -871,6 +871,20 @@ def test_requeue_reports_jobs_whose_unique_key_is_held_apart(operator):
     assert Job.objects.get(pk=first.pk).state == JobState.DEAD
 
 
+def test_requeue_of_two_jobs_sharing_a_unique_key_puts_one_back(operator):
+    """Two dead jobs of one unique key, selected together: the action raised an
+    IntegrityError (a 500). The newest goes back; the message says why the other stays."""
+    older = Job.objects.enqueue(TASK, [1, 1], unique_key="report-2026-11")
+    Job.objects.filter(pk=older.pk).update(state=JobState.DEAD)
+    newer = Job.objects.enqueue(TASK, [1, 2], unique_key="report-2026-11")
+    Job.objects.filter(pk=newer.pk).update(state=JobState.DEAD)
+    assert act(operator, "requeue", [older, newer]) == [
+        "1 of 2 requeued; 1 stays: another active job holds its unique key."
+    ]
+    assert Job.objects.get(pk=newer.pk).state == JobState.PENDING
+    assert Job.objects.get(pk=older.pk).state == JobState.DEAD
+
+
 @pytest.mark.parametrize(
     "url",
     [

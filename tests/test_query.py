@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 import uuid
 from datetime import timedelta
 
@@ -20,6 +21,7 @@ from django_leases.models import Job, JobFailure, WorkerProcess
 from django_leases.owner_writes import RecordedFailure
 from django_leases.states import DeadReason, FailureKind, JobState
 from django_leases.worker.listener import listen
+from tests.worker_helpers import held_open
 
 pytestmark = pytest.mark.django_db
 
@@ -683,6 +685,70 @@ def test_requeue_keeping_attempts_leaves_room_for_one_more_try():
     assert (stored.attempts, stored.max_attempts) == (1, 2)
     [again] = Job.objects.claim("w")
     assert again.attempts == 2
+
+
+def ended_with_key(key, state=JobState.CANCELLED):
+    job = enqueue(unique_key=key)
+    Job.objects.filter(pk=job.pk).cancel()
+    if state == JobState.DEAD:
+        Job.objects.filter(pk=job.pk).update(state=JobState.DEAD)
+    return job
+
+
+def test_requeue_of_jobs_sharing_a_unique_key_puts_the_newest_back_and_leaves_the_rest():
+    """Invariant 3: two ended jobs of one unique key, requeued together, made one UPDATE
+    give both the key the unique active_key allows one active job to hold: an
+    IntegrityError, nothing requeued (a 500 in the admin). The newest of each key goes
+    back; the others stay ended, as a job whose key an active job holds does; jobs
+    without a key all go back."""
+    older = ended_with_key("nightly", JobState.DEAD)
+    newer = ended_with_key("nightly")
+    alone = ended_with_key("weekly", JobState.DEAD)
+    unkeyed = [enqueue(), enqueue()]
+    Job.objects.filter(pk__in=[j.pk for j in unkeyed]).cancel()
+    held = ended_with_key("held")
+    enqueue(unique_key="held")
+    assert Job.objects.all().requeue() == 4
+    state = dict(Job.objects.values_list("pk", "state"))
+    assert [state[j.pk] for j in (older, newer, alone, *unkeyed, held)] == [
+        JobState.DEAD,
+        JobState.PENDING,
+        JobState.PENDING,
+        JobState.PENDING,
+        JobState.PENDING,
+        JobState.CANCELLED,
+    ]
+    # Again: every key is held now, and the unkeyed jobs are pending.
+    assert Job.objects.all().requeue() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_enqueued_while_requeue_runs_keeps_its_ended_job_and_not_the_others():
+    """Invariant 3: a job enqueued with a key after requeue() read the keys held (not yet
+    committed then) made requeue's UPDATE wait on it and then fail on the unique
+    active_key. Only that key's ended job stays; the other keys' jobs go back."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite's IMMEDIATE transactions take turns: no lock to wait on")
+    taken, free = ended_with_key("taken"), ended_with_key("free")
+    outcome = []
+
+    def requeue():
+        try:
+            outcome.append(Job.objects.all().requeue())
+        except Exception as e:  # noqa: BLE001 -- reported by the assertion below
+            outcome.append(e)
+        finally:
+            connection.close()
+
+    with held_open(lambda: enqueue(unique_key="taken")) as held:
+        requeuer = threading.Thread(target=requeue)
+        requeuer.start()
+        # Without this wait the test could pass with no race at all.
+        assert held.until_it_blocks_another(), "the requeue never waited: no race"
+    requeuer.join(30)
+    assert outcome == [1]
+    state = dict(Job.objects.values_list("pk", "state"))
+    assert (state[taken.pk], state[free.pk]) == (JobState.CANCELLED, JobState.PENDING)
 
 
 def test_lease_views_split_claimed_jobs_into_healthy_stalled_and_expired():
