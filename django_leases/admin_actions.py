@@ -17,6 +17,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from .admin_lists import heartbeat_seconds
+from .admin_log import log_changed, log_deleted
 from .deadlocks import TRIES as DEADLOCK_TRIES
 from .deadlocks import is_deadlock
 from .models import Job
@@ -145,21 +146,9 @@ class JobActions(_JobAdminBase):
         self, request: HttpRequest, changed: list[Job], done: str, after: dict[Any, Job]
     ) -> None:
         """One admin log entry per job the action changed (deletion for a purged one)."""
-        from django.contrib.admin.models import CHANGE, DELETION, LogEntry
-
-        for flag, jobs in (
-            (CHANGE, [j for j in changed if j.pk in after]),
-            (DELETION, [j for j in changed if j.pk not in after]),
-        ):
-            if jobs:
-                # single_object is known at run time only; django-stubs types it by literal.
-                LogEntry.objects.log_actions(  # type: ignore[call-overload]
-                    user_id=request.user.pk,
-                    queryset=jobs,
-                    action_flag=flag,
-                    change_message=f"{done.capitalize()} by the admin action.",
-                    single_object=len(jobs) == 1,
-                )
+        message = f"{done.capitalize()} by the admin action."
+        log_changed(request, [j for j in changed if j.pk in after], message)
+        log_deleted(request, [j for j in changed if j.pk not in after], message)
 
     def _confirmation(
         self, request: HttpRequest, queryset: QuerySet[Job], action: str, question: _StrOrPromise

@@ -18,6 +18,7 @@ from django.utils.translation import gettext_lazy as _
 
 from . import registry
 from .admin_lists import TextFilterChangeList
+from .admin_log import log_changed
 from .exceptions import DuplicateJob
 from .models import Schedule
 from .schedules import Periodic
@@ -195,20 +196,6 @@ class ScheduleAdmin(_ScheduleAdminBase):
         # Without the list's annotations: the verb's statement is the plain UPDATE.
         return Schedule.objects.filter(pk__in=queryset.values("pk"))
 
-    def _log(self, request: HttpRequest, schedules: list[Schedule], message: str) -> None:
-        """One admin log entry per schedule an action changed, as the job actions write."""
-        from django.contrib.admin.models import CHANGE, LogEntry
-
-        if schedules:
-            # single_object is known at run time only; django-stubs types it by literal.
-            LogEntry.objects.log_actions(  # type: ignore[call-overload]
-                user_id=request.user.pk,
-                queryset=schedules,
-                action_flag=CHANGE,
-                change_message=message,
-                single_object=len(schedules) == 1,
-            )
-
     def _switch(self, request: HttpRequest, queryset: QuerySet[Schedule], pause: bool) -> None:
         """Pause or resume the selection: the schedules it would change locked, then
         changed, in one transaction, so the log names the ones this action changed and
@@ -222,7 +209,7 @@ class ScheduleAdmin(_ScheduleAdminBase):
             them = Schedule.objects.using(db).filter(pk__in=[s.pk for s in switched])
             done = them.pause() if pause else them.resume()
         verb = "paused" if pause else "resumed from now"
-        self._log(request, switched, f"{verb.capitalize()} by the admin action.")
+        log_changed(request, switched, f"{verb.capitalize()} by the admin action.")
         self.message_user(request, f"{done} of {total} {verb}.")
 
     @admin.action(description=_("Pause selected schedules"), permissions=["change"])
@@ -246,7 +233,7 @@ class ScheduleAdmin(_ScheduleAdminBase):
                 refused.append(f"{schedule.name}: {e}")
                 continue
             made.append(job)
-            self._log(request, [schedule], f"Run now by the admin action: job {job.pk}.")
+            log_changed(request, [schedule], f"Run now by the admin action: job {job.pk}.")
         if made:
             self.message_user(
                 request,

@@ -59,6 +59,7 @@ CALLERS = (
     "django_leases.admin",
     "django_leases.admin_lists",
     "django_leases.admin_actions",
+    "django_leases.admin_log",
     "django_leases.worker_admin",
     "django_leases.schedule_admin",
     "django_leases.backends",
@@ -190,6 +191,7 @@ ADMIN = (
     "django_leases.admin",
     "django_leases.admin_lists",
     "django_leases.admin_actions",
+    "django_leases.admin_log",
     "django_leases.worker_admin",
     "django_leases.schedule_admin",
 )
