@@ -130,6 +130,29 @@ def test_an_outage_is_told_once_per_trouble_and_when_it_ends(workers, down_datab
     assert w.wait_exit() == 0
 
 
+@over_tcp
+def test_an_outage_of_a_worker_no_longer_claiming_is_over_once_its_ack_goes_out(
+    workers, down_database
+):
+    """A worker that ran its --max-jobs claims no more: the main loop's trouble, told
+    over only by a claim, was never over although its ack went out when the database
+    came back. An ack sent ends it as a claim does (3)."""
+    from tests.testapp.tasks import hold
+
+    down_database.heal()
+    result = hold.enqueue(3)
+    env = {"LEASES_WORKER_DB_PORT": str(down_database.port)}
+    w = workers.start("outage-max", "--max-jobs", "1", "--heartbeat", "0.5", env_extra=env)
+    wait_for(lambda: job_of(result).state == JobState.CLAIMED, 30, "the claim")
+    down_database.cut()
+    w.wait_event("db_trouble", timeout=20)  # the ack, once the handler returned
+    down_database.heal()
+    assert w.wait_exit(timeout=30) == 0, w.log()[-3000:]
+    assert job_of(result).state == JobState.SUCCEEDED
+    [over] = w.events("trouble_over", trouble="db_trouble")
+    assert over["failures"] >= 1, over
+
+
 @contextlib.contextmanager
 def limited_role(limit: int):
     """A login role of its own with CONNECTION LIMIT ``limit`` and the rights the worker

@@ -122,6 +122,8 @@ class Worker(Stopping):
         # The main loop's writes (claims, acks, fails) in an outage: one line when it
         # starts, then once a minute; over once a claim goes through with nothing unsent.
         self._writes_trouble = Trouble("db_trouble", self.worker_id)
+        # A release, a registration, the last writes at a stop: each failure said.
+        self._each_trouble = Trouble("db_trouble", self.worker_id, every=0.0)
         self._settled_at = float("-inf")
         self._vital: list[VitalThread] = []
         self._overdue_logged = False
@@ -615,24 +617,21 @@ class Worker(Stopping):
         most: float | None = None,
         trouble: Trouble | None = None,
     ) -> None:
-        """Log (through ``trouble``, if given, which holds repeats back), drop the broken
-        connection, back off (``most`` seconds at most); the next call reconnects."""
+        """Log (through ``trouble``, which may hold repeats back; by default each is said),
+        drop the broken connection, back off (``most`` seconds at most); the next call
+        reconnects."""
         delay = self._backoff.next()
         if most is not None:
             delay = max(0.0, min(delay, most))
         said = first_line(error)
-        msg = "Database trouble during %s worker=%s error=%s; retrying in %.1fs"
-        if trouble is not None:
-            trouble.warn(msg, what, self.worker_id, said, delay, error=said)
-        else:
-            logger.warning(
-                msg,
-                what,
-                self.worker_id,
-                said,
-                delay,
-                extra={"event": "db_trouble", "worker": self.worker_id, "error": said},
-            )
+        (trouble or self._each_trouble).warn(
+            "Database trouble during %s worker=%s error=%s; retrying in %.1fs",
+            what,
+            self.worker_id,
+            said,
+            delay,
+            error=said,
+        )
         with contextlib.suppress(*DB_ERRORS):
             connections[self.database].close()
         if wait:

@@ -21,11 +21,12 @@ REPEAT_SECONDS = 60.0
 
 
 class Trouble:
-    """The repeated failures of one kind (``event``) of one worker, told in few lines."""
+    """The repeated failures of one kind (``event``) of one worker, told in few lines;
+    ``every=0`` holds none back (what is tried once or twice: each failure is said)."""
 
-    def __init__(self, event: str, worker_id: str) -> None:
+    def __init__(self, event: str, worker_id: str, every: float = REPEAT_SECONDS) -> None:
         self.event, self.worker_id = event, worker_id
-        self.every = REPEAT_SECONDS
+        self.every = every
         # time.monotonic() when the trouble began and when it was last said; None: no trouble.
         self._since: float | None = None
         self._said_at = 0.0

@@ -100,6 +100,10 @@ class Settling:
             trouble = self._writes_trouble if left is None else None
             self._db_trouble("acknowledge", e, most=left, trouble=trouble)
             return []
+        if writes and not hold_acks:
+            # Written: the trouble of the loop's writes is over, whether or not a claim
+            # follows (a worker past --max-jobs, or stopping, claims no more).
+            self._writes_trouble.over()
         return oks if hold_acks else []
 
     def _to_write(self, claim: Claim, outcome: Outcome) -> bool:
