@@ -352,7 +352,10 @@ def logging_calls() -> list[tuple[str, int, str | None, set[str]]]:
             ):
                 where, event = str(path.relative_to(PACKAGE)), node.args[0]
                 name = event.value if isinstance(event, ast.Constant) else None
-                found.append((where, node.lineno, name, {"event", "worker", "repeats", "error"}))
+                named = {k.arg for k in node.keywords if k.arg and k.arg != "every"}
+                found.append(
+                    (where, node.lineno, name, {"event", "worker", "repeats", "error"} | named)
+                )
     return found
 
 
@@ -445,3 +448,36 @@ def test_a_repeated_trouble_is_told_when_it_starts_once_a_minute_and_when_it_end
     assert later.getMessage() == "Renewal failed worker=rep-a (2 more since the last line)"
     assert (over.event, over.trouble, over.failures) == ("trouble_over", "renewal_failed", 4)
     assert over.levelno == logging.INFO and first.levelno == logging.WARNING
+
+
+def test_a_schedule_whose_decision_keeps_failing_is_told_once_then_when_it_is_decided(caplog):
+    """A schedule whose decision raises stays due, so every look (about one per poll)
+    tries it again: each failure was a warning, a line a second per schedule for as long
+    as it lasts. It is told as a trouble naming the schedule; a look in which it did not
+    fail ends it, and a schedule that keeps failing beside it goes on being held back."""
+    from types import SimpleNamespace
+
+    from django_leases.worker.ticker import Ticker
+
+    ticker = Ticker("default", "default", "tick-a", every=1.0)
+    stuck, other = SimpleNamespace(name="stuck"), SimpleNamespace(name="other")
+    with caplog.at_level(logging.INFO, logger=logs.WORKER_LOGGER):
+        for _ in range(3):
+            ticker._failed_now = set()
+            ticker._failed(stuck, ValueError("value out of range"))
+            ticker._failed(other, ValueError("lock wait timeout"))
+        assert [(r.event, r.schedule) for r in caplog.records] == [
+            ("schedule_failed", "stuck"),
+            ("schedule_failed", "other"),
+        ]
+        ticker._failed_now = set()
+        ticker._failed(other, ValueError("lock wait timeout"))
+        ticker._end_look()
+    over = caplog.records[-1]
+    assert len(caplog.records) == 3, caplog.records
+    assert (over.event, over.schedule, over.trouble, over.failures) == (
+        "trouble_over",
+        "stuck",
+        "schedule_failed",
+        3,
+    )

@@ -22,11 +22,15 @@ REPEAT_SECONDS = 60.0
 
 class Trouble:
     """The repeated failures of one kind (``event``) of one worker, told in few lines;
-    ``every=0`` holds none back (what is tried once or twice: each failure is said)."""
+    ``every=0`` holds none back (what is tried once or twice: each failure is said).
+    ``fields`` name what fails (``schedule=...``) on every line, its end's included."""
 
-    def __init__(self, event: str, worker_id: str, every: float = REPEAT_SECONDS) -> None:
+    def __init__(
+        self, event: str, worker_id: str, every: float = REPEAT_SECONDS, **fields: Any
+    ) -> None:
         self.event, self.worker_id = event, worker_id
         self.every = every
+        self.fields = fields
         # time.monotonic() when the trouble began and when it was last said; None: no trouble.
         self._since: float | None = None
         self._said_at = 0.0
@@ -47,7 +51,13 @@ class Trouble:
         if held:
             msg = f"{msg} ({held} more since the last line)"
         # The fields of every Trouble's lines (tests/test_worker_logs.py reads them here).
-        extra = {"event": self.event, "worker": self.worker_id, "repeats": held, "error": error}
+        extra = {
+            "event": self.event,
+            "worker": self.worker_id,
+            **self.fields,
+            "repeats": held,
+            "error": error,
+        }
         logger.warning(msg, *args, extra=extra)
 
     def over(self) -> None:
@@ -65,6 +75,7 @@ class Trouble:
             extra={
                 "event": "trouble_over",
                 "worker": self.worker_id,
+                **self.fields,
                 "trouble": self.event,
                 "failures": failures,
             },

@@ -39,6 +39,10 @@ class Ticker:
         self._unrunnable: set[str] = set()
         self._unreadable: set[str] = set()
         self.failing = Trouble("schedules_trouble", worker_id)
+        # Per schedule whose decision raised: told as a trouble, not at every poll; and
+        # the schedules that raised in the look under way.
+        self._decisions_failing: dict[str, Trouble] = {}
+        self._failed_now: set[str] = set()
 
     def sync(self) -> None:
         """Make the schedule rows say what this code declares, and log what changed. A
@@ -95,6 +99,7 @@ class Ticker:
         try:
             if not self._synced:
                 self.sync()
+            self._failed_now = set()
             outcomes = self.Schedule.objects.using(self.database).enqueue_due(
                 self.alias, self._fields_for, self._left_alone, self._failed
             )
@@ -112,6 +117,7 @@ class Ticker:
             )
             return
         self.failing.over()
+        self._end_look()
         for outcome in outcomes:
             logger.info(
                 "Schedule ticked schedule=%s jobs=%s skipped=%d misfired=%d worker=%s",
@@ -159,20 +165,29 @@ class Ticker:
                 )
             return None
 
+    def _end_look(self) -> None:
+        """A look went through: a schedule that raised before and not in it was decided
+        (or is no longer due), and its trouble is over."""
+        for name in set(self._decisions_failing) - self._failed_now:
+            self._decisions_failing.pop(name).over()
+
     def _failed(self, schedule: Any, error: Exception) -> None:
         """One schedule's decision raised (a value its database refuses, a lock wait): it
-        was rolled back alone, the other schedules were still decided; said every time."""
-        logger.warning(
+        was rolled back alone, the other schedules were still decided. Told when it
+        starts, then once a minute (it stays due, so each look tries it again)."""
+        name = schedule.name
+        self._failed_now.add(name)
+        if name not in self._decisions_failing:
+            self._decisions_failing[name] = Trouble(
+                "schedule_failed", self.worker_id, schedule=name
+            )
+        said = first_line(error)
+        self._decisions_failing[name].warn(
             "Schedule not decided schedule=%s worker=%s: %s",
-            schedule.name,
+            name,
             self.worker_id,
-            first_line(error),
-            extra={
-                "event": "schedule_failed",
-                "worker": self.worker_id,
-                "schedule": schedule.name,
-                "error": first_line(error),
-            },
+            said,
+            error=said,
         )
 
     def _left_alone(self, schedule: Any, error: Exception) -> None:
