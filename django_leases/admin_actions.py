@@ -20,6 +20,7 @@ from .admin_lists import heartbeat_seconds
 from .admin_log import log_changed, log_deleted
 from .deadlocks import TRIES as DEADLOCK_TRIES
 from .deadlocks import is_deadlock
+from .id_chunks import id_chunks
 from .models import Job
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def _acted(
 ) -> tuple[int, dict[Any, Job], int, dict[Any, Job]]:
     """(how many are selected, the eligible jobs before, the verb's count, those jobs
     after), in one transaction with the eligible jobs locked and the verb run on them
-    alone: what differs after is the verb's own change, never a worker's claim or ack, a
+    alone (as many times as a statement's parameters need, id_chunks.py): what differs after is the verb's own change, never a worker's claim or ack, a
     prune or another person's action in between. Jobs the verb cannot change are not
     locked, so nothing waits on them. ``no_key``: the verb's UPDATE leaves the columns of
     unique indexes alone (not ``state``, which the unique active_key follows), so on
@@ -87,9 +88,11 @@ def _acted(
                 locked = eligible(selection).select_for_update(no_key=weakest).order_by("pk")
                 before = {job.pk: job for job in locked.only("task_path", *_WATCHED)}
                 total = max(selection.count(), len(before))
-                jobs = Job.objects.using(db).filter(pk__in=list(before))
-                changed = verb(jobs) if before else 0
-                after = {job.pk: job for job in jobs.only(*_WATCHED)}
+                changed, after = 0, dict[Any, Job]()
+                for ids in id_chunks(db, list(before)):
+                    jobs = Job.objects.using(db).filter(pk__in=ids)
+                    changed += verb(jobs)
+                    after.update((job.pk, job) for job in jobs.only(*_WATCHED))
             return total, before, changed, after
         except OperationalError as error:
             if not tries_left or not is_deadlock(error):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self, cast
 
@@ -23,6 +23,7 @@ from django.db.models.functions import Coalesce, Least, Now
 from . import conf
 from .deadlocks import retry_deadlock_victims
 from .enqueue_options import checked_seconds
+from .id_chunks import id_chunks
 from .lease_statements import after_now
 from .prune_refusals import check_foreign_keys_now
 from .states import ACTIVE_STATES, DeadReason, JobState
@@ -201,24 +202,29 @@ class OperatorVerbs(_VerbsBase):
         with transaction.atomic(using=db):
             locked = finished.exclude(self._kept_by_projects(db)).select_for_update()
             ids = list(locked.order_by("pk").values_list("pk", flat=True))
-            # At once first: each check re-checks what went before it (PostgreSQL's
-            # deferred foreign keys), so chunks only once something refused.
-            with contextlib.suppress(*_KEPT):
-                return self._delete_jobs(db, ids) if ids else 0
             deleted = 0
-            for at in range(0, len(ids), PURGE_CHUNK):
-                chunk = ids[at : at + PURGE_CHUNK]
+            # As many at once as a statement takes first: each check re-checks what went
+            # before it (PostgreSQL's deferred foreign keys), so small chunks only once
+            # something refused.
+            for most in id_chunks(db, ids):
                 try:
-                    deleted += self._delete_jobs(db, chunk)
+                    deleted += self._delete_jobs(db, most)
                     continue
                 except _KEPT:
                     pass
-                for pk in chunk:  # what protects one job keeps that job, not the rest
-                    with contextlib.suppress(*_KEPT):
-                        deleted += self._delete_jobs(db, [pk])
+                for at in range(0, len(most), PURGE_CHUNK):
+                    chunk = most[at : at + PURGE_CHUNK]
+                    try:
+                        deleted += self._delete_jobs(db, chunk)
+                        continue
+                    except _KEPT:
+                        pass
+                    for pk in chunk:  # what protects one job keeps that job, not the rest
+                        with contextlib.suppress(*_KEPT):
+                            deleted += self._delete_jobs(db, [pk])
             return deleted
 
-    def _delete_jobs(self, db: str, ids: list[Any]) -> int:
+    def _delete_jobs(self, db: str, ids: Sequence[Any]) -> int:
         """Delete the jobs of ``ids`` with what Django's on_delete says, in a savepoint whose
         foreign keys are checked before it ends: a refusal rolls back these jobs alone."""
         with transaction.atomic(using=db):

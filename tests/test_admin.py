@@ -6,6 +6,7 @@ heartbeat_at on the database clock (Now() +/- an interval) instead of sleeping.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import uuid
@@ -617,6 +618,56 @@ def test_actions_apply_to_every_row_selected_across_pages(operator):
         follow=True,
     )
     assert [str(m) for m in response.context["messages"]] == ["3 of 3 requeued."]
+
+
+@contextlib.contextmanager
+def few_sqlite_parameters():
+    """SQLite taking 999 parameters a statement (its limit before 3.32; 32,766 since, by
+    default): selections larger than a statement takes, at a test's size."""
+    import sqlite3
+
+    connection.ensure_connection()
+    was = connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+    connection.features.__dict__.pop("max_query_params", None)  # a cached_property
+    try:
+        yield
+    finally:
+        connection.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, was)
+        connection.features.__dict__.pop("max_query_params", None)
+
+
+def across(client, action, state):
+    """Run ``action`` on every job of ``state``, selected across the list's pages."""
+    response = client.post(
+        f"{LIST}?state__exact={state}",
+        {
+            "action": action,
+            "select_across": "1",
+            "index": "0",
+            "post": "yes",
+            "_selected_action": [Job.objects.first().pk],
+        },
+        follow=True,
+    )
+    assert response.status_code == 200
+    return [str(m) for m in response.context["messages"]]
+
+
+def test_an_action_across_more_jobs_than_one_statement_takes_parameters(operator):
+    """Selected across pages, more jobs than a statement takes parameters (SQLite's
+    32,766 by default): the action ran its verb on the ids it locked in one IN list, "too
+    many SQL variables" (a 500); so did purge's delete. The ids go in chunks, the
+    messages count them all."""
+    if connection.vendor != "sqlite":
+        pytest.skip("a per-connection parameter limit is SQLite's to lower")
+    Job.objects.enqueue_many(TASK, [([1, 1], None)] * 2_500, delay=3600)
+    with few_sqlite_parameters():
+        assert across(operator, "retry_now", "pending") == ["2500 of 2500 made due now."]
+    assert not Job.objects.filter(available_at__gt=Now()).exists()
+    Job.objects.all().cancel()
+    with few_sqlite_parameters():
+        assert across(operator, "purge_finished", "cancelled") == ["2500 of 2500 purged."]
+    assert not Job.objects.exists()
 
 
 # -- workers ---------------------------------------------------------------------------------
