@@ -356,6 +356,20 @@ def check_database(alias: str, database: str) -> list[checks.CheckMessage]:
                 )
             ]
         return []
+    isolation = str(connection.settings_dict.get("OPTIONS", {}).get("isolation_level", ""))
+    if connection.vendor == "mysql" and isolation.lower() in {"repeatable read", "serializable"}:
+        return [
+            checks.Warning(
+                f"TASKS[{alias!r}] keeps jobs in MySQL/MariaDB database {database!r} with "
+                f"DATABASES[{database!r}]['OPTIONS']['isolation_level'] = {isolation!r}.",
+                hint="Inside such a transaction a plain read sees the jobs of when it began: "
+                "enqueue with a unique_key another transaction took since then takes a "
+                "locking read (held to the commit) to find the job holding it. Leave "
+                "isolation_level out (Django's 'read committed') for the jobs' database.",
+                obj=f"TASKS[{alias!r}]",
+                id="django_leases.W006",
+            )
+        ]
     if not connection.features.has_select_for_update_skip_locked:
         return [
             checks.Error(

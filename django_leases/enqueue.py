@@ -96,11 +96,16 @@ def _insert_job(
         if job is not None:
             return job, False
         # The key is held; unless its holder finished in the meantime, that is the answer.
-        holder = (
-            model._default_manager.using(db)
-            .filter(unique_key=fields.unique_key, state__in=ACTIVE_STATES)
-            .first()
+        holding = model._default_manager.using(db).filter(
+            unique_key=fields.unique_key, state__in=ACTIVE_STATES
         )
+        holder = holding.first()
+        if holder is None and connections[db].vendor == "mysql":
+            # Under REPEATABLE READ (check W006) a plain read inside the caller's
+            # transaction sees the jobs of when it began, not the holder committed since:
+            # a locking read sees the latest.
+            with transaction.atomic(using=db):
+                holder = holding.select_for_update().first()
         if holder is not None:
             if fields.on_duplicate == "merge":
                 return holder, True

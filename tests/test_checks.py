@@ -206,6 +206,30 @@ def test_sqlite_without_immediate_transactions_is_warned_about():
     assert check_database("default", "default") == []
 
 
+def test_a_mysql_jobs_database_in_repeatable_read_is_warned_about():
+    """Under REPEATABLE READ a plain read in the caller's transaction does not see a job
+    committed since it began: enqueue with a key another transaction took raised a bare
+    IntegrityError "kept conflicting; try again", which no retry of that transaction
+    mends. The setting is named (W006); Django's default, read committed, is not."""
+    from django.db import connection
+
+    if connection.vendor != "mysql":
+        pytest.skip("isolation_level is MySQL's OPTIONS here")
+    options = connection.settings_dict["OPTIONS"]
+    saved = options.get("isolation_level")
+    try:
+        options["isolation_level"] = "repeatable read"
+        [message] = check_database("default", "default")
+        options["isolation_level"] = "read committed"
+        assert check_database("default", "default") == []
+    finally:
+        options.pop("isolation_level")
+        if saved is not None:
+            options["isolation_level"] = saved
+    assert isinstance(message, Warning) and message.id == "django_leases.W006"
+    assert "isolation_level" in message.msg and "'repeatable read'" in message.msg
+
+
 def test_backends_sharing_a_database_with_different_retentions_are_warned_about():
     """A job records no backend, so leases_prune for one backend deletes every finished job
     of its database past that backend's RETENTION_DAYS (invariant 3: no job goes before its

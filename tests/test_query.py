@@ -751,6 +751,44 @@ def test_a_key_enqueued_while_requeue_runs_keeps_its_ended_job_and_not_the_other
     assert (state[taken.pk], state[free.pk]) == (JobState.CANCELLED, JobState.PENDING)
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("on_duplicate", ["refuse", "merge"])
+def test_a_key_taken_after_a_repeatable_read_transaction_began_is_a_duplicate(on_duplicate):
+    """Under REPEATABLE READ (MariaDB's own default when set in OPTIONS), a key another
+    session took and committed after the caller's transaction began: the INSERT
+    conflicted, the plain read of the holder saw the transaction's old snapshot, and
+    after three tries enqueue raised IntegrityError "kept conflicting; try again". The
+    holder is read with a locking read: DuplicateJob naming it, or the job to merge into."""
+    if connection.vendor != "mysql":
+        pytest.skip("a plain read of MySQL's REPEATABLE READ keeps its snapshot")
+    from django_leases.exceptions import DuplicateJob
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    taken = []
+
+    def take():
+        taken.append(enqueue(unique_key="rr"))
+        connection.close()
+
+    try:
+        with transaction.atomic():
+            assert not Job.objects.exists()  # the snapshot begins here
+            other = threading.Thread(target=take)
+            other.start()
+            other.join(30)
+            [holder] = taken
+            if on_duplicate == "merge":
+                assert enqueue(unique_key="rr", on_duplicate="merge").pk == holder.pk
+            else:
+                with pytest.raises(DuplicateJob) as refused:
+                    enqueue(unique_key="rr")
+                assert str(holder.pk) in str(refused.value)
+    finally:
+        connection.close()  # the next session reads committed again
+    assert Job.objects.count() == 1
+
+
 def test_lease_views_split_claimed_jobs_into_healthy_stalled_and_expired():
     """Invariant 1: the views compare with the database clock only."""
     enqueue()
