@@ -356,9 +356,10 @@ def check_database(alias: str, database: str) -> list[checks.CheckMessage]:
                 )
             ]
         return []
+    messages: list[checks.CheckMessage] = []
     isolation = str(connection.settings_dict.get("OPTIONS", {}).get("isolation_level", ""))
-    if connection.vendor == "mysql" and isolation.lower() in {"repeatable read", "serializable"}:
-        return [
+    if connection.vendor == "mysql" and isolation.lower() == "repeatable read":
+        messages.append(
             checks.Warning(
                 f"TASKS[{alias!r}] keeps jobs in MySQL/MariaDB database {database!r} with "
                 f"DATABASES[{database!r}]['OPTIONS']['isolation_level'] = {isolation!r}.",
@@ -369,9 +370,9 @@ def check_database(alias: str, database: str) -> list[checks.CheckMessage]:
                 obj=f"TASKS[{alias!r}]",
                 id="django_leases.W006",
             )
-        ]
+        )
     if not connection.features.has_select_for_update_skip_locked:
-        return [
+        messages.append(
             checks.Error(
                 f"TASKS[{alias!r}]['OPTIONS']['DATABASE'] is {database!r}, a "
                 f"{connection.display_name} database without SELECT ... FOR UPDATE SKIP LOCKED.",
@@ -379,8 +380,8 @@ def check_database(alias: str, database: str) -> list[checks.CheckMessage]:
                 obj=f"TASKS[{alias!r}]",
                 id="django_leases.E004",
             )
-        ]
-    return []
+        )
+    return messages
 
 
 def session_clock_offset(database: str) -> float:

@@ -26,7 +26,7 @@ from .enqueue_options import EnqueueOptions as EnqueueOptions  # its import path
 from .enqueue_options import JobFields, checked_calls
 from .jsonsafe import statement_runs
 from .lease_statements import json_param, on_postgresql
-from .states import ACTIVE_STATES, JobState
+from .states import JobState
 from .storable import first_line
 
 if TYPE_CHECKING:
@@ -96,9 +96,9 @@ def _insert_job(
         if job is not None:
             return job, False
         # The key is held; unless its holder finished in the meantime, that is the answer.
-        holding = model._default_manager.using(db).filter(
-            unique_key=fields.unique_key, state__in=ACTIVE_STATES
-        )
+        # By the unique active_key: one index entry, so the locking read below locks the
+        # holder's row alone (by unique_key and state it would lock every row it scans).
+        holding = model._default_manager.using(db).filter(active_key=fields.unique_key)
         holder = holding.first()
         if holder is None and connections[db].vendor == "mysql":
             # Under REPEATABLE READ (check W006) a plain read inside the caller's

@@ -763,17 +763,31 @@ def test_a_key_taken_after_a_repeatable_read_transaction_began_is_a_duplicate(on
         pytest.skip("a plain read of MySQL's REPEATABLE READ keeps its snapshot")
     from django_leases.exceptions import DuplicateJob
 
+    enqueue()
+    [running] = Job.objects.claim("w-other")
     with connection.cursor() as cursor:
         cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-    taken = []
+    taken, renewed = [], []
 
     def take():
         taken.append(enqueue(unique_key="rr"))
         connection.close()
 
+    def renew_the_other_claim():
+        # The locking read must lock the holder alone, not every job it scanned: another
+        # worker's renewal goes through while the caller's transaction is still open.
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = 2")
+        try:
+            renewed.append(Job.objects.renew([running]))
+        except Exception as e:  # noqa: BLE001 -- reported by the assertion below
+            renewed.append(e)
+        finally:
+            connection.close()
+
     try:
         with transaction.atomic():
-            assert not Job.objects.exists()  # the snapshot begins here
+            assert not Job.objects.filter(unique_key="rr").exists()  # the snapshot begins
             other = threading.Thread(target=take)
             other.start()
             other.join(30)
@@ -784,9 +798,13 @@ def test_a_key_taken_after_a_repeatable_read_transaction_began_is_a_duplicate(on
                 with pytest.raises(DuplicateJob) as refused:
                     enqueue(unique_key="rr")
                 assert str(holder.pk) in str(refused.value)
+            renewer = threading.Thread(target=renew_the_other_claim)
+            renewer.start()
+            renewer.join(30)
+            assert renewed == [{running.pk}]
     finally:
         connection.close()  # the next session reads committed again
-    assert Job.objects.count() == 1
+    assert Job.objects.filter(unique_key="rr").count() == 1
 
 
 def test_lease_views_split_claimed_jobs_into_healthy_stalled_and_expired():
