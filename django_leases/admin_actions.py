@@ -67,8 +67,9 @@ def _acted(
 ) -> tuple[int, dict[Any, Job], int, dict[Any, Job]]:
     """(how many are selected, the eligible jobs before, the verb's count, those jobs
     after), in one transaction with the eligible jobs locked and the verb run on them
-    alone (as many times as a statement's parameters need, id_chunks.py): what differs after is the verb's own change, never a worker's claim or ack, a
-    prune or another person's action in between. Jobs the verb cannot change are not
+    alone (as many times as a statement's parameters need, id_chunks.py): what differs
+    after is the verb's own change, never a worker's claim or ack, a prune or another
+    person's action in between. Jobs the verb cannot change are not
     locked, so nothing waits on them. ``no_key``: the verb's UPDATE leaves the columns of
     unique indexes alone (not ``state``, which the unique active_key follows), so on
     PostgreSQL the rows are locked FOR NO KEY UPDATE as that UPDATE would lock them, which
@@ -89,7 +90,9 @@ def _acted(
                 before = {job.pk: job for job in locked.only("task_path", *_WATCHED)}
                 total = max(selection.count(), len(before))
                 changed, after = 0, dict[Any, Job]()
-                for ids in id_chunks(db, list(before)):
+                # Newest first: of jobs sharing a unique key in different chunks, requeue
+                # puts back the newest, as it does within one call.
+                for ids in id_chunks(db, sorted(before, reverse=True)):
                     jobs = Job.objects.using(db).filter(pk__in=ids)
                     changed += verb(jobs)
                     after.update((job.pk, job) for job in jobs.only(*_WATCHED))

@@ -665,6 +665,17 @@ def test_an_action_across_more_jobs_than_one_statement_takes_parameters(operator
         assert across(operator, "retry_now", "pending") == ["2500 of 2500 made due now."]
     assert not Job.objects.filter(available_at__gt=Now()).exists()
     Job.objects.all().cancel()
+    # Requeued across chunks (899 ids each here): of two jobs of one key, one in the first
+    # chunk and one in the last, the newest goes back, as requeue() does in one call.
+    oldest, newest = Job.objects.order_by("pk")[0].pk, Job.objects.order_by("-pk")[0].pk
+    Job.objects.filter(pk__in=[oldest, newest]).update(unique_key="k")
+    with few_sqlite_parameters():
+        assert across(operator, "requeue", "cancelled") == [
+            "2499 of 2500 requeued; 1 stays: another active job holds its unique key."
+        ]
+    assert Job.objects.get(pk=newest).state == JobState.PENDING
+    assert Job.objects.get(pk=oldest).state == JobState.CANCELLED
+    Job.objects.all().cancel()
     with few_sqlite_parameters():
         assert across(operator, "purge_finished", "cancelled") == ["2500 of 2500 purged."]
     assert not Job.objects.exists()

@@ -453,8 +453,9 @@ def test_a_repeated_trouble_is_told_when_it_starts_once_a_minute_and_when_it_end
 def test_a_schedule_whose_decision_keeps_failing_is_told_once_then_when_it_is_decided(caplog):
     """A schedule whose decision raises stays due, so every look (about one per poll)
     tries it again: each failure was a warning, a line a second per schedule for as long
-    as it lasts. It is told as a trouble naming the schedule; a look in which it did not
-    fail ends it, and a schedule that keeps failing beside it goes on being held back."""
+    as it lasts. It is told as a trouble naming the schedule, over once this worker
+    decides it; a look that decided others (this one skipped, another worker deciding
+    it) leaves it on."""
     from types import SimpleNamespace
 
     from django_leases.worker.ticker import Ticker
@@ -463,16 +464,15 @@ def test_a_schedule_whose_decision_keeps_failing_is_told_once_then_when_it_is_de
     stuck, other = SimpleNamespace(name="stuck"), SimpleNamespace(name="other")
     with caplog.at_level(logging.INFO, logger=logs.WORKER_LOGGER):
         for _ in range(3):
-            ticker._failed_now = set()
             ticker._failed(stuck, ValueError("value out of range"))
             ticker._failed(other, ValueError("lock wait timeout"))
+            ticker._decided({"third"})
         assert [(r.event, r.schedule) for r in caplog.records] == [
             ("schedule_failed", "stuck"),
             ("schedule_failed", "other"),
         ]
-        ticker._failed_now = set()
         ticker._failed(other, ValueError("lock wait timeout"))
-        ticker._end_look()
+        ticker._decided({"stuck", "third"})
     over = caplog.records[-1]
     assert len(caplog.records) == 3, caplog.records
     assert (over.event, over.schedule, over.trouble, over.failures) == (

@@ -319,17 +319,18 @@ class Held:
         self.session: Any = None  # read inside the transaction, so a pooler cannot change it
 
     def until_it_blocks_another(self, seconds: float = 30.0) -> bool:
-        """True once another session waits for a lock this transaction holds
-        (pg_blocking_pids on PostgreSQL, InnoDB's lock waits on MariaDB), False after
+        """True once another session waits for a lock this transaction holds, False after
         ``seconds``: a race test's proof that the race happened. The waiter is found
-        through the holder because through a transaction pooler the waiter's own session
-        is not known before it waits."""
+        through the holder (PostgreSQL's pg_blocking_pids), as through a transaction
+        pooler its own session is not known before it waits; on MySQL/MariaDB, as any
+        other session of the test database in an InnoDB lock wait (the table that names
+        the blocker is not the same on the two), the test's own being the only ones."""
         query = (
             "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
             if connection.vendor == "postgresql"
-            else "SELECT count(*) FROM information_schema.innodb_lock_waits w "
-            "JOIN information_schema.innodb_trx t ON t.trx_id = w.blocking_trx_id "
-            "WHERE t.trx_mysql_thread_id = %s"
+            else "SELECT count(*) FROM information_schema.innodb_trx t "
+            "JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id "
+            "WHERE t.trx_state = 'LOCK WAIT' AND p.db = DATABASE() AND p.id <> %s"
         )
         # InnoDB refreshes these tables only when they were last read over 0.1 s ago:
         # polled faster, they would never show the wait.

@@ -42,6 +42,7 @@ from .logs import claim_fields
 if TYPE_CHECKING:
     from ..models import Job as JobModel
     from .repeats import Trouble
+    from .shutdown import StopRequest
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -61,8 +62,11 @@ class Settling:
         _done: queue.SimpleQueue[tuple[Claim, Outcome]]
         _unsent: list[tuple[Claim, Outcome]]
         _writes_trouble: Trouble
+        stop_request: StopRequest
         # Worker._db_trouble (loop.py): log, drop the connection, back off.
         _db_trouble: Callable[..., None]
+
+        def _claims_left(self) -> int: ...
 
     def _last_writes_left(self) -> float | None:
         """At a stop, the seconds left to write (stopping.py); None while running."""
@@ -100,9 +104,10 @@ class Settling:
             trouble = self._writes_trouble if left is None else None
             self._db_trouble("acknowledge", e, most=left, trouble=trouble)
             return []
-        if writes and not hold_acks:
-            # Written: the trouble of the loop's writes is over, whether or not a claim
-            # follows (a worker past --max-jobs, or stopping, claims no more).
+        if writes and not hold_acks and (self._claims_left() == 0 or self.stop_request.stopping):
+            # Written, and no claim follows to end the trouble of the loop's writes (a
+            # worker past --max-jobs, or stopping): this ends it. While claims follow, a
+            # claim does, so acks going through while claims fail do not end it each time.
             self._writes_trouble.over()
         return oks if hold_acks else []
 

@@ -39,10 +39,8 @@ class Ticker:
         self._unrunnable: set[str] = set()
         self._unreadable: set[str] = set()
         self.failing = Trouble("schedules_trouble", worker_id)
-        # Per schedule whose decision raised: told as a trouble, not at every poll; and
-        # the schedules that raised in the look under way.
+        # Per schedule whose decision raised: told as a trouble, not at every poll.
         self._decisions_failing: dict[str, Trouble] = {}
-        self._failed_now: set[str] = set()
 
     def sync(self) -> None:
         """Make the schedule rows say what this code declares, and log what changed. A
@@ -99,7 +97,6 @@ class Ticker:
         try:
             if not self._synced:
                 self.sync()
-            self._failed_now = set()
             outcomes = self.Schedule.objects.using(self.database).enqueue_due(
                 self.alias, self._fields_for, self._left_alone, self._failed
             )
@@ -117,7 +114,7 @@ class Ticker:
             )
             return
         self.failing.over()
-        self._end_look()
+        self._decided({outcome.name for outcome in outcomes})
         for outcome in outcomes:
             logger.info(
                 "Schedule ticked schedule=%s jobs=%s skipped=%d misfired=%d worker=%s",
@@ -165,10 +162,11 @@ class Ticker:
                 )
             return None
 
-    def _end_look(self) -> None:
-        """A look went through: a schedule that raised before and not in it was decided
-        (or is no longer due), and its trouble is over."""
-        for name in set(self._decisions_failing) - self._failed_now:
+    def _decided(self, names: set[str]) -> None:
+        """This process decided the schedules ``names``: a trouble of theirs is over. One
+        another worker was deciding (skipped, not decided here) keeps its trouble, or a
+        failure each look and an end each other look would be told by turns."""
+        for name in set(self._decisions_failing) & names:
             self._decisions_failing.pop(name).over()
 
     def _failed(self, schedule: Any, error: Exception) -> None:
@@ -176,7 +174,6 @@ class Ticker:
         was rolled back alone, the other schedules were still decided. Told when it
         starts, then once a minute (it stays due, so each look tries it again)."""
         name = schedule.name
-        self._failed_now.add(name)
         if name not in self._decisions_failing:
             self._decisions_failing[name] = Trouble(
                 "schedule_failed", self.worker_id, schedule=name
