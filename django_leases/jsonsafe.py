@@ -56,7 +56,22 @@ def ensure_json(
     JSON form as a database is sent it (sent_length()), read on the way: no dumps() is
     spent on small values.
     """
-    return _checked(value, path, 1, size if size is not None else [0], as_django_stores)
+    # What _checked() counts on the way: an upper bound of the size as sent, and a lower
+    # one, which stops the read once past twice SENT_LIMIT (a value nearer the limit is
+    # read whole, and measured: its refusal names its size): a list holding one big list
+    # twice, nested 25 deep, is 2**24 copies of it, gigabytes and a minute's read.
+    tally = [0, 0]
+    try:
+        checked = _checked(value, path, 1, tally, as_django_stores)
+    except _PastTheLimit:
+        raise TooLargeDocument(
+            path,
+            f"has a JSON form over twice the limit of {SENT_LIMIT:,} characters as sent "
+            "(read no further than that)",
+        ) from None
+    if size is not None:
+        size[0] += tally[0]
+    return checked
 
 
 def stored_json(value: Any, path: str, size: list[int] | None = None) -> Any:
@@ -99,14 +114,33 @@ def too_large(length: int, whose: str = "its") -> str:
 _PER_CHARACTER, _PER_STRING, _PER_SCALAR, _PER_ITEM = 14, 4, 24, 4
 
 
+class TooLargeDocument(InvalidJobArgument):
+    """A value whose JSON form passes SENT_LIMIT, found so before it was all read."""
+
+
+class _PastTheLimit(Exception):
+    """The lower bound of a value's size as sent passed twice SENT_LIMIT: stop reading."""
+
+
+def _count(size: list[int], most: int, least: int) -> None:
+    """Add to ``size``, [upper bound, lower bound] of the size as sent; raise once the
+    lower bound passes twice SENT_LIMIT."""
+    size[0] += most
+    size[1] += least
+    if size[1] > 2 * SENT_LIMIT:
+        raise _PastTheLimit
+
+
 def _checked(value: Any, path: str, depth: int, size: list[int], lenient: bool = False) -> Any:
+    # Lower bounds: a character 1, a string's quotes 2, a scalar 1, an item's comma 1.
     if value is None or isinstance(value, bool):
-        size[0] += _PER_SCALAR
+        _count(size, _PER_SCALAR, 1)
         return value
     if isinstance(value, str):
-        size[0] += _PER_CHARACTER * str.__len__(value) + _PER_STRING
+        length = str.__len__(value)
+        _count(size, _PER_CHARACTER * length + _PER_STRING, length + 2)
         return _text(value, path)
-    size[0] += _PER_SCALAR
+    _count(size, _PER_SCALAR, 1)
     if isinstance(value, int):
         if type(value) is not int:
             value = int.__int__(value)  # a plain int: an IntEnum member comes back as one
@@ -141,7 +175,7 @@ def _checked(value: Any, path: str, depth: int, size: list[int], lenient: bool =
         items = [
             _checked(item, f"{path}[{i}]", depth + 1, size, lenient) for i, item in enumerate(value)
         ]
-        size[0] += _PER_ITEM * len(items)
+        _count(size, _PER_ITEM * len(items), len(items))
         return items
     if lenient and isinstance(value, bytes | Mapping | Sequence):
         try:
@@ -198,7 +232,8 @@ def _checked_dict(
         if key in out:
             # Keys of a caller's str subclass, unequal to it, equal as the plain str stored.
             raise InvalidJobArgument(where, "is a key given twice")
-        size[0] += _PER_CHARACTER * str.__len__(key) + _PER_STRING + _PER_ITEM
+        length = str.__len__(key)
+        _count(size, _PER_CHARACTER * length + _PER_STRING + _PER_ITEM, length + 3)
         out[key] = _checked(item, where, depth + 1, size, lenient)
     return out
 

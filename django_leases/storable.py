@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .exceptions import InvalidJobArgument
-from .jsonsafe import SENT_LIMIT, ensure_json, size_as_sent, too_large
+from .jsonsafe import SENT_LIMIT, TooLargeDocument, ensure_json, size_as_sent, too_large
 
 CLASS_PATH_LIMIT = 255
 MESSAGE_LIMIT = 10_000
@@ -214,6 +214,8 @@ def storable_result(value: Any) -> Any:
         # A fresh copy of plain types: no subclass of str or int (whose pickling a handler
         # may have overridden) goes on to the worker.
         checked = ensure_json(value, "result", bound, as_django_stores=True)
+    except TooLargeDocument as e:
+        raise TypeError(f"the task returned a value too large to store: {e}") from None
     except InvalidJobArgument as e:
         raise TypeError(f"the task returned a value that cannot be stored as JSON: {e}") from None
     except BaseException as e:  # noqa: BLE001 -- whatever the value's own methods raise

@@ -1031,6 +1031,37 @@ def test_a_result_is_measured_as_sent():
         storable_result(["x" * (RESULT_LIMIT - 4)])  # four more for the list's brackets
 
 
+def shared_twice(levels: int) -> list:
+    """A list holding one list twice, ``levels`` deep: small in memory, 2**levels copies
+    of its leaf once written out."""
+    value: list = ["a" * 100]
+    for _ in range(levels):
+        value = [value, value]
+    return value
+
+
+@pytest.mark.parametrize("where", ["enqueue", "result"])
+def test_a_value_huge_once_written_out_is_refused_without_writing_it_out(where):
+    """(6) A handler returned a list holding one list twice, 23 deep (2**23 copies of its
+    leaf as JSON): its check walked and copied every copy, then dumps() held the GIL for
+    the whole text, 40 seconds and 2.5 GB, and the worker's heartbeat starved: the jobs
+    beside it lost their leases and ran again. The check stops once what it read passes
+    the limit, so the refusal says it read no further (here 2**18 copies: before, all of
+    them read and the size measured)."""
+    from django_leases.exceptions import InvalidJobArgument
+    from django_leases.storable import storable_result
+
+    value = shared_twice(18)
+    said = r"has a JSON form over twice the limit of 8,388,608 characters as sent \(read no"
+    if where == "enqueue":
+        with pytest.raises(InvalidJobArgument, match=rf"^args: {said}"):
+            enqueue(args=[value])
+        assert not Job.objects.exists()
+    else:
+        with pytest.raises(TypeError, match=rf"too large to store: result: {said}"):
+            storable_result(value)
+
+
 def test_the_owner_verbs_refuse_a_document_past_the_limit_and_write_nothing():
     """(3, 6) ack(), ack_many(), ack_and_claim_rows() and checkpoint() (so fenced(ack=True)
     too) hold a result or cursor to the limit every database takes, as the worker's own
