@@ -946,6 +946,40 @@ def test_a_thread_a_handler_left_running_does_not_keep_the_worker_alive(workers)
 
 
 @workers_db
+def test_what_a_handler_changes_in_the_shared_interpreter_is_put_back_after_its_job(workers):
+    """In thread isolation handlers share the worker's interpreter: one that lowered the
+    recursion limit, lengthened the switch interval, disabled logging and closed the
+    standard streams, and returned, left them so for the worker's threads and the jobs
+    after it (a limit of 30 ended the worker with RecursionError, a switch interval of
+    30 s starved the heartbeat, a closed stderr ended it with "lost sys.stderr"). They
+    are put back after the job, logged (interpreter_restored); the next job sees the
+    worker's own, and the worker's lines go on (6)."""
+    meddled = t.meddle_with_the_interpreter.enqueue()
+    worker = workers.start("meddled", *STEADY, "--concurrency", "1")
+    wait_for(lambda: worker.events("interpreter_restored"), 30, lambda: worker.log()[-3000:])
+    after = t.interpreter_settings.enqueue()
+    wait_for(lambda: Job.objects.get(pk=after.id).state == JobState.SUCCEEDED, 30, "the job after")
+    assert Job.objects.get(pk=after.id).result == {
+        "recursion_limit": 1000,
+        "switch_interval": 0.005,
+        "logging_disabled": 0,
+        "streams_closed": [False, False],
+    }
+    [restored] = worker.events("interpreter_restored")
+    assert restored["job_id"] == int(meddled.id)
+    assert restored["restored"] == [
+        "recursion limit",
+        "switch interval",
+        "logging.disable",
+        "sys.stdout",
+        "sys.stderr",
+    ]
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit(30) == 0, worker.log()[-3000:]
+    assert worker.events("stopped"), worker.log()[-3000:]
+
+
+@workers_db
 def test_run_lease_worker_called_in_a_projects_process_leaves_it_running():
     """A project's own code (a script, a test, a command of its own) that runs the worker
     with call_command() goes on after it returns, its own threads too: the end of a

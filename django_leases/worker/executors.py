@@ -28,6 +28,7 @@ from django.db import connections
 from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .child import KILL_GRACE_SECONDS
 from .claims import RELEASING, Claim, Kind, Outcome
+from .interpreter import InterpreterGuard, log_restored
 from .logs import claim_fields, configured
 from .running import connect_before_handler, left_in_transaction, run_task, task_context
 
@@ -142,6 +143,9 @@ class ThreadExecutor(_Slots):
         connect_first: bool = False,
     ) -> None:
         self._connect_first = connect_first
+        # Handlers share this process's interpreter: what they change to its harm is put
+        # back after each job (interpreter.py).
+        self._interpreter = InterpreterGuard()
         super().__init__(size, done, "leases-handler")
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
@@ -150,7 +154,11 @@ class ThreadExecutor(_Slots):
         if refused is not None:
             return refused
         context = task_context(task, claim.handle, claim.link)
-        return run_task(task, job.args, job.kwargs, claim.handle, claim.link, context)
+        try:
+            return run_task(task, job.args, job.kwargs, claim.handle, claim.link, context)
+        finally:
+            if put_back := self._interpreter.restore():
+                log_restored(put_back, job.pk, claim.handle.worker_id)
 
 
 def exit_text(exitcode: int | None, stopping: bool = False) -> str:

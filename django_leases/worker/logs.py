@@ -90,6 +90,8 @@ EVENTS: dict[str, str] = {
     "trouble_over": "a trouble logged above ended: its first success (trouble, failures)",
     "db_refused": "the database refused a write that cannot succeed later (error)",
     "cleanup_failed": "the handler's connections could not be closed after its job (error)",
+    "interpreter_restored": "a handler lowered the recursion limit, lengthened the switch "
+    "interval, disabled logging or closed a standard stream: put back (job_id, restored)",
     "tidy_failed": "a connection could not be tidied after a job (error)",
     # Periodic schedules
     "schedules_synced": "synced with the code at start (added, changed, removed, unchanged, taken)",
@@ -98,7 +100,8 @@ EVENTS: dict[str, str] = {
     "schedule_ticked": "this worker decided a schedule's ticks (schedule, jobs, skipped, misfired)",
     "schedule_unrunnable": "this code cannot enqueue its task: left to others (schedule, error)",
     "schedule_unreadable": "this version cannot read its stored spec: left alone (schedule, error)",
-    "schedule_failed": "its decision raised, rolled back alone; the others went on (schedule, error)",
+    "schedule_failed": "its decision raised, rolled back alone; the others went on; told as a "
+    "trouble, it stays due (schedule, error, repeats)",
     # Django's task signals
     "signal_read_failed": "the job could not be read for task_started/task_finished",
     "receiver_raised": "a receiver of task_started/task_finished raised",
@@ -146,6 +149,7 @@ FIELDS = (
     "repeats",
     "trouble",
     "failures",
+    "restored",
 )
 
 

@@ -987,3 +987,32 @@ def leave_transaction(key: str, how: str) -> str:
     if how == "committed":
         transaction.commit()  # autocommit stays off, but nothing is left uncommitted
     return key
+
+
+@task
+def meddle_with_the_interpreter() -> str:
+    """Change what every thread of the process shares: a lower recursion limit, a longer
+    switch interval, logging disabled, the standard streams closed."""
+    import logging
+    import sys
+
+    sys.setrecursionlimit(400)
+    sys.setswitchinterval(0.5)
+    logging.disable(logging.WARNING)
+    sys.stdout.close()
+    sys.stderr.close()
+    return "meddled"
+
+
+@task
+def interpreter_settings() -> dict:
+    """What the interpreter's shared settings are as this handler runs."""
+    import logging
+    import sys
+
+    return {
+        "recursion_limit": sys.getrecursionlimit(),
+        "switch_interval": sys.getswitchinterval(),
+        "logging_disabled": logging.root.manager.disable,
+        "streams_closed": [sys.stdout.closed, sys.stderr.closed],
+    }
