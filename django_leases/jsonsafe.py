@@ -56,11 +56,7 @@ def ensure_json(
     JSON form as a database is sent it (sent_length()), read on the way: no dumps() is
     spent on small values.
     """
-    # What _checked() counts on the way: an upper bound of the size as sent, and a lower
-    # one, which stops the read once past twice SENT_LIMIT (a value nearer the limit is
-    # read whole, and measured: its refusal names its size): a list holding one big list
-    # twice, nested 25 deep, is 2**24 copies of it, gigabytes and a minute's read.
-    tally = [0, 0]
+    tally = _Tally()
     try:
         checked = _checked(value, path, 1, tally, as_django_stores)
     except _PastTheLimit:
@@ -70,7 +66,7 @@ def ensure_json(
             "(read no further than that)",
         ) from None
     if size is not None:
-        size[0] += tally[0]
+        size[0] += tally.most
     return checked
 
 
@@ -122,26 +118,39 @@ class _PastTheLimit(Exception):
     """The lower bound of a value's size as sent passed twice SENT_LIMIT: stop reading."""
 
 
-def _count(size: list[int], most: int, least: int) -> None:
-    """Add to ``size``, [upper bound, lower bound] of the size as sent; raise once the
-    lower bound passes twice SENT_LIMIT."""
-    size[0] += most
-    size[1] += least
-    if size[1] > 2 * SENT_LIMIT:
-        raise _PastTheLimit
+class _Tally:
+    """What _checked() counts on the way: an upper bound of the size as sent (``most``),
+    and a lower one (``least``), which stops the read once past twice SENT_LIMIT (a value
+    nearer the limit is read whole, and measured: its refusal names its size). And the
+    lists and dicts read so far, by identity and depth, with their copy and counts: a list
+    holding one list twice at each of 23 levels is 2**23 copies of its leaf as JSON, read
+    once each (gigabytes, and the heartbeat starved) unless a list met again is counted
+    again without being read again, when the lower bound doubles at each level."""
+
+    def __init__(self) -> None:
+        self.most = 0
+        self.least = 0
+        self.seen: dict[tuple[int, int], tuple[Any, Any, int, int]] = {}
+
+    def count(self, most: int, least: int) -> None:
+        self.most += most
+        self.least += least
+        if self.least > 2 * SENT_LIMIT:
+            raise _PastTheLimit
 
 
-def _checked(value: Any, path: str, depth: int, size: list[int], lenient: bool = False) -> Any:
-    # Lower bounds: a character 1, a string's quotes 2, a scalar 1, an item's comma 1.
+def _checked(value: Any, path: str, depth: int, tally: _Tally, lenient: bool = False) -> Any:
+    # Lower bounds as sent: a string its characters and 4 (its quotes count twice), null
+    # and true 4, a number 1, a list or dict 2 (its brackets), and 2 between two items.
     if value is None or isinstance(value, bool):
-        _count(size, _PER_SCALAR, 1)
+        tally.count(_PER_SCALAR, 4)
         return value
     if isinstance(value, str):
         length = str.__len__(value)
-        _count(size, _PER_CHARACTER * length + _PER_STRING, length + 2)
+        tally.count(_PER_CHARACTER * length + _PER_STRING, length + 4)
         return _text(value, path)
-    _count(size, _PER_SCALAR, 1)
     if isinstance(value, int):
+        tally.count(_PER_SCALAR, 1)
         if type(value) is not int:
             value = int.__int__(value)  # a plain int: an IntEnum member comes back as one
         if not MIN_INT <= value <= MAX_INT:
@@ -152,6 +161,7 @@ def _checked(value: Any, path: str, depth: int, size: list[int], lenient: bool =
             )
         return value
     if isinstance(value, float):
+        tally.count(_PER_SCALAR, 1)
         if type(value) is not float:
             value = float.__float__(value)
         if not math.isfinite(value):
@@ -170,13 +180,24 @@ def _checked(value: Any, path: str, depth: int, size: list[int], lenient: bool =
                 f"nests lists and dicts more than {MAX_DEPTH} deep (the limit every "
                 "supported database's JSON holds)",
             )
+        key = (id(value), depth)
+        if (met := tally.seen.get(key)) is not None:
+            # value itself is kept in the entry, so its id is not another's meanwhile.
+            _, copy, most, least = met
+            tally.count(most, least)
+            return copy
+        before = tally.most, tally.least
+        tally.count(_PER_SCALAR, 2)
         if isinstance(value, dict):
-            return _checked_dict(value, path, depth, size, lenient)
-        items = [
-            _checked(item, f"{path}[{i}]", depth + 1, size, lenient) for i, item in enumerate(value)
-        ]
-        _count(size, _PER_ITEM * len(items), len(items))
-        return items
+            copy = _checked_dict(value, path, depth, tally, lenient)
+        else:
+            copy = [
+                _checked(item, f"{path}[{i}]", depth + 1, tally, lenient)
+                for i, item in enumerate(value)
+            ]
+            tally.count(_PER_ITEM * len(copy), 2 * max(len(copy) - 1, 0))  # ", " between
+        tally.seen[key] = (value, copy, tally.most - before[0], tally.least - before[1])
+        return copy
     if lenient and isinstance(value, bytes | Mapping | Sequence):
         try:
             normalized = _as_django_stores(value, path)
@@ -186,7 +207,7 @@ def _checked(value: Any, path: str, depth: int, size: list[int], lenient: bool =
             raise InvalidJobArgument(
                 path, f"raised {type(e).__qualname__} when it was read"
             ) from None
-        return _checked(normalized, path, depth, size, lenient)
+        return _checked(normalized, path, depth, tally, lenient)
     raise InvalidJobArgument(
         path,
         f"is of type {type(value).__module__}.{type(value).__qualname__}, which does not "
@@ -216,7 +237,7 @@ def _as_django_stores(value: bytes | Mapping[Any, Any] | Sequence[Any], path: st
 
 
 def _checked_dict(
-    value: dict[Any, Any], path: str, depth: int, size: list[int], lenient: bool = False
+    value: dict[Any, Any], path: str, depth: int, tally: _Tally, lenient: bool = False
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, item in value.items():
@@ -233,8 +254,9 @@ def _checked_dict(
             # Keys of a caller's str subclass, unequal to it, equal as the plain str stored.
             raise InvalidJobArgument(where, "is a key given twice")
         length = str.__len__(key)
-        _count(size, _PER_CHARACTER * length + _PER_STRING + _PER_ITEM, length + 3)
-        out[key] = _checked(item, where, depth + 1, size, lenient)
+        # As sent: its quotes (4), the colon and the space after it.
+        tally.count(_PER_CHARACTER * length + _PER_STRING + _PER_ITEM, length + 6)
+        out[key] = _checked(item, where, depth + 1, tally, lenient)
     return out
 
 

@@ -979,6 +979,33 @@ def test_what_a_handler_changes_in_the_shared_interpreter_is_put_back_after_its_
     assert worker.events("stopped"), worker.log()[-3000:]
 
 
+def test_a_projects_own_standard_stream_is_left_to_it(monkeypatch):
+    """A project that set sys.stdout to an object of its own (a tee with only write and
+    flush): the guard read ``closed`` of it, raised AttributeError after every job, and
+    that replaced the job's outcome with a worker error. A stream without ``closed`` is
+    not a file the guard can reopen: left as it is, and a lower limit still put back."""
+    import sys
+
+    from django_leases.worker.interpreter import InterpreterGuard
+
+    class Tee:
+        def write(self, text: str) -> int:
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    guard = InterpreterGuard()
+    monkeypatch.setattr(sys, "stdout", Tee())
+    limit = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(limit - 1)
+        assert guard.restore() == ["recursion limit"]
+    finally:
+        sys.setrecursionlimit(limit)
+    assert isinstance(sys.stdout, Tee)
+
+
 @workers_db
 def test_run_lease_worker_called_in_a_projects_process_leaves_it_running():
     """A project's own code (a script, a test, a command of its own) that runs the worker

@@ -157,8 +157,10 @@ class ThreadExecutor(_Slots):
         try:
             return run_task(task, job.args, job.kwargs, claim.handle, claim.link, context)
         finally:
-            if put_back := self._interpreter.restore():
-                log_restored(put_back, job.pk, claim.handle.worker_id)
+            # Never in place of the job's outcome: the guard raises nothing, nor its line.
+            with contextlib.suppress(Exception):
+                if put_back := self._interpreter.restore():
+                    log_restored(put_back, job.pk, claim.handle.worker_id)
 
 
 def exit_text(exitcode: int | None, stopping: bool = False) -> str:
