@@ -25,6 +25,7 @@ def log_deleted(request: HttpRequest, deleted: Sequence[Model], message: str) ->
 
 
 def _log(request: HttpRequest, objects: Sequence[Model], flag: int, message: str) -> None:
+    """One entry of ``flag`` per object, in one insert (Django's log_actions)."""
     from django.contrib.admin.models import LogEntry
 
     if not objects:

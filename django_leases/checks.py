@@ -357,12 +357,17 @@ def check_database(alias: str, database: str) -> list[checks.CheckMessage]:
             ]
         return []
     messages: list[checks.CheckMessage] = []
-    isolation = str(connection.settings_dict.get("OPTIONS", {}).get("isolation_level", ""))
-    if connection.vendor == "mysql" and isolation.lower() == "repeatable read":
+    options = connection.settings_dict.get("OPTIONS", {})
+    isolation = str(options.get("isolation_level") or "")
+    # Given but empty, Django sets none: the server's own, REPEATABLE READ by default.
+    if connection.vendor == "mysql" and (
+        isolation.lower() == "repeatable read" or ("isolation_level" in options and not isolation)
+    ):
         messages.append(
             checks.Warning(
                 f"TASKS[{alias!r}] keeps jobs in MySQL/MariaDB database {database!r} with "
-                f"DATABASES[{database!r}]['OPTIONS']['isolation_level'] = {isolation!r}.",
+                f"DATABASES[{database!r}]['OPTIONS']['isolation_level'] = "
+                f"{options.get('isolation_level')!r}.",
                 hint="Inside such a transaction a plain read sees the jobs of when it began: "
                 "enqueue with a unique_key another transaction took since then takes a "
                 "locking read (held to the commit) to find the job holding it. Leave "

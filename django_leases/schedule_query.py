@@ -183,6 +183,7 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
         fields_for: Callable[[Schedule], JobFields | None],
         left_alone: Callable[[Schedule, InvalidSchedule], None] | None = None,
         failed: Callable[[Schedule, Exception], None] | None = None,
+        decided: Callable[[Schedule], None] | None = None,
     ) -> list[TickOutcome]:
         """Decide every due schedule of backend ``alias``: for each, one conditional
         UPDATE of its row decides whether this process makes its ticks' jobs. Return the
@@ -192,7 +193,8 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
         process cannot enqueue that task (code of another version): the schedule is left
         to the workers that can. A row whose stored schedule this version cannot read is
         left too, and told to ``left_alone(schedule, error)``; a decision that raises is
-        rolled back alone and told to ``failed(schedule, error)`` (the worker logs both)."""
+        rolled back alone and told to ``failed(schedule, error)`` (the worker logs both);
+        one this process made, ticks or not, is told to ``decided(schedule)``."""
         db = self._db_name()
         outcomes = []
         for row in list(self.using(db).due(alias)):
@@ -211,6 +213,8 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
                 if failed is not None:
                     failed(row, e)
                 continue
+            if outcome is not None and decided is not None:
+                decided(row)
             if outcome is not None and (outcome.jobs or outcome.skipped or outcome.misfired):
                 outcomes.append(outcome)
         return outcomes

@@ -220,6 +220,9 @@ def test_a_mysql_jobs_database_in_repeatable_read_is_warned_about():
     try:
         options["isolation_level"] = "repeatable read"
         [message] = check_database("default", "default")
+        options["isolation_level"] = None  # Django sets none: the server's default
+        [unset] = check_database("default", "default")
+        assert unset.id == "django_leases.W006" and "None" in unset.msg
         options["isolation_level"] = "read committed"
         assert check_database("default", "default") == []
     finally:

@@ -86,6 +86,17 @@ def test_workers_starting_together_each_sync_without_a_duplicate_key_error():
     assert Schedule.objects.get(name="s").spec["every"] == 120
 
 
+def test_every_decision_this_process_made_is_told_even_one_that_only_planned():
+    """The worker ends a schedule's trouble (schedule_failed) when it decides it; it saw
+    only the decisions that made or skipped ticks, so one that only planned the next tick
+    (the first decision) left the trouble on. Every decision made is told to
+    ``decided``; the outcomes returned are still those with ticks."""
+    Schedule.objects.sync("default", [spec("s")])
+    decided = []
+    outcomes = Schedule.objects.enqueue_due("default", fields_for, decided=decided.append)
+    assert (outcomes, [row.name for row in decided]) == ([], ["s"])
+
+
 def test_sync_reports_added_changed_and_removed():
     """Invariant 3: what the code declares is what the table says, and each change is
     reported; a removed schedule keeps its row (and history) but stops ticking."""

@@ -82,6 +82,7 @@ def _reopened(closed: Any, fd: int) -> TextIO:
 
 
 def log_restored(put_back: list[str], job_id: Any, worker_id: str) -> None:
+    """Say what was put back, and after which job it was found."""
     logger.warning(
         "The interpreter the handlers share was found changed after job=%s (%s; this "
         "job's handler, or another running beside it); put back worker=%s. In thread "

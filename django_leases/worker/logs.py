@@ -86,8 +86,9 @@ EVENTS: dict[str, str] = {
     "renewal_failed": "a round of renewals failed; retrying (error, repeats)",
     "heartbeat_overdue": "no renewal went through for too long: claiming nothing",
     "heartbeat_back": "renewals go through again: claiming again",
-    "db_trouble": "the database is unreachable during a write; retrying (error; repeats, in the claim loop)",
-    "trouble_over": "a trouble logged above ended: its first success (trouble, failures)",
+    "db_trouble": "the database is unreachable during a write; retrying (error, repeats)",
+    "trouble_over": "a trouble logged above ended: its first success (trouble, failures; "
+    "schedule, for `schedule_failed`)",
     "db_refused": "the database refused a write that cannot succeed later (error)",
     "cleanup_failed": "the handler's connections could not be closed after its job (error)",
     "interpreter_restored": "a handler lowered the recursion limit, lengthened the switch "

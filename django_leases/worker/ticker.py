@@ -98,7 +98,7 @@ class Ticker:
             if not self._synced:
                 self.sync()
             outcomes = self.Schedule.objects.using(self.database).enqueue_due(
-                self.alias, self._fields_for, self._left_alone, self._failed
+                self.alias, self._fields_for, self._left_alone, self._failed, self._decided
             )
         except Exception as e:  # config and task code are untrusted input
             # Database trouble, or a declaration that cannot work (InvalidSchedule, a
@@ -114,7 +114,6 @@ class Ticker:
             )
             return
         self.failing.over()
-        self._decided({outcome.name for outcome in outcomes})
         for outcome in outcomes:
             logger.info(
                 "Schedule ticked schedule=%s jobs=%s skipped=%d misfired=%d worker=%s",
@@ -162,12 +161,12 @@ class Ticker:
                 )
             return None
 
-    def _decided(self, names: set[str]) -> None:
-        """This process decided the schedules ``names``: a trouble of theirs is over. One
-        another worker was deciding (skipped, not decided here) keeps its trouble, or a
+    def _decided(self, schedule: Any) -> None:
+        """This process decided ``schedule`` (ticks or not): a trouble of its decisions is
+        over. One another worker was deciding (skipped here) keeps its trouble, or a
         failure each look and an end each other look would be told by turns."""
-        for name in set(self._decisions_failing) & names:
-            self._decisions_failing.pop(name).over()
+        if (trouble := self._decisions_failing.pop(schedule.name, None)) is not None:
+            trouble.over()
 
     def _failed(self, schedule: Any, error: Exception) -> None:
         """One schedule's decision raised (a value its database refuses, a lock wait): it
