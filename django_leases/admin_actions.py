@@ -260,7 +260,7 @@ class JobActions(_JobAdminBase):
             request,
             queryset,
             # Claimed ones: the verb's own UPDATE re-checks which are stalled.
-            lambda qs: qs.expire_candidates(),
+            lambda qs: qs.expire_now_candidates(),
             lambda qs: qs.expire_stalled_now(period),
             "expired",
             "not stalled claims",
@@ -296,7 +296,7 @@ class JobActions(_JobAdminBase):
         self._act(
             request,
             queryset,
-            lambda qs: qs.purge_candidates(),
+            lambda qs: qs.purge_finished_candidates(),
             lambda qs: qs.purge_finished(),
             "purged",
             "not succeeded or cancelled",

@@ -8,10 +8,10 @@ JobQuerySet (query.py) is composed from these, the claim (claiming.py), the owne
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, Self, cast
 
 from django.apps import apps
@@ -78,11 +78,11 @@ class OperatorVerbs(_VerbsBase):
     def retry_now_candidates(self) -> Self:
         return self.filter(state=JobState.PENDING)
 
-    def expire_candidates(self) -> Self:
+    def expire_now_candidates(self) -> Self:
         """Claimed jobs; expire_stalled_now() changes only those of them that are stalled."""
         return self.filter(state=JobState.CLAIMED)
 
-    def purge_candidates(self) -> Self:
+    def purge_finished_candidates(self) -> Self:
         return self.filter(state__in=[JobState.SUCCEEDED, JobState.CANCELLED])
 
     @retry_deadlock_victims
@@ -139,16 +139,14 @@ class OperatorVerbs(_VerbsBase):
                 held = set(
                     manager.filter(active_key__in=chunk).values_list("active_key", flat=True)
                 )
-                ids = [newest[key] for key in chunk if key not in held]
-                try:
-                    with transaction.atomic(using=db):
-                        requeued += manager.filter(pk__in=ids).requeue_candidates().update(**back)
-                    continue
-                except IntegrityError:
-                    pass
-                for pk in ids:  # the key enqueued meanwhile keeps its job ended, not the rest
-                    with contextlib.suppress(IntegrityError), transaction.atomic(using=db):
-                        requeued += manager.filter(pk=pk).requeue_candidates().update(**back)
+                # A key enqueued meanwhile keeps its job ended, not the rest of the chunk.
+                requeued += _apart(
+                    db,
+                    [newest[key] for key in chunk if key not in held],
+                    lambda ids: manager.filter(pk__in=ids).requeue_candidates().update(**back),
+                    (IntegrityError,),
+                    sizes=(1,),
+                )
         return requeued
 
     @retry_deadlock_victims
@@ -161,7 +159,7 @@ class OperatorVerbs(_VerbsBase):
         """End the lease of claimed jobs so any worker may take them: a second before the
         last renewal (DB clock), so the lease it leaves reads as one no claim is granted,
         and the takeover says the lease was ended early, not that some lease ran out."""
-        return self.expire_candidates().update(
+        return self.expire_now_candidates().update(
             lease_expires_at=Least(Now(), Coalesce(F("heartbeat_at"), Now()))
             - Value(timedelta(seconds=1))
         )
@@ -198,39 +196,24 @@ class OperatorVerbs(_VerbsBase):
         same, they go again in chunks of PURGE_CHUNK, a refused chunk a job at a time.
         """
         db = self._db or router.db_for_write(self.model)
-        finished = self.purge_candidates().using(db)
+        finished = self.purge_finished_candidates().using(db)
         with transaction.atomic(using=db):
             locked = finished.exclude(self._kept_by_projects(db)).select_for_update()
             ids = list(locked.order_by("pk").values_list("pk", flat=True))
-            deleted = 0
             # As many at once as a statement takes first: each check re-checks what went
             # before it (PostgreSQL's deferred foreign keys), so small chunks only once
-            # something refused.
-            for most in id_chunks(db, ids):
-                try:
-                    deleted += self._delete_jobs(db, most)
-                    continue
-                except _KEPT:
-                    pass
-                for at in range(0, len(most), PURGE_CHUNK):
-                    chunk = most[at : at + PURGE_CHUNK]
-                    try:
-                        deleted += self._delete_jobs(db, chunk)
-                        continue
-                    except _KEPT:
-                        pass
-                    for pk in chunk:  # what protects one job keeps that job, not the rest
-                        with contextlib.suppress(*_KEPT):
-                            deleted += self._delete_jobs(db, [pk])
-            return deleted
+            # something refused; what protects one job keeps that job, not the rest.
+            return sum(
+                _apart(db, most, partial(self._delete_jobs, db), _KEPT, sizes=(PURGE_CHUNK, 1))
+                for most in id_chunks(db, ids)
+            )
 
     def _delete_jobs(self, db: str, ids: Sequence[Any]) -> int:
-        """Delete the jobs of ``ids`` with what Django's on_delete says, in a savepoint whose
-        foreign keys are checked before it ends: a refusal rolls back these jobs alone."""
-        with transaction.atomic(using=db):
-            jobs = self.model._default_manager.using(db).filter(pk__in=ids)
-            _, per_model = jobs.delete()
-            check_foreign_keys_now(db, {apps.get_model(label) for label in per_model})
+        """Delete the jobs of ``ids`` with what Django's on_delete says, their foreign keys
+        checked before the savepoint _apart() puts it in ends."""
+        jobs = self.model._default_manager.using(db).filter(pk__in=ids)
+        _, per_model = jobs.delete()
+        check_foreign_keys_now(db, {apps.get_model(label) for label in per_model})
         return per_model.get(self.model._meta.label, 0)
 
     # -- reads: the admin's, the backend's, the advisor's --------------------------------
@@ -381,3 +364,30 @@ class OperatorVerbs(_VerbsBase):
             )
             .values_list("task_path", "lease_seconds", "duration")
         )
+
+
+def _apart(
+    db: str,
+    ids: Sequence[Any],
+    write: Callable[[Sequence[Any]], int],
+    refused: tuple[type[Exception], ...],
+    *,
+    sizes: tuple[int, ...],
+) -> int:
+    """``write(ids)`` in a savepoint, answering its count; should the database refuse it
+    (``refused``), the ids again in slices of ``sizes[0]``, each refused one in slices of
+    the next size, down to a refused id that is left out: a refusal rolls back its own
+    slice alone."""
+    if not ids:
+        return 0
+    try:
+        with transaction.atomic(using=db):
+            return write(ids)
+    except refused:
+        if not sizes:
+            return 0
+    size, smaller = sizes[0], sizes[1:]
+    return sum(
+        _apart(db, ids[at : at + size], write, refused, sizes=smaller)
+        for at in range(0, len(ids), size)
+    )

@@ -9,6 +9,7 @@ fields of the JSON lines, not the wording.
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import logging
 import re
@@ -22,6 +23,7 @@ from django.test import override_settings
 from django_leases.models import JobFailure
 from django_leases.states import FailureKind, JobState
 from django_leases.worker import logs
+from django_leases.worker.repeats import Trouble
 from tests.testapp.tasks import add, boom, crash_worker, record
 from tests.worker_helpers import FAST, LEASE, job_of, wait_for
 
@@ -330,6 +332,9 @@ def _event_of(call: ast.Call) -> str | None:
     return None
 
 
+TROUBLE_PARAMETERS = set(inspect.signature(Trouble).parameters) - {"fields"}
+
+
 def logging_calls() -> list[tuple[str, int, str | None, set[str]]]:
     """(file, line, event, fields) of every call of the worker's loggers in the package."""
     found = []
@@ -352,7 +357,8 @@ def logging_calls() -> list[tuple[str, int, str | None, set[str]]]:
             ):
                 where, event = str(path.relative_to(PACKAGE)), node.args[0]
                 name = event.value if isinstance(event, ast.Constant) else None
-                named = {k.arg for k in node.keywords if k.arg and k.arg != "every"}
+                # Its keywords other than its own parameters are fields of its lines.
+                named = {k.arg for k in node.keywords if k.arg and k.arg not in TROUBLE_PARAMETERS}
                 found.append(
                     (where, node.lineno, name, {"event", "worker", "repeats", "error"} | named)
                 )
