@@ -75,18 +75,23 @@ def run_burst(
         raise TransactionManagementError(
             "run_burst() runs handlers on threads of their own, with connections of their "
             "own: they cannot see this transaction's writes (a TestCase's), and its locks "
-            "stall them. Use a transactional test: TransactionTestCase, or "
-            "pytest.mark.django_db(transaction=True)."
+            "stall them. Use a transactional test: TransactionTestCase, or pytest-django's "
+            "transactional_db (pytest.mark.django_db(transaction=True))."
         )
     # One handler, a quick poll, no grace and no LISTEN: a test's burst ends as soon as
     # nothing is claimable.
     kwargs.update(concurrency=1, poll=0.05, grace=0, notify=False)
-    Worker(**kwargs).run()
+    worker = Worker(**kwargs)
+    worker.run()
+    if (signum := worker.stop_request.signum) is not None:
+        # Ctrl-C or a CI's SIGTERM stopped the burst as it stops a worker; the test runner
+        # is owed it too (its own handler is back): a KeyboardInterrupt, or the end.
+        signal.raise_signal(signum)
 
 
 def run_job(job: Any, *, using: str | None = None, **options: Any) -> Any:
-    """Run due jobs in a burst worker until ``job`` is no longer pending or claimed;
-    return the job re-read from the database."""
+    """Run one burst (run_burst()) and return ``job`` re-read from the database: a job
+    whose retry is due later is pending again."""
     run_burst(**options)
     return _jobs(using).get(pk=_job_id(job))
 

@@ -243,6 +243,29 @@ def test_run_burst_with_no_lease_backend_says_so():
         testing.run_burst()
 
 
+def test_ctrl_c_during_run_burst_reaches_the_test_runner():
+    """run_burst() runs a worker, whose handlers make SIGINT and SIGTERM a graceful stop:
+    Ctrl-C (or a CI's SIGTERM) during a burst stopped the burst and the test went on and
+    passed, the runner never told. The burst stops as a worker does (its job released,
+    pending again), then the signal goes on to the caller: KeyboardInterrupt here."""
+    import os
+    import signal
+    import threading
+
+    from tests.testapp.tasks import hold
+
+    result = hold.enqueue(10)
+    ctrl_c = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    ctrl_c.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            testing.run_burst()
+    finally:
+        ctrl_c.join()
+    job = Job.objects.get(pk=result.id)
+    assert (job.state, job.claimed_by) == (JobState.PENDING, "")
+
+
 @pytest.mark.django_db(transaction=False)
 def test_run_burst_inside_a_test_transaction_is_refused_with_the_fix():
     """Django's TestCase wraps each test in a transaction: the handler threads could not

@@ -26,6 +26,9 @@ class StopRequest:
         self._waker = waker
         self.count = 0
         self.signal_name = ""
+        # The first signal that asked for the stop, if one did (testing.run_burst() sends
+        # it on to the caller).
+        self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
     @property
@@ -42,6 +45,8 @@ class StopRequest:
         self._waker.wake()
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
         self.request(signal.Signals(signum).name)
 
     def install(self) -> None:
