@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from datetime import UTC
 from typing import Any, cast
 
 from django.conf import settings
@@ -13,6 +14,7 @@ from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
+from django.utils import timezone
 
 from . import conf, registry
 from .conf import LeaseOptions
@@ -45,6 +47,31 @@ _STATUS = {
     # Stopped by an operator: finished without success (errors holds only real failures).
     JobState.CANCELLED: TaskResultStatus.FAILED,
 }
+
+
+def _times_as_django_gives(database: str) -> Any:
+    """A function giving a job's database-clock time as Django hands datetimes out.
+
+    With USE_TZ = True (aware, UTC) and on PostgreSQL (whose session Django runs in
+    TIME_ZONE) it is the time as read. With USE_TZ = False on SQLite, whose clock is UTC,
+    and on MySQL/MariaDB, whose sessions must run in UTC (check E015), a time is read as
+    naive UTC: given as TIME_ZONE's naive local time, what USE_TZ = False means
+    (ImmediateBackend's timezone.now()). The rows keep UTC: lease arithmetic in local time
+    would jump at each daylight-saving change."""
+    if settings.USE_TZ or connections[database].vendor == "postgresql":
+        return _as_read
+    zone = timezone.get_default_timezone()
+
+    def local(value: Any) -> Any:
+        if value is None or value.tzinfo is not None:
+            return value
+        return value.replace(tzinfo=UTC).astimezone(zone).replace(tzinfo=None)
+
+    return local
+
+
+def _as_read(value: Any) -> Any:
+    return value
 
 
 def _exception_path(failure: Any) -> str:
@@ -411,7 +438,7 @@ class LeaseBackend(BaseTaskBackend):
             task=task,
             id=str(pk),
             status=TaskResultStatus.READY,
-            enqueued_at=enqueued_at,
+            enqueued_at=_times_as_django_gives(self.database)(enqueued_at),
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
@@ -429,6 +456,7 @@ class LeaseBackend(BaseTaskBackend):
             # A requeued job has its attempts back at 0, and its failures still.
             claimed_before = job.attempts or job.started_at is not None
             failures = list(job.failures.all()) if job.pk and claimed_before else []
+        when = _times_as_django_gives(self.database)
         worker_ids = [f.worker_id for f in failures]
         # The current or last claim is one more attempt unless it failed: each failure
         # carries the fence of its claim, and each claim has a fence of its own.
@@ -438,10 +466,10 @@ class LeaseBackend(BaseTaskBackend):
             task=_as_enqueued(task, job),
             id=str(job.pk),
             status=_STATUS[JobState(job.state)],
-            enqueued_at=job.enqueued_at,
-            started_at=job.started_at,
-            finished_at=job.finished_at,
-            last_attempted_at=job.last_attempted_at,
+            enqueued_at=when(job.enqueued_at),
+            started_at=when(job.started_at),
+            finished_at=when(job.finished_at),
+            last_attempted_at=when(job.last_attempted_at),
             args=job.args,
             kwargs=job.kwargs,
             backend=self.alias,

@@ -317,14 +317,20 @@ def _discovery_failed(alias: str, error: Exception) -> list[checks.CheckMessage]
 def check_task_modules(alias: str) -> list[checks.CheckMessage]:
     """@tasks of backend ``alias`` declared (imported so far, after discovery) that a
     worker's discovery does not declare: enqueue() refuses them, and a worker would not
-    know them."""
+    know them. Not those of test modules: ``manage.py test`` imports them before it runs
+    the checks, and an error stopped the whole run over a task a test declared for itself
+    (one it runs under ImmediateBackend, say)."""
     from . import registry
 
     try:
         registry.discover()
     except Exception as e:  # noqa: BLE001 -- whatever a tasks module raises at import
         return _discovery_failed(alias, e)
-    stray = [task for task in registry.declared_tasks(alias) if not registry.is_discovered(task)]
+    stray = [
+        task
+        for task in registry.declared_tasks(alias)
+        if not registry.is_discovered(task) and not registry.is_test_module(task.func.__module__)
+    ]
     modules = sorted({task.func.__module__ for task in stray})
     if not stray:
         return []
@@ -410,13 +416,22 @@ def utc_session_problem(database: str) -> str | None:
     from django.conf import settings
 
     offset = session_clock_offset(database)
-    if not settings.USE_TZ or abs(offset) < 1:
+    if abs(offset) < 1:
         return None
+    why = (
+        "there disagrees with the UTC times Django writes by that much: leases, delays "
+        "and deadlines would all be off"
+        if settings.USE_TZ
+        # USE_TZ = False: NOW() in local time jumps at each daylight-saving change (every
+        # lease at once at the spring one), and the job times read back as TIME_ZONE's are
+        # converted from UTC, the clock of the other databases (backends.py).
+        else "there is the session's local time: a daylight-saving change would move every "
+        "lease by an hour at once, and the job times Django reads would be off"
+    )
     return (
         f"database {database!r} runs its sessions {offset / 3600:+g} h from UTC, so Now() "
-        "there disagrees with the UTC times Django writes by that much: leases, delays "
-        'and deadlines would all be off. Add "init_command": "SET time_zone = '
-        f"'+00:00'\" to DATABASES[{database!r}]['OPTIONS']."
+        f'{why}. Add "init_command": "SET time_zone = \'+00:00\'" to '
+        f"DATABASES[{database!r}]['OPTIONS']."
     )
 
 

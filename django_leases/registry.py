@@ -223,6 +223,14 @@ def _import_tree(name: str, seen: set[str]) -> list[str]:
     return names
 
 
+def is_test_module(name: str) -> bool:
+    """Whether module ``name`` is a test module by its name, as discovery leaves out of a
+    tasks package (``tests``, ``test_*``, ``*_tests``, ``conftest``): a task declared there
+    is one a test declares for itself, not one for workers."""
+    leaf = name.rpartition(".")[2]
+    return leaf in ("tests", "conftest") or leaf.startswith("test_") or leaf.endswith("_tests")
+
+
 def is_discovered(task: Task[..., Any]) -> bool:
     """Whether a worker (and any reader) of this project declares ``task`` when it imports
     the discovered modules, and so knows the task: one declared in a discovered module or

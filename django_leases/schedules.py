@@ -14,6 +14,7 @@ repeated hour, since real time goes on. That is Debian cron's behaviour.
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -39,6 +40,9 @@ DEFAULT_GRACE_SECONDS = 60.0
 # jittered, plus the decision's own statements), so a healthy fleet decides a 1 s tick up
 # to about 2 s late; a grace of one interval counted such ticks as missed.
 MIN_DEFAULT_GRACE_SECONDS = 5.0
+# The least grace given: a tick is decided after its time, at a worker's look (every half
+# a grace at most, worker/ticker.py); a grace of 0 counted every tick as missed.
+MIN_GRACE_SECONDS = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,13 +75,19 @@ class Periodic:
         check_periodic(self)
 
     def to_json(self) -> dict[str, Any]:
-        """The canonical stored form: what a schedule's row keeps and compares at sync."""
+        """The canonical stored form: what a schedule's row keeps and compares at sync.
+        The arguments as JSON gives them back (a tuple as a list, as Django's TaskResult
+        normalizes them): compared with the row as declared, a tuple made the schedule
+        "changed", re-planned from now, at every worker's start."""
+        from .enqueue_options import checked_arguments
+
+        args, kwargs = checked_arguments(list(self.args), dict(self.kwargs), as_django_stores=True)
         return {
             "cron": self.cron,
             "every": None if self.every is None else float(self.every),
             "timezone": self.timezone,
-            "args": list(self.args),
-            "kwargs": dict(self.kwargs),
+            "args": args,
+            "kwargs": kwargs,
             "misfire": self.misfire,
             "misfire_limit": self.misfire_limit,
             "grace": None if self.grace is None else float(self.grace),
@@ -194,7 +204,7 @@ def check_periodic(p: Periodic) -> None:
             f"must be a whole number from 1 to {MAX_MISFIRE_LIMIT}, got {shown(p.misfire_limit)}",
         )
     if p.grace is not None:
-        _seconds("grace", p.grace, 0.0, MAX_EVERY_SECONDS)
+        _seconds("grace", p.grace, MIN_GRACE_SECONDS, MAX_EVERY_SECONDS)
     if p.overlap not in OVERLAP_POLICIES:
         _fail("overlap", f"must be one of {list(OVERLAP_POLICIES)}, got {shown(p.overlap)}")
     if p.name is not None and (
@@ -323,10 +333,18 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
 
     registry.discover()
     specs: dict[str, ScheduleSpec] = {}
+    spellings: dict[str, str] = {}
 
-    def add(spec: ScheduleSpec) -> None:
+    def add(spec: ScheduleSpec, where: str) -> None:
         if spec.name in specs:
-            raise InvalidSchedule(f"{spec.name}.name", "is declared twice")
+            raise InvalidSchedule(f"{where}.name", "is declared twice")
+        other = spellings.setdefault(compared_name(spec.name), spec.name)
+        if other != spec.name:
+            raise InvalidSchedule(
+                f"{where}.name",
+                f"differs from {other!r} only in case, accents or trailing spaces, which "
+                "MySQL and MariaDB compare as one name",
+            )
         specs[spec.name] = spec
 
     for task in registry.declared_tasks(alias):
@@ -337,7 +355,7 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
             name = p.name or task.module_path
             if (why := call_misfit(task, p)) is not None:
                 raise InvalidSchedule(f"{name}.args/kwargs", why)
-            add(ScheduleSpec(name, task.module_path, p))
+            add(ScheduleSpec(name, task.module_path, p), name)
     if listed is None:
         listed = (settings.TASKS[alias].get("OPTIONS") or {}).get("SCHEDULES") or {}
     for name, spec in checked_settings(listed).items():
@@ -349,11 +367,20 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
             )
         if (why := call_misfit(listed_task, spec.periodic)) is not None:
             raise InvalidSchedule(f"SCHEDULES[{name!r}].args/kwargs", why)
-        add(spec)
+        add(spec, f"SCHEDULES[{name!r}]")
     if specs and not settings.USE_TZ:
         # Ticks are UTC instants; naive datetime columns would store them shifted.
         raise InvalidSchedule("USE_TZ", "periodic schedules need USE_TZ = True")
     return list(specs.values())
+
+
+def compared_name(name: str) -> str:
+    """``name`` as MySQL's and MariaDB's default collations compare it: without case,
+    accents and trailing spaces. Two schedule names equal so are one row there, and are
+    refused on every database, so that a project can move between them."""
+    decomposed = unicodedata.normalize("NFKD", name)
+    bare = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return bare.casefold().rstrip(" ")
 
 
 def call_misfit(task: Any, p: Periodic) -> str | None:

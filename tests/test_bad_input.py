@@ -14,6 +14,7 @@ import sys
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connection, transaction
+from django.test import override_settings
 
 from django_leases.models import Job
 from django_leases.states import DeadReason, FailureKind, JobState
@@ -130,10 +131,13 @@ def test_a_worker_on_an_empty_database_exits_with_the_command_to_run(tmp_path):
     assert "run: manage.py migrate django_leases --database default" in run.stderr
 
 
-def test_a_mysql_session_off_utc_is_an_error_and_the_worker_refuses_it():
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_a_mysql_session_off_utc_is_an_error_and_the_worker_refuses_it(use_tz):
     """Invariant 1 on MySQL/MariaDB: Now() there is the session's local time while Django
     writes UTC, so a session off UTC moves every lease; check --database reports E015 and
-    the worker will not start."""
+    the worker will not start. With USE_TZ = False too: local time jumps at each
+    daylight-saving change, and results give the rows' times as UTC made local (it passed
+    unsaid, every result hours off)."""
     from django.core import checks
 
     if connection.vendor != "mysql":
@@ -142,9 +146,12 @@ def test_a_mysql_session_off_utc_is_an_error_and_the_worker_refuses_it():
     with connection.cursor() as cursor:
         cursor.execute("SET time_zone = '+02:00'")
     try:
-        [error] = checks.run_checks(tags=[checks.Tags.database], databases=["default"])
+        with override_settings(USE_TZ=use_tz):
+            [error] = checks.run_checks(tags=[checks.Tags.database], databases=["default"])
         assert error.id == "django_leases.E015"
         assert "+2 h from UTC" in error.msg and "SET time_zone = '+00:00'" in error.msg
+        if not use_tz:
+            assert "daylight-saving" in error.msg
         with pytest.raises(CommandError, match=r"\+2 h from UTC"):
             call_command("run_lease_worker", "--burst")
     finally:

@@ -4,7 +4,7 @@ Builds both archives with ``python -m build`` from a copy of the checkout's file
 that they hold every file ``git ls-files django_leases`` lists and that ``twine check``
 passes, installs the wheel (not editable) into a fresh virtualenv outside the checkout, and
 runs the user's project in tests/userproject on it, on SQLite and on PostgreSQL: migrate,
-enqueue from its views through Django's test client, ``run_lease_worker --burst``, then
+its own tests (``manage.py test``), enqueue from its views through Django's test client, ``run_lease_worker --burst``, then
 every admin page as a superuser (tests/userproject/check_project.py reports, this asserts).
 
 Slow (a build, a virtualenv, Django and psycopg from the package index): it runs once per
@@ -223,7 +223,7 @@ def database(request):
 
 
 def test_a_user_project_runs_on_the_installed_wheel(venv, database, tmp_path, dist):
-    """migrate, enqueue from a view, a burst worker runs the jobs (one fails once and is
+    """migrate, the project's own tests pass, enqueue from a view, a burst worker runs the jobs (one fails once and is
     retried), and every admin page answers 200 with what it exists to show: the job list
     with its counts and advisor link under each filter, a job's error history, the
     advisor, the workers, and the confirmation page of each action that asks first."""
@@ -242,6 +242,9 @@ def test_a_user_project_runs_on_the_installed_wheel(venv, database, tmp_path, di
     assert report["migrate"]["exit"] == 0, report["migrate"]["output"]
     assert report["check"]["exit"] == 0, report["check"]["output"]
     assert "no issues" in report["check"]["output"], report["check"]["output"]
+    # A task a test module declares stopped `manage.py test` at the checks (E018).
+    assert report["test"]["exit"] == 0, report["test"]["output"]
+    assert "Ran 1 test" in report["test"]["output"], report["test"]["output"]
 
     assert (report["enqueue_receipt"], report["enqueue_sync"]) == (200, 200)
     assert report["worker"]["exit"] == 0, report["worker"]["output"]

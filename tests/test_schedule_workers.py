@@ -199,6 +199,24 @@ def test_ticks_missed_while_every_worker_was_down(workers, policy, jobs_at_resta
     assert after[0].tick_at - before[-1].tick_at == timedelta(seconds=EVERY * (misfired + 1))
 
 
+def test_a_worker_polling_less_often_than_a_grace_still_decides_every_tick_on_time(workers):
+    """Invariant 3: a worker run with --poll 8 and a 2 s schedule (default grace 5 s,
+    misfire "skip"): the schedule is looked at every half grace, not every poll. Before,
+    it was looked at every 8-16 s (a look that came early by the poll's jitter waited for
+    the next), so most ticks were decided past their grace and dropped as missed while the
+    worker was up."""
+    overrides = {"every": 2, "misfire": "skip", "misfire_limit": 1}
+    env = {"LEASES_WORKER_SCHEDULES": schedules(**overrides)}
+    worker = workers.start("slow-poll", *FAST, "--poll", "8", env_extra=env, ready=False)
+    worker.wait_event("started", timeout=60)
+    wait_runs(1)
+    time.sleep(10)
+    made = decisions(worker)
+    assert sum(misfired for _, misfired in made) == 0, made
+    assert sum(len(jobs) for jobs, _ in made) >= 5, made
+    stop_all([worker])
+
+
 def test_a_paused_schedule_does_not_tick_in_a_running_fleet(workers):
     """Invariant 3: paused while workers run, no tick is recorded; resumed, it ticks again."""
     started = start(workers, "fleet", 2)

@@ -101,7 +101,7 @@ def test_a_short_interval_decided_at_a_healthy_polls_lateness_misses_nothing(pol
     result = plan(Periodic(every=1, misfire=policy), ticks[0], now)
     assert (result.run, result.misfired) == (ticks, 0)
     assert Periodic(every=2).grace_seconds == 5 and Periodic(every=30).grace_seconds == 30
-    assert Periodic(every=1, grace=0.5).grace_seconds == 0.5
+    assert Periodic(every=1, grace=1.5).grace_seconds == 1.5
     assert Periodic(every=3600).grace_seconds == Periodic(cron="0 * * * *").grace_seconds == 60
 
 
@@ -163,6 +163,9 @@ def test_each_after_a_long_cron_outage_runs_the_newest_missed_ticks():
         ({"every": 60, "name": "x\x00y"}, "name"),
         ({"every": 60, "name": "x\udc00"}, "name"),
         ({"every": 60, "grace": -1}, "grace"),
+        # A tick is decided after its time: with "skip", a grace of 0 ran no tick ever.
+        ({"every": 60, "grace": 0, "misfire": "skip"}, "grace"),
+        ({"every": 60, "grace": 0.5}, "grace"),
     ],
 )
 def test_a_bad_declaration_names_its_field(kwargs, field):

@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 from django.test import override_settings
 
 from django_leases.enqueue_options import EnqueueOptions
+from django_leases.exceptions import InvalidSchedule
 from django_leases.models import Job, Schedule, ScheduleRun
 from django_leases.schedules import Periodic, ScheduleSpec, declared_schedules
 from django_leases.states import JobState
@@ -110,6 +111,20 @@ def test_sync_reports_added_changed_and_removed():
     report = Schedule.objects.sync("default", [spec("a", every=120), spec("b"), spec("c")])
     assert (report.added, report.changed, report.unchanged) == ([], ["b"], ["a", "c"])
     assert Schedule.objects.get(name="b").removed_at is None
+
+
+def test_arguments_json_gives_back_otherwise_leave_a_schedule_unchanged_at_the_next_sync():
+    """Invariant 3: a tuple in a schedule's arguments is stored as a list; compared with
+    the row as declared, the schedule read as changed at every worker's start and was
+    re-planned from now each time (a daily one restarted daily never ticked)."""
+    declared = spec("t", args=[(1, 2)], kwargs={"pair": ("a", "b")})
+    assert Schedule.objects.sync("default", [declared]).added == ["t"]
+    started_tick = Schedule.objects.get(name="t").next_tick_at
+    report = Schedule.objects.sync("default", [declared])
+    assert (report.changed, report.unchanged) == ([], ["t"])
+    row = Schedule.objects.get(name="t")
+    assert (row.spec["args"], row.spec["kwargs"]) == ([[1, 2]], {"pair": ["a", "b"]})
+    assert row.next_tick_at == started_tick
 
 
 def test_the_first_decision_plans_on_the_database_clock():
@@ -235,6 +250,46 @@ def test_the_settings_form_declares_schedules():
     tasks["default"]["OPTIONS"]["SCHEDULES"]["tick"]["task"] = "tests.testapp.tasks.nope"
     with override_settings(TASKS=tasks), pytest.raises(Exception, match=r"SCHEDULES\['tick'\]"):
         declared_schedules("default")
+
+
+@pytest.mark.parametrize(
+    "twin", ["Report", "report ", "r\u00e9port"], ids=["case", "trailing space", "accent"]
+)
+def test_two_schedule_names_one_database_compares_as_one_are_refused_when_declared(twin):
+    """Invariant 6: MariaDB's default collation compares names without case, accents and
+    trailing spaces. Declared together, "report" and "Report" were one row there: every
+    sync broke the unique name (no schedule of the backend ticked) and the check said
+    nothing. Refused on every database, naming the schedule."""
+    from django.conf import settings
+
+    entry = {"task": TASK, "every": 5, "args": [1, 1]}
+    tasks = {**settings.TASKS}
+    tasks["default"] = {
+        **tasks["default"],
+        "OPTIONS": {"SCHEDULES": {"report": entry, twin: entry}},
+    }
+    with override_settings(TASKS=tasks), pytest.raises(InvalidSchedule) as refused:
+        declared_schedules("default")
+    assert refused.value.field == f"SCHEDULES[{twin!r}].name", refused.value
+    assert "'report'" in str(refused.value)
+
+
+def test_a_schedule_renamed_in_case_alone_syncs_with_the_others():
+    """Invariant 3: "report" renamed "Report": on MariaDB the new spelling found no row by
+    its own (the locking read compares as the database does), so its insert broke the
+    unique name and the whole sync failed, "other" included, at every start. Now the row
+    is renamed there (PostgreSQL and SQLite: a new row, the old one removed)."""
+    Schedule.objects.sync("default", [spec("report"), spec("other")])
+    report = Schedule.objects.sync("default", [spec("Report"), spec("other")])
+    assert report.unchanged == ["other"]
+    assert set(Schedule.objects.filter(removed_at__isnull=True).values_list("name", flat=True)) == {
+        "Report",
+        "other",
+    }
+    if connection.vendor == "mysql":
+        assert (report.added, report.changed, report.removed) == ([], ["Report"], [])
+    else:
+        assert (report.added, report.changed, report.removed) == (["Report"], [], ["report"])
 
 
 @pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(schedule=...) needs Django 6.1")

@@ -19,6 +19,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.tasks import TaskResultStatus, task_backends
+from django.test import override_settings
 from django.utils import timezone
 
 from django_leases.exceptions import LeaseLost
@@ -134,6 +135,36 @@ def test_a_result_read_back_from_another_process_carries_times_worker_and_value(
         result.return_value,
         result.finished_at,
     )
+    stop(w)
+
+
+def test_with_use_tz_false_a_results_times_are_time_zones_local_time(workers):
+    """(1) With USE_TZ = False Django's datetimes are naive local time (TIME_ZONE), as
+    ImmediateBackend's timezone.now() gives them. The rows keep the database clock in UTC
+    (SQLite's clock, MySQL's sessions: check E015), which results gave as it was, five
+    hours ahead of timezone.now() in New York; PostgreSQL's session runs in TIME_ZONE."""
+    local = override_settings(USE_TZ=False, TIME_ZONE="America/New_York")
+    with local:
+        before = timezone.now()
+        result = add.enqueue(2, 3)
+        assert result.enqueued_at.tzinfo is None
+        assert abs(result.enqueued_at - before) < timedelta(minutes=1)
+    w = workers.start("local-w", *FAST)
+    wait_for(lambda: Job.objects.get(pk=result.id).state == "succeeded", SETTLE, "the job")
+    with local:
+        result.refresh()
+        now = timezone.now()
+        times = [
+            result.enqueued_at,
+            result.started_at,
+            result.last_attempted_at,
+            result.finished_at,
+        ]
+        assert all(t.tzinfo is None and abs(t - now) < timedelta(minutes=1) for t in times), (
+            times,
+            now,
+        )
+        assert times == sorted(times)
     stop(w)
 
 

@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import ast
 import inspect
+import io
 import json
 import logging
+import os
 import re
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from django.test import override_settings
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from django_leases.models import JobFailure
 from django_leases.states import FailureKind, JobState
@@ -487,3 +494,117 @@ def test_a_schedule_whose_decision_keeps_failing_is_told_once_then_when_it_is_de
         "schedule_failed",
         3,
     )
+
+
+def _line_logger(handler: logging.Handler) -> logging.Logger:
+    logger = logging.Logger("django_leases.tests.lines")  # on no manager: nothing else sees it
+    logger.addHandler(handler)
+    return logger
+
+
+class _SlowStream(io.StringIO):
+    """A stream whose writes take a while, GIL released: other threads pile up behind it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        time.sleep(0.0005)
+        return super().write(text)
+
+
+def test_lines_logged_from_many_threads_at_once_come_out_whole_once_and_in_order():
+    """(6) At -v 1 ten handler threads log two lines per job each: the worker's handler
+    formats outside its lock and the thread holding the lock writes every line waiting.
+    Every line comes out once and whole, each thread's in its order, none left waiting
+    when the last call returns, in fewer writes than lines."""
+    stream = _SlowStream()
+    handler = logs.LineHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = _line_logger(handler)
+    start = threading.Barrier(10)
+
+    def log_lines(n: int) -> None:
+        start.wait()
+        for i in range(300):
+            logger.warning("thread=%s line=%s", n, i)
+
+    threads = [threading.Thread(target=log_lines, args=(n,)) for n in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3000
+    for n in range(10):
+        assert [line for line in lines if line.startswith(f"thread={n} ")] == [
+            f"thread={n} line={i}" for i in range(300)
+        ]
+    assert stream.writes < len(lines)
+
+
+def test_a_stalled_stream_holds_the_logging_threads_up_rather_than_filling_memory():
+    """(6) Lines wait for the writer only up to BACKLOG: behind a stream that stalls (a pipe
+    nobody reads), a thread then waits for the lock as the stock handler's did, so what
+    waits stays bounded; once the stream moves on, every line is written."""
+
+    class StalledStream(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.moving = threading.Event()
+
+        def write(self, text: str) -> int:
+            self.moving.wait(30)
+            return super().write(text)
+
+    stream = StalledStream()
+    handler = logs.LineHandler(stream)
+    handler.BACKLOG = 20
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = _line_logger(handler)
+    done = []
+
+    def log_lines(n: int) -> None:
+        for i in range(50):
+            logger.warning("thread=%s line=%s", n, i)
+        done.append(n)
+
+    threads = [threading.Thread(target=log_lines, args=(n,), daemon=True) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while len(handler._pending) <= handler.BACKLOG and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert done == []  # held up, not piling lines up
+    assert handler.BACKLOG < len(handler._pending) <= handler.BACKLOG + len(threads)
+    stream.moving.set()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(done) == [0, 1, 2, 3]
+    assert len(stream.getvalue().splitlines()) == 200
+
+
+@given(st.lists(st.floats(min_value=0, max_value=4_102_444_800), min_size=1, max_size=20))
+@hypothesis_settings(max_examples=200, deadline=None)
+def test_the_text_formats_time_as_loggings_own_formatter_does(created):
+    """The text format keeps the last second it formatted (a burst of lines formats each
+    second once): whatever the order the records come in, the time it writes is the one
+    logging's Formatter writes, in a zone with summer time too."""
+    saved = os.environ.get("TZ")
+    os.environ["TZ"] = "Europe/Berlin"
+    time.tzset()
+    try:
+        ours, stock = logs.TextFormatter("%(asctime)s"), logging.Formatter("%(asctime)s")
+        for stamp in [*created, 1_711_846_799.5, 1_711_846_800.25, created[0]]:
+            record = logging.LogRecord("x", logging.INFO, __file__, 1, "m", (), None)
+            record.created, record.msecs = stamp, (stamp - int(stamp)) * 1000 // 1
+            assert ours.format(record) == stock.format(record)
+    finally:
+        if saved is None:
+            os.environ.pop("TZ")
+        else:
+            os.environ["TZ"] = saved
+        time.tzset()

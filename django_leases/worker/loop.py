@@ -257,10 +257,12 @@ class Worker(Stopping):
                     return
                 if got == free and self._claims_left():
                     # There may be more due jobs; look again once a slot frees up.
-                    woken = self.waker.wait(self.poll if len(self.book) >= self.concurrency else 0)
+                    full = len(self.book) >= self.concurrency
+                    woken = self.waker.wait(min(self.poll, self.ticker.due_in()) if full else 0)
                     continue
-            # Jitter keeps a fleet of idle workers from polling in lockstep.
-            woken = self.waker.wait(self.poll * random.uniform(0.9, 1.1))
+            # Jitter keeps a fleet of idle workers from polling in lockstep; a schedule's
+            # look may be due sooner (its grace shorter than two polls).
+            woken = self.waker.wait(min(self.poll * random.uniform(0.9, 1.1), self.ticker.due_in()))
 
     def _gather(self, window: float) -> None:
         """Woken by a finished handler while others still run, wait up to ``window`` for

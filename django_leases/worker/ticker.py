@@ -23,17 +23,26 @@ logger = logging.getLogger("django_leases.worker")
 # After trouble that is not the database's (a declaration that cannot work), the next look
 # waits this many ``every`` intervals: the warning is not repeated every poll.
 TROUBLE_BACKOFF = 10
+# A look comes at least twice per the shortest grace of the backend's schedules, but not
+# more often than this: a tick decided later than its grace counts as missed.
+SHORTEST_LOOK = 0.5
+# A look is due once this share of ``every`` has passed: the loop's jittered poll wait
+# (0.9 to 1.1 of it) skipped every look that came a little early, and so every other one.
+ON_TIME = 0.9
 
 
 class Ticker:
-    """Sync the backend's schedules once, then enqueue due ticks every ``every`` seconds."""
+    """Sync the backend's schedules once, then enqueue due ticks every ``every`` seconds:
+    the poll interval, or half the shortest grace of the declared schedules if less (a
+    worker run with --poll 10 decided a 2 s tick up to 20 s late, past its 5 s grace:
+    missed while the worker was up). The main loop waits no longer than due_in()."""
 
     def __init__(self, alias: str, database: str, worker_id: str, every: float) -> None:
         from ..models import Schedule
 
         self.Schedule = Schedule
         self.alias, self.database, self.worker_id = alias, database, worker_id
-        self.every = every
+        self.poll = self.every = every
         self._last = float("-inf")
         self._synced = False
         self._unrunnable: set[str] = set()
@@ -48,6 +57,8 @@ class Ticker:
         specs = declared_schedules(self.alias)
         report = self.Schedule.objects.using(self.database).sync(self.alias, specs)
         self._synced = True
+        graces = [spec.periodic.grace_seconds for spec in specs]
+        self.every = min([self.poll, *(max(SHORTEST_LOOK, grace / 2) for grace in graces)])
         if specs or report.removed:
             logger.info(
                 "Schedules synced worker=%s added=%s changed=%s removed=%s unchanged=%d taken=%s",
@@ -87,11 +98,15 @@ class Ticker:
                     },
                 )
 
+    def due_in(self) -> float:
+        """Seconds until the next look is due (0: now)."""
+        return max(0.0, self._last + self.every * ON_TIME - time.monotonic())
+
     def maybe_tick(self) -> None:
         """Enqueue the due ticks if ``every`` seconds passed since the last look (monotonic);
         database trouble is logged and left to the next look."""
         now = time.monotonic()
-        if now - self._last < self.every:
+        if now - self._last < self.every * ON_TIME:
             return
         self._last = now
         try:
