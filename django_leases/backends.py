@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC
 from typing import Any, cast
 
@@ -49,7 +49,7 @@ _STATUS = {
 }
 
 
-def _times_as_django_gives(database: str) -> Any:
+def _times_as_django_gives(database: str) -> Callable[[Any], Any]:
     """A function giving a job's database-clock time as Django hands datetimes out.
 
     With USE_TZ = True (aware, UTC) and on PostgreSQL (whose session Django runs in
@@ -58,7 +58,7 @@ def _times_as_django_gives(database: str) -> Any:
     naive UTC: given as TIME_ZONE's naive local time, what USE_TZ = False means
     (ImmediateBackend's timezone.now()). The rows keep UTC: lease arithmetic in local time
     would jump at each daylight-saving change."""
-    if settings.USE_TZ or connections[database].vendor == "postgresql":
+    if settings.USE_TZ or connections[database].vendor not in ("sqlite", "mysql"):
         return _as_read
     zone = timezone.get_default_timezone()
 

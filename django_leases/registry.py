@@ -224,11 +224,19 @@ def _import_tree(name: str, seen: set[str]) -> list[str]:
 
 
 def is_test_module(name: str) -> bool:
-    """Whether module ``name`` is a test module by its name, as discovery leaves out of a
-    tasks package (``tests``, ``test_*``, ``*_tests``, ``conftest``): a task declared there
-    is one a test declares for itself, not one for workers."""
-    leaf = name.rpartition(".")[2]
-    return leaf in ("tests", "conftest") or leaf.startswith("test_") or leaf.endswith("_tests")
+    """Whether module ``name`` is a test module by its name: ``tests``, ``test``,
+    ``conftest``, ``test_*`` and ``tests_*`` (Django's runner), ``*_test`` and ``*_tests``
+    (pytest's), or a module inside an app's ``tests`` package (``shop.tests.factories``;
+    discovery skips such modules of a tasks package too). A task declared there is one a
+    test declares for itself, not one for workers."""
+    parts = name.split(".")
+    leaf = parts[-1]
+    return (
+        leaf in ("tests", "test", "conftest")
+        or leaf.startswith(("test_", "tests_"))
+        or leaf.endswith(("_test", "_tests"))
+        or "tests" in parts[1:-1]
+    )
 
 
 def is_discovered(task: Task[..., Any]) -> bool:

@@ -343,7 +343,7 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
             raise InvalidSchedule(
                 f"{where}.name",
                 f"differs from {other!r} only in case, accents or trailing spaces, which "
-                "MySQL and MariaDB compare as one name",
+                "MySQL's or MariaDB's default collation compares as one name",
             )
         specs[spec.name] = spec
 
@@ -375,10 +375,11 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
 
 
 def compared_name(name: str) -> str:
-    """``name`` as MySQL's and MariaDB's default collations compare it: without case,
-    accents and trailing spaces. Two schedule names equal so are one row there, and are
-    refused on every database, so that a project can move between them."""
-    decomposed = unicodedata.normalize("NFKD", name)
+    """``name`` about as MySQL's and MariaDB's default collations compare it: without case
+    and accents (and, MariaDB's, trailing spaces). Two schedule names equal so are one row
+    there, and are refused on every database, so that a project can move between them. An
+    approximation: a collation's own equalities it misses still fail the sync, by name."""
+    decomposed = unicodedata.normalize("NFD", name)
     bare = "".join(c for c in decomposed if not unicodedata.combining(c))
     return bare.casefold().rstrip(" ")
 

@@ -65,10 +65,14 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
         pid: int,
         queues: list[str],
         heartbeat_seconds: float,
+        process_key: str = "",
+        dead: str | None = None,
     ) -> WorkerProcess | None:
         """Take ``worker_id`` for the process ``instance`` names and return None; or, while
         another process holds the id (it does not look gone: see gone()), return its row,
         annotated with ``db_now`` and ``period`` (with_status()), and take nothing.
+        ``dead``: the instance of a holder known to have died (identity.died()), taken
+        from at once, if it still holds the id.
 
         Two live processes under one id would read as one: the first to stop would mark
         the other's healthy claims as a gone worker's. A stopped or silent holder is
@@ -81,6 +85,7 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
             "pid": pid,
             "queues": queues,
             "heartbeat_seconds": heartbeat_seconds,
+            "process_key": process_key,
             "started_at": Now(),
             "last_seen_at": Now(),
             "stopped_at": None,
@@ -98,11 +103,13 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
                 except IntegrityError as e:
                     lost_race = e
                     continue  # another process inserted it first: read its row
-            if holder.instance != instance and not holder.looks_gone:
+            if holder.instance not in (instance, dead) and not holder.looks_gone:
                 return cast("WorkerProcess", holder)  # live, by its own period (database clock)
             # Gone (or this very process registering again after an answer that never
             # came back): take it, unless another process did first; then read again.
             takeable = self._gone_q() | Q(instance=instance)
+            if dead:
+                takeable |= Q(instance=dead)
             if rows.filter(instance=holder.instance).filter(takeable).update(**fields):
                 return None
         if holder is not None:
@@ -135,6 +142,21 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
         ``legacy_period``, else the first lease backend's HEARTBEAT_SECONDS), on the
         database clock."""
         return self.filter(self._gone_q(legacy_period))
+
+    def prunable(self, older_than_days: float) -> WorkerQuerySet:
+        """Rows of workers gone more than ``older_than_days`` ago: stopped then, or silent
+        since then and gone (a crash never restarted under its id). A live worker's row is
+        never among them, whatever the days: it would read its row deleted and stop. Each
+        restart under the default id (``hostname-pid``) or a pod's name leaves a row."""
+        before = Now() - Seconds(older_than_days * 86400)
+        return self.filter(
+            Q(stopped_at__lt=before) | Q(self._gone_q(), stopped_at=None, last_seen_at__lt=before)
+        )
+
+    def prune(self, older_than_days: float) -> int:
+        """Delete the prunable rows; return how many went."""
+        deleted, _ = self.prunable(older_than_days).delete()
+        return deleted
 
     def with_status(self) -> WorkerQuerySet:
         """Annotate ``db_now``, ``period`` (the heartbeat period the row is judged by) and

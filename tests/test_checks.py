@@ -327,6 +327,12 @@ def test_a_schedule_name_two_backends_of_one_database_declare_is_an_error(monkey
     with override_settings(TASKS=tasks):
         [error] = schedule_messages("twin-a", tasks["twin-a"]["OPTIONS"])
     assert "TASKS['twin-b'] ('sweep'), TASKS['twin-c'] ('sweep') declare too" in error.msg
+    # One row on MySQL/MariaDB, whose default collations compare without case: each
+    # backend's sync would find the other's row there and take it.
+    tasks["twin-c"]["OPTIONS"]["SCHEDULES"] = {"Sweep": every(30)}
+    with override_settings(TASKS=tasks):
+        [error] = schedule_messages("twin-c", tasks["twin-c"]["OPTIONS"])
+    assert error.id == "django_leases.E021" and "TASKS['twin-a'] ('Sweep')" in error.msg
 
 
 def schedule_messages(alias, options):
@@ -461,6 +467,32 @@ def test_tasks_declared_where_no_worker_looks_are_listed_with_the_fix():
             for m in task_backends["default"].check()
             if m.id == "django_leases.E018" and shipped.module_path in m.msg
         ] == []
+
+
+@pytest.mark.parametrize(
+    ("module", "for_tests"),
+    [
+        ("shop.tests", True),
+        ("shop.test_views", True),
+        ("shop.tests_api", True),
+        ("shop.views_test", True),
+        ("shop.tests.factories", True),
+        ("tests", True),
+        ("conftest", True),
+        ("shop.tasks", False),
+        ("shop.jobs", False),
+        ("tests.testapp.jobs", False),  # a project package named tests: its own modules
+        ("shop.contests", False),
+        ("shop.testimonials", False),
+    ],
+)
+def test_tasks_a_test_module_declares_are_left_out_of_e018(module, for_tests):
+    """`manage.py test` imports the test modules before it runs the checks, and E018 then
+    stopped the whole run over a task a test declared for itself (the package test runs
+    such a project's tests through the installed wheel). Which modules count as tests."""
+    from django_leases import registry
+
+    assert registry.is_test_module(module) is for_tests
 
 
 def test_a_tasks_module_that_raises_at_import_is_an_error_of_the_check(tmp_path, monkeypatch):

@@ -254,7 +254,36 @@ def test_prune_says_nothing_at_verbosity_0():
     call_command("leases_prune", "--dry-run", verbosity=0, stdout=quiet)
     call_command("leases_prune", stdout=told)
     assert quiet.getvalue() == ""
-    assert told.getvalue().count("\n") == 3, told.getvalue()
+    assert told.getvalue().count("\n") == 4, told.getvalue()
+
+
+def test_prune_deletes_the_rows_of_workers_gone_longer_than_the_retention_never_a_live_ones():
+    """Each restart under the default id (hostname-pid) or a pod's name left a worker row
+    for good, and the admin cannot delete one: prune deletes those stopped, or silent and
+    gone, more than the days ago. A live worker's row stays whatever the days (0
+    included): it would read its row deleted and stop."""
+    from django_leases.models import WorkerProcess
+
+    def worker(worker_id, *, stopped_days=None, seen_days=0.0):
+        WorkerProcess.objects.create(worker_id=worker_id, hostname="h", pid=1, queues=["*"])
+        WorkerProcess.objects.filter(worker_id=worker_id).update(
+            last_seen_at=Now() - timedelta(days=seen_days),
+            stopped_at=None if stopped_days is None else Now() - timedelta(days=stopped_days),
+        )
+
+    worker("stopped-long-ago", stopped_days=10, seen_days=10)
+    worker("crashed-long-ago", seen_days=10)
+    worker("stopped-lately", stopped_days=1, seen_days=1)
+    worker("alive")
+    out = StringIO()
+    call_command("leases_prune", "--older-than-days", "7", "--dry-run", stdout=out)
+    assert "Would delete 2 worker rows gone more than 7 days ago." in out.getvalue()
+    call_command("leases_prune", "--older-than-days", "7", stdout=out)
+    assert "Deleted 2 worker rows gone more than 7 days ago." in out.getvalue()
+    names = set(WorkerProcess.objects.values_list("worker_id", flat=True))
+    assert names == {"stopped-lately", "alive"}
+    call_command("leases_prune", "--older-than-days", "0", stdout=out)
+    assert set(WorkerProcess.objects.values_list("worker_id", flat=True)) == {"alive"}
 
 
 def test_prune_deletes_old_jobs_a_schedule_made_and_unlinks_its_records():
@@ -581,9 +610,9 @@ def test_prune_refuses_a_database_missing_a_migration_before_writing():
     old = job(JobState.SUCCEEDED, days_ago=40)
     late = Job.objects.create(task_path=TASK, args=[1, 2])
     Job.objects.filter(pk=late.pk).update(deadline=Now() - timedelta(days=1))
-    call_command("migrate", "django_leases", "0006", verbosity=0)
+    call_command("migrate", "django_leases", "0007", verbosity=0)
     try:
-        with pytest.raises(CommandError, match=r"lacks django_leases migrations 0007_\w+; run:"):
+        with pytest.raises(CommandError, match=r"lacks django_leases migrations 0008_\w+; run:"):
             call_command("leases_prune", "--older-than-days", "14", verbosity=0)
     finally:
         call_command("migrate", verbosity=0)

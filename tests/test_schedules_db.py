@@ -542,6 +542,27 @@ def test_run_now_refuses_a_held_unique_key_and_never_links_another_job():
     assert not ScheduleRun.objects.exists()
 
 
+def test_a_ticker_of_a_backend_without_schedules_sends_no_statement_per_look():
+    """Most projects declare no schedule: each worker still read the schedule table at
+    every poll, and in an outage its first warning was "Schedules not ticked". After the
+    sync at its start (which marks rows of schedules no longer declared removed), a look
+    sends nothing."""
+    from django.conf import settings
+    from django.test.utils import CaptureQueriesContext
+
+    from django_leases.worker.ticker import Ticker
+
+    tasks = {**settings.TASKS, "plain": {"BACKEND": settings.TASKS["default"]["BACKEND"]}}
+    Schedule.objects.sync("plain", [spec("gone")])
+    ticker = Ticker("plain", "default", "w1", every=0)
+    with override_settings(TASKS=tasks):
+        ticker.maybe_tick()
+        assert Schedule.objects.get(name="gone").removed_at is not None
+        with CaptureQueriesContext(connection) as looked:
+            ticker.maybe_tick()
+    assert looked.captured_queries == []
+
+
 def test_the_ticker_survives_a_schedule_setting_that_cannot_work(caplog):
     """Invariant 6: SCHEDULES naming a task no code declares makes the ticker log
     schedules_trouble, naming the schedule; nothing escapes into the worker's loop."""

@@ -9,7 +9,9 @@ stopped, and the other's healthy claims then read as a gone worker's, which the 
 from __future__ import annotations
 
 import signal
+import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -152,6 +154,59 @@ def test_a_worker_started_under_a_live_id_waits_for_it_and_then_serves(workers, 
     wait_for(lambda: second.events("acked", job_id=job_of(done).pk), 10, "the acked line")
     second.signal(signal.SIGTERM)
     assert second.wait_exit(30) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_restart_after_kill_9_on_the_same_machine_takes_the_id_at_once(workers):
+    """A worker killed with SIGKILL and started again under its --worker-id (a supervisor's
+    restart): its predecessor's process is gone from this machine's /proc, so the id is
+    taken at once, not after two heartbeat periods and a second of silence (41 s with
+    these 20 s heartbeats; 21 s at the defaults). The id stays one live process's (3)."""
+    slow_beat = ["--lease", "60", "--heartbeat", "20", "--poll", "0.2"]
+    first = workers.start("phoenix", *slow_beat, log_name="phoenix-first")
+    assert WorkerProcess.objects.get(worker_id="phoenix").process_key.split(" ")[2] == str(
+        first.pid
+    )
+    first.signal(signal.SIGKILL)
+    first.wait_exit(30)
+    killed_at = time.monotonic()
+    second = workers.start("phoenix", *slow_beat, ready=False, log_name="phoenix-second")
+    second.wait_event("started", timeout=60, worker="phoenix")
+    assert time.monotonic() - killed_at < 20, second.log()[-3000:]
+    assert second.events("id_taken") and not second.events("id_held"), second.log()[-3000:]
+    row = WorkerProcess.objects.get(worker_id="phoenix")
+    assert (row.pid, row.stopped_at) == (second.pid, None)
+    second.signal(signal.SIGTERM)
+    assert second.wait_exit(30) == 0
+
+
+def test_a_holder_is_known_dead_only_in_this_boot_and_pid_namespace():
+    """identity.died(): a process of this boot and pid namespace that exited (or is a
+    zombie, or whose pid now names a process started later) is dead; the same pid in
+    another pid namespace (a container started with the same hostname, pid 1) or another
+    boot, a live process, and a row without a key are not known dead: their silence
+    decides, as before."""
+    import subprocess
+
+    from django_leases.worker.identity import died, process_key
+
+    mine = process_key()
+    if not mine:
+        pytest.skip("no /proc to read here")
+    boot, namespace, pid, start = mine.split(" ")
+    assert not died(mine)
+    assert died(f"{boot} {namespace} {pid} {int(start) - 1}")  # its pid reused since
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    assert died(f"{boot} {namespace} {exited.pid} {start}")
+    zombie = subprocess.Popen(["true"])
+    stat = Path(f"/proc/{zombie.pid}/stat")
+    wait_for(lambda: stat.read_text().rpartition(") ")[2][0] == "Z", 10, "the child a zombie")
+    assert died(f"{boot} {namespace} {zombie.pid} {start}")
+    zombie.wait()
+    for elsewhere in (f"{boot} pid:[1] {exited.pid} 1", f"other-boot {namespace} {exited.pid} 1"):
+        assert not died(elsewhere)
+    assert not died("") and not died("not a key")
 
 
 @pytest.mark.slow

@@ -587,6 +587,58 @@ def test_a_stalled_stream_holds_the_logging_threads_up_rather_than_filling_memor
     assert len(stream.getvalue().splitlines()) == 200
 
 
+def test_a_line_left_while_another_held_the_lock_is_written_when_it_is_let_go():
+    """(6) logging.shutdown() and the interpreter guard take the handler's lock too, then
+    flush, close or swap the stream: a line another thread left meanwhile stayed unwritten
+    for good (the worker's last lines at exit). flush() writes what waits, and so does
+    whoever lets go of the lock."""
+    stream = io.StringIO()
+    handler = logs.LineHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = _line_logger(handler)
+
+    def log_from_another_thread(message: str) -> None:
+        thread = threading.Thread(target=logger.warning, args=(message,))
+        thread.start()
+        thread.join()
+
+    handler.acquire()
+    log_from_another_thread("left during a flush")
+    assert stream.getvalue() == ""
+    handler.flush()
+    assert stream.getvalue() == "left during a flush\n"
+    log_from_another_thread("left while held")
+    handler.release()
+    assert stream.getvalue() == "left during a flush\nleft while held\n"
+
+
+def test_each_line_a_failed_write_drops_is_reported_with_its_own_record():
+    """(6) One write carries several threads' lines: when it fails, each line is tried on
+    its own, and each that cannot be written is reported with its own record (it reported
+    the writer's record only, the others' lines dropped unsaid)."""
+
+    class Refusing(io.StringIO):
+        def write(self, text: str) -> int:
+            if "refused" in text:
+                raise OSError("no space left on device")
+            return super().write(text)
+
+    stream = Refusing()
+    handler = logs.LineHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    reported: list[str] = []
+    handler.handleError = lambda record: reported.append(record.getMessage())  # type: ignore[method-assign]
+    logger = _line_logger(handler)
+    handler.acquire()
+    for message in ("kept", "refused one", "kept too", "refused two"):
+        thread = threading.Thread(target=logger.warning, args=(message,))
+        thread.start()
+        thread.join()
+    handler.release()
+    assert stream.getvalue() == "kept\nkept too\n"
+    assert reported == ["refused one", "refused two"]
+
+
 @given(st.lists(st.floats(min_value=0, max_value=4_102_444_800), min_size=1, max_size=20))
 @hypothesis_settings(max_examples=200, deadline=None)
 def test_the_text_formats_time_as_loggings_own_formatter_does(created):

@@ -590,6 +590,97 @@ def test_the_worker_survives_losing_its_connections(workers):
     assert a.wait_exit() == 0
 
 
+def _end_the_workers_sessions() -> None:
+    """What a failover or a restart of the server does: every session of the test database
+    but this test's own ends."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return
+        cursor.execute(
+            "SELECT id FROM information_schema.PROCESSLIST "
+            "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+        )
+        for (session,) in cursor.fetchall():
+            with contextlib.suppress(Exception):
+                cursor.execute(f"KILL {int(session)}")
+
+
+@pytest.mark.skipif(
+    connection.vendor == "sqlite" or os.environ.get("LEASES_POOLER_DIRECT_URL") is not None,
+    reason="SQLite has no sessions to end; through PgBouncer this would end the pooler's "
+    "sessions that serve this test process too",
+)
+def test_jobs_after_a_failover_do_not_fail_on_the_connections_it_ended(workers):
+    """(3) A failover ends every session: each handler slot kept a dead connection, and the
+    next job on it failed with "terminating connection due to administrator command", an
+    attempt spent (with Django's default CONN_HEALTH_CHECKS off, as here). The worker's own
+    statements meet the failure first; each slot then checks its connection before its next
+    handler, and the jobs after the failover run once, none failed."""
+    warm = [record.enqueue(f"failover-warm-{i}", first_seconds=0.3) for i in range(3)]
+    w = workers.start(
+        "failover", *FAST, "--concurrency", "3", env_extra={"LEASES_WORKER_HEALTH_CHECKS": "0"}
+    )
+    wait_for(lambda: all(job_of(j).state == JobState.SUCCEEDED for j in warm), 30, "warm-up")
+    _end_the_workers_sessions()
+    wait_for(lambda: w.events("renewal_failed") or w.events("db_trouble"), 10, "the failover")
+    after = [record.enqueue(f"failover-after-{i}") for i in range(6)]
+    wait_for(lambda: all(job_of(j).state == JobState.SUCCEEDED for j in after), 30, "the jobs")
+    assert [job_of(j).attempts for j in after] == [1] * 6
+    assert not JobFailure.objects.filter(job_id__in=[j.id for j in after]).exists()
+    w.signal(signal.SIGTERM)
+    assert w.wait_exit() == 0
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql" or os.environ.get("LEASES_POOLER_DIRECT_URL") is not None,
+    reason="ends one session with pg_terminate_backend (not through PgBouncer)",
+)
+def test_a_slots_connection_unused_for_a_while_is_checked_before_the_next_handler():
+    """(3) A server's idle_session_timeout, or a pooler's or firewall's idle limit, ends a
+    connection a slot kept while no job came: unused for IDLE_CHECK_SECONDS, it is checked
+    (one round trip) and replaced before the next handler, not handed to it dead."""
+    import threading
+
+    from django.db import connections
+
+    from django_leases.worker import running
+
+    seen = {}
+    opened, ended = threading.Event(), threading.Event()
+
+    def slot() -> None:
+        try:
+            assert running.connect_before_handler("default") is None
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                seen["first"] = cursor.fetchone()[0]
+            opened.set()
+            assert ended.wait(30)
+            running._slot.used_at -= running.IDLE_CHECK_SECONDS + 1
+            assert running.connect_before_handler("default") is None
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                seen["then"] = cursor.fetchone()[0]
+        except BaseException as e:  # noqa: BLE001 -- reported below
+            seen["error"] = repr(e)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=slot)
+    thread.start()
+    assert opened.wait(30), seen
+    with connection.cursor() as cursor:  # this test's own session ends the slot's
+        cursor.execute("SELECT pg_terminate_backend(%s)", [seen["first"]])
+    ended.set()
+    thread.join(30)
+    assert "error" not in seen, seen
+    assert seen["then"] != seen["first"]
+
+
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_a_stale_owners_checkpoint_is_rejected_and_stops_the_handler(workers, isolation):
     """Once another claim took the job over, the first owner's next checkpoint matches no row

@@ -21,8 +21,9 @@ from tests.settings import DATABASES, LOGGING, TASKS, database_from_url
 DATABASES["default"]["NAME"] = os.environ["LEASES_WORKER_DB_NAME"]
 if os.environ.get("LEASES_WORKER_QUEUE_DB_NAME"):
     DATABASES["queue"]["NAME"] = os.environ["LEASES_WORKER_QUEUE_DB_NAME"]
-# A handler's connection cut while idle is checked and reopened before its next job.
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# A handler's connection cut while idle is checked and reopened before its next job;
+# LEASES_WORKER_HEALTH_CHECKS=0 leaves Django's default (off), as a user's project has it.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = os.environ.get("LEASES_WORKER_HEALTH_CHECKS") != "0"
 TASKS["default"]["OPTIONS"]["NOTIFY"] = os.environ.get("LEASES_WORKER_NOTIFY", "1") == "1"
 # The pass through PgBouncer (tests/run.sh): "default" is the pooler, and the worker LISTENs
 # on a direct connection to the same database ("direct"), as docs/databases.md advises.

@@ -63,3 +63,20 @@ def contention(error: BaseException) -> bool:
     failure or the server short of a resource: an OperationalError that says nothing
     against the statement itself."""
     return error_kind(error) == "outage"
+
+
+# How many connection failures the worker's own threads have met (the loop's statements,
+# the heartbeat's renewals). A failover or a restart of the server ends every session, the
+# connections the handler slots keep between jobs with them: a slot that has not checked
+# its connection since the last one does before its next handler (running.py).
+_outages = [0]
+
+
+def outage_met(error: BaseException) -> None:
+    """Count ``error`` if it is a connection failure (not a statement refused)."""
+    if isinstance(error, CONNECTION_ERRORS):
+        _outages[0] += 1
+
+
+def outages_met() -> int:
+    return _outages[0]

@@ -21,7 +21,7 @@ from django.db import connections
 from ..api import LEASE_RAN_OUT
 from ..storable import first_line
 from .claims import RUNNING, ClaimBook, read_back_acks
-from .dberrors import DB_ERRORS
+from .dberrors import DB_ERRORS, outage_met
 from .logs import claim_fields
 from .repeats import Trouble
 from .vital import VitalThread
@@ -91,6 +91,7 @@ class Heartbeat(VitalThread):
                     nap = min(delay, _SLICE)
                 except Exception as e:  # noqa: BLE001 -- renewals must outlive any one error
                     if isinstance(e, DB_ERRORS):
+                        outage_met(e)
                         self.failing.warn(
                             "Renewal failed worker=%s error=%s; retrying",
                             self.worker_id,

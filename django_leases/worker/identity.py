@@ -7,6 +7,11 @@ make the other's healthy claims look like a gone worker's. So a process takes it
 from a holder that stopped or has been silent for two heartbeat periods and a second (a crashed
 predecessor of a restart), waits while a live one holds it, and stops if another process
 takes it over while it was silent itself.
+
+A holder that died (kill -9, an OOM kill) is taken from at once when /proc can say so: it
+ran in this machine's boot and this process's pid namespace, and /proc has no process of
+its pid that started when it did. Anywhere else (another host, another container, which
+may run the same hostname and pid 1) its silence is the only sign.
 """
 
 from __future__ import annotations
@@ -15,12 +20,53 @@ import logging
 import os
 import socket
 import uuid
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("django_leases.worker")
 
 # How often a process waiting for its id says so again.
 HELD_LOG_EVERY = 60.0
+
+
+def process_key() -> str:
+    """This process as /proc knows it: "<boot id> <pid namespace> <pid> <start time>";
+    "" where /proc cannot tell (not Linux, or a /proc of another pid namespace)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+        own = Path("/proc/self/stat").read_text().split(" ", 1)[0]
+    except (OSError, ValueError):
+        return ""
+    pid = os.getpid()
+    start = _start_time(pid)
+    if own != str(pid) or start is None or " " in boot + namespace:
+        return ""
+    return f"{boot} {namespace} {pid} {start}"
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22);
+    None if there is no such process, or only its zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        # The command (field 2) is in parentheses and may hold spaces and parentheses.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        state, start = fields[0], fields[19]
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if state in ("Z", "X") else start
+
+
+def died(key: str) -> bool:
+    """Whether the process ``key`` (its process_key()) is gone for certain: it ran in this
+    boot and pid namespace, and no process of its pid started when it did (dead, its pid
+    perhaps reused). False whenever that cannot be told."""
+    parts = key.split(" ")
+    mine = process_key().split(" ")
+    if len(parts) != 4 or len(mine) != 4 or parts[:2] != mine[:2] or not parts[2].isdigit():
+        return False
+    return _start_time(int(parts[2])) != parts[3]
 
 
 def default_worker_id() -> str:

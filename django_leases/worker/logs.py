@@ -281,16 +281,17 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
     from ten handler threads): a record is formatted before any lock is taken, and the
     thread that holds the lock writes every line waiting in one write, its own and those
     other threads left meanwhile. The stock handler, which formats and writes each line
-    under its lock, made the threads queue: 19% of a worker's CPU per job (docs/benchmarks.md).
-    Past BACKLOG lines waiting, a thread waits for the lock as the stock handler does: a
-    stream that stalls (a pipe nobody reads) holds the threads up instead of filling memory.
-    """
+    under its lock, made the threads queue (docs/benchmarks.md). Whoever lets go of the
+    lock (logging.shutdown() and the interpreter guard take it too) writes what waits
+    then, and flush() writes it before flushing: no line is left behind. Past BACKLOG
+    lines waiting, a thread waits for the lock as the stock handler does: a stream that
+    stalls (a pipe nobody reads) holds the threads up instead of filling memory."""
 
     BACKLOG = 1000
 
     def __init__(self, stream: Any = None) -> None:
         super().__init__(stream)
-        self._pending: collections.deque[str] = collections.deque()
+        self._pending: collections.deque[tuple[str, logging.LogRecord]] = collections.deque()
 
     def handle(self, record: logging.LogRecord) -> bool:
         passed = self.filter(record)
@@ -305,26 +306,58 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         except Exception:  # noqa: BLE001 -- logging's way: reported on stderr, not raised
             self.handleError(record)
             return True
-        self._pending.append(line)
+        self._pending.append((line, record))
+        self._drain()
+        return True
+
+    def _drain(self) -> None:
         # A thread that finds the lock taken leaves its line to the holder, which looks
-        # again after letting go: no line is left behind.
+        # again after letting go (release()).
         while self._pending and self.lock.acquire(  # type: ignore[union-attr]
             blocking=len(self._pending) > self.BACKLOG
         ):
             try:
-                lines = []
-                while self._pending:
-                    lines.append(self._pending.popleft())
-                self.stream.write("".join(lines))
-                if flush := getattr(self.stream, "flush", None):
-                    flush()
+                self._write_pending()
+            finally:
+                self.lock.release()  # type: ignore[union-attr]
+
+    def _write_pending(self) -> None:
+        """Write the lines waiting (the lock held), in one write; if that fails, each on its
+        own, so that a line that cannot be written is reported with its own record."""
+        batch = []
+        while self._pending:
+            batch.append(self._pending.popleft())
+        if not batch:
+            return
+        try:
+            self.stream.write("".join(line for line, _ in batch))
+            if flush := getattr(self.stream, "flush", None):
+                flush()
+            return
+        except RecursionError:
+            raise
+        except Exception:  # noqa: BLE001, S110 -- each line again, its failure reported
+            pass
+        for line, record in batch:
+            try:
+                self.stream.write(line)
             except RecursionError:
                 raise
             except Exception:  # noqa: BLE001
                 self.handleError(record)
-            finally:
-                self.lock.release()  # type: ignore[union-attr]
-        return True
+
+    def release(self) -> None:
+        super().release()
+        self._drain()
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._write_pending()
+            super().flush()
+
+    def _at_fork_reinit(self) -> None:
+        super()._at_fork_reinit()  # type: ignore[misc]
+        self._pending.clear()
 
 
 def printable(text: str) -> str:

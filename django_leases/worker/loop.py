@@ -24,15 +24,17 @@ from ..storable import (
     first_line,
 )
 from .claims import SETTLED, Claim, ClaimBook, Kind, Outcome
-from .dberrors import DB_ERRORS, contention
+from .dberrors import DB_ERRORS, contention, outage_met
 from .executors import ProcessExecutor, ThreadExecutor
 from .heartbeat import Heartbeat, Watchdog
 from .identity import (
     HELD_LOG_EVERY,
     default_worker_id,
+    died,
     log_id_held,
     log_id_replaced,
     new_instance,
+    process_key,
     silent_for,
 )
 from .listener import Listener
@@ -258,11 +260,24 @@ class Worker(Stopping):
                 if got == free and self._claims_left():
                     # There may be more due jobs; look again once a slot frees up.
                     full = len(self.book) >= self.concurrency
-                    woken = self.waker.wait(min(self.poll, self.ticker.due_in()) if full else 0)
+                    woken = self._wait(self.poll) if full else self.waker.wait(0)
                     continue
-            # Jitter keeps a fleet of idle workers from polling in lockstep; a schedule's
-            # look may be due sooner (its grace shorter than two polls).
-            woken = self.waker.wait(min(self.poll * random.uniform(0.9, 1.1), self.ticker.due_in()))
+            # Jitter keeps a fleet of idle workers from polling in lockstep.
+            woken = self._wait(self.poll * random.uniform(0.9, 1.1))
+
+    def _wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a wake-up (True if one came), looking at the
+        schedules meanwhile whenever a look falls due before the end (a schedule's grace
+        shorter than two polls): a look claims nothing, so claims keep the poll's pace."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            look = self.ticker.due_in()
+            if look >= left or not self.ticker.looks_between_polls:
+                return self.waker.wait(max(left, 0.0))
+            if self.waker.wait(look):
+                return True
+            self.ticker.maybe_tick()
 
     def _gather(self, window: float) -> None:
         """Woken by a finished handler while others still run, wait up to ``window`` for
@@ -514,6 +529,8 @@ class Worker(Stopping):
         False if a stop came first."""
         held_since: float | None = None
         logged_at = float("-inf")
+        dead: str | None = None
+        key = process_key()
         while not self.stop_request.stopping:
             try:
                 holder = self.WorkerProcess.objects.using(self.database).register(
@@ -523,6 +540,8 @@ class Worker(Stopping):
                     pid=os.getpid(),
                     queues=["*"] if self.queues is None else self.queues,
                     heartbeat_seconds=self.heartbeat_seconds,
+                    process_key=key,
+                    dead=dead,
                 )
             except DB_ERRORS as e:
                 self._db_trouble("register", e)
@@ -538,6 +557,10 @@ class Worker(Stopping):
                 return True
             now = time.monotonic()
             held_since = now if held_since is None else held_since
+            if holder.instance != dead and died(holder.process_key):
+                # Its process died on this machine (kill -9): no silence to wait out.
+                dead = holder.instance
+                continue
             gone_after = conf.silent_after(getattr(holder, "period", holder.heartbeat_seconds))
             if now - logged_at >= HELD_LOG_EVERY:
                 log_id_held(self.worker_id, holder, gone_after)
@@ -626,6 +649,7 @@ class Worker(Stopping):
         if most is not None:
             delay = max(0.0, min(delay, most))
         said = first_line(error)
+        outage_met(error)  # the slots' kept connections checked before their next handler
         (trouble or self._each_trouble).warn(
             "Database trouble during %s worker=%s error=%s; retrying in %.1fs",
             what,

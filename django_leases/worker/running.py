@@ -15,6 +15,7 @@ import contextlib
 import inspect
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -37,7 +38,7 @@ from ..storable import (
     storable_result,
 )
 from .claims import Kind, Outcome
-from .dberrors import DB_ERRORS
+from .dberrors import DB_ERRORS, outages_met
 from .shutdown import exit_status
 
 logger = logging.getLogger("django_leases.worker")
@@ -404,16 +405,42 @@ def _end_if_forked(parent: int, error: BaseException | None) -> None:
     os._exit(code)
 
 
+# A slot's kept connection is checked (one round trip) before a handler after it sat
+# unused this long: a server's idle_session_timeout, a pooler's or a firewall's idle limit
+# may have ended it meanwhile.
+IDLE_CHECK_SECONDS = 30.0
+# Per slot thread: the outages the worker had met at its last check, when it was last used.
+_slot = threading.local()
+
+
 def connect_before_handler(database: str) -> Outcome | None:
     """Open this thread's connection to the job's database before the handler runs; an
     UNCONNECTED outcome if the database refuses it (too many connections, unreachable).
     The worker then releases the job, the attempt not counted: the handler never ran, and
-    the worker's own over-subscription is no failure of the job."""
+    the worker's own over-subscription is no failure of the job.
+
+    A kept connection is checked first when the worker's own threads met a connection
+    failure since this slot's last check (a failover ends every session), or when it sat
+    unused for IDLE_CHECK_SECONDS: handed to the handler dead, its first query failed the
+    job and spent an attempt. Closed if it does not answer; the next one is opened here."""
+    connection = connections[database]
+    now, outages = time.monotonic(), outages_met()
+    if connection.connection is not None and (
+        getattr(_slot, "outages", 0) != outages
+        or now - getattr(_slot, "used_at", now) > IDLE_CHECK_SECONDS
+    ):
+        usable = False
+        with contextlib.suppress(Exception):
+            usable = connection.is_usable()
+        if not usable:
+            with contextlib.suppress(*DB_ERRORS):
+                connection.close()
+    _slot.outages, _slot.used_at = outages, now
     try:
-        connections[database].ensure_connection()
+        connection.ensure_connection()
     except DB_ERRORS as e:
         with contextlib.suppress(*DB_ERRORS):
-            connections[database].close()
+            connection.close()
         return Outcome(Kind.UNCONNECTED, message=first_line(e))
     return None
 

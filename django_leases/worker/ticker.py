@@ -1,5 +1,5 @@
 """Periodic schedules from the worker's side: synced at start, due ticks enqueued from the
-main loop about once per poll interval.
+main loop about once per poll interval, or every half of the shortest grace if sooner.
 
 Every worker does this; the schedule's row decides which one makes each tick's job
 (Schedule.objects verbs, schedule_query.py). The worker's own clock only paces the
@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from .. import registry
-from ..schedules import declared_names, declared_schedules
+from ..schedules import compared_name, declared_names, declared_schedules
 from ..storable import first_line
 from .dberrors import DB_ERRORS
 from .repeats import Trouble
@@ -23,19 +23,17 @@ logger = logging.getLogger("django_leases.worker")
 # After trouble that is not the database's (a declaration that cannot work), the next look
 # waits this many ``every`` intervals: the warning is not repeated every poll.
 TROUBLE_BACKOFF = 10
-# A look comes at least twice per the shortest grace of the backend's schedules, but not
-# more often than this: a tick decided later than its grace counts as missed.
-SHORTEST_LOOK = 0.5
 # A look is due once this share of ``every`` has passed: the loop's jittered poll wait
 # (0.9 to 1.1 of it) skipped every look that came a little early, and so every other one.
 ON_TIME = 0.9
 
 
 class Ticker:
-    """Sync the backend's schedules once, then enqueue due ticks every ``every`` seconds:
-    the poll interval, or half the shortest grace of the declared schedules if less (a
-    worker run with --poll 10 decided a 2 s tick up to 20 s late, past its 5 s grace:
-    missed while the worker was up). The main loop waits no longer than due_in()."""
+    """Sync the backend's schedules once, then enqueue due ticks about every ``every``
+    seconds (from ON_TIME of it on): the poll interval, or half the shortest grace of the
+    declared schedules if less (a worker run with --poll 10 decided a 2 s tick up to 20 s
+    late, past its 5 s grace: missed while the worker was up). When less, the main loop's
+    waits look at the schedules whenever due_in() says (looks_between_polls)."""
 
     def __init__(self, alias: str, database: str, worker_id: str, every: float) -> None:
         from ..models import Schedule
@@ -45,6 +43,7 @@ class Ticker:
         self.poll = self.every = every
         self._last = float("-inf")
         self._synced = False
+        self._declares = True
         self._unrunnable: set[str] = set()
         self._unreadable: set[str] = set()
         self.failing = Trouble("schedules_trouble", worker_id)
@@ -57,8 +56,10 @@ class Ticker:
         specs = declared_schedules(self.alias)
         report = self.Schedule.objects.using(self.database).sync(self.alias, specs)
         self._synced = True
-        graces = [spec.periodic.grace_seconds for spec in specs]
-        self.every = min([self.poll, *(max(SHORTEST_LOOK, grace / 2) for grace in graces)])
+        # None declared: nothing of this backend's to tick (the sync marked any rows it
+        # had removed), so a look sends no statement, nor says "not ticked" in an outage.
+        self._declares = bool(specs)
+        self.every = min([self.poll, *(spec.periodic.grace_seconds / 2 for spec in specs)])
         if specs or report.removed:
             logger.info(
                 "Schedules synced worker=%s added=%s changed=%s removed=%s unchanged=%d taken=%s",
@@ -79,7 +80,7 @@ class Ticker:
                 },
             )
         for name, other in sorted(report.taken.items()):
-            if name in declared_names(other):
+            if compared_name(name) in {compared_name(n) for n in declared_names(other)}:
                 # Check E021's case, met by a worker started with --skip-checks (or by
                 # backends the check did not see): the row moves at every start.
                 logger.warning(
@@ -98,13 +99,18 @@ class Ticker:
                     },
                 )
 
+    @property
+    def looks_between_polls(self) -> bool:
+        """Whether a look is due more often than the poll interval."""
+        return self.every < self.poll
+
     def due_in(self) -> float:
         """Seconds until the next look is due (0: now)."""
         return max(0.0, self._last + self.every * ON_TIME - time.monotonic())
 
     def maybe_tick(self) -> None:
-        """Enqueue the due ticks if ``every`` seconds passed since the last look (monotonic);
-        database trouble is logged and left to the next look."""
+        """Enqueue the due ticks if ON_TIME of ``every`` seconds passed since the last look
+        (monotonic); database trouble is logged and left to the next look."""
         now = time.monotonic()
         if now - self._last < self.every * ON_TIME:
             return
@@ -112,6 +118,9 @@ class Ticker:
         try:
             if not self._synced:
                 self.sync()
+            if not self._declares:
+                self.failing.over()
+                return
             outcomes = self.Schedule.objects.using(self.database).enqueue_due(
                 self.alias, self._fields_for, self._left_alone, self._failed, self._decided
             )

@@ -1,6 +1,6 @@
 """Dead-letter pending jobs past their deadline, then delete finished jobs past the
-backend's retention, and the schedule run records left without a job, in batches. Run it
-from cron (hourly is plenty)."""
+backend's retention, and the schedule run records left without a job, in batches, and the
+rows of workers gone that long. Run it from cron (hourly is plenty)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django_leases.conf import MAX_INTERVAL_DAYS, checked_number, get_options, l
 from django_leases.enqueue import migrated
 from django_leases.exceptions import InvalidLeaseOption
 from django_leases.management import LeasesCommand, require_migrated
-from django_leases.models import Job, ScheduleRun
+from django_leases.models import Job, ScheduleRun, WorkerProcess
 from django_leases.states import JobState
 
 # The most jobs one of its statements deletes.
@@ -25,7 +25,8 @@ class Command(LeasesCommand):
         "Dead-letter pending jobs past their deadline, then delete succeeded and cancelled "
         "jobs (and with --include-dead, dead ones) that finished more than RETENTION_DAYS "
         "ago on the database clock, and schedule run records left without a job (skipped "
-        "ticks, runs of deleted jobs) recorded more than RETENTION_DAYS ago."
+        "ticks, runs of deleted jobs) recorded more than RETENTION_DAYS ago, and the rows of "
+        "workers stopped or gone silent more than RETENTION_DAYS ago."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -98,6 +99,7 @@ class Command(LeasesCommand):
     ) -> None:
         jobs = Job.objects.using(database)
         runs = ScheduleRun.objects.using(database)
+        workers = WorkerProcess.objects.using(database)
         if dry_run:
             late = jobs.filter(state=JobState.PENDING, deadline__lt=Now()).count()
             prunable = jobs.all().prunable(days, include_dead=include_dead)
@@ -109,6 +111,10 @@ class Command(LeasesCommand):
                 f"Would delete {_count(count, 'schedule run')} recorded more than "
                 f"{_days(days)} ago, of those jobs or without a job."
             )
+            count = workers.prunable(days).count()
+            self._say(
+                f"Would delete {_count(count, 'worker row')} gone more than {_days(days)} ago."
+            )
             return
         late = jobs.all().dead_letter_past_deadline(batch_size=batch_size)
         self._say(f"Dead-lettered {_count(late, 'pending job')} past their deadline.")
@@ -119,6 +125,8 @@ class Command(LeasesCommand):
             f"Deleted {_count(deleted, 'schedule run')} without a job recorded more than "
             f"{_days(days)} ago."
         )
+        deleted = workers.prune(days)
+        self._say(f"Deleted {_count(deleted, 'worker row')} gone more than {_days(days)} ago.")
 
 
 def _count(n: int, noun: str) -> str:
