@@ -226,9 +226,8 @@ def _import_tree(name: str, seen: set[str]) -> list[str]:
 def is_test_module(name: str) -> bool:
     """Whether module ``name`` is a test module by its name: ``tests``, ``test``,
     ``conftest``, ``test_*`` and ``tests_*`` (Django's runner), ``*_test`` and ``*_tests``
-    (pytest's), or a module inside an app's ``tests`` package (``shop.tests.factories``;
-    discovery skips such modules of a tasks package too). A task declared there is one a
-    test declares for itself, not one for workers."""
+    (pytest's), or a module inside an app's ``tests`` package (``shop.tests.factories``).
+    A task declared there is one a test declares for itself, not one for workers."""
     parts = name.split(".")
     leaf = parts[-1]
     return (

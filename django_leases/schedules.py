@@ -29,16 +29,16 @@ from .jsonsafe import shown
 MISFIRE_POLICIES = ("once", "each", "skip")
 OVERLAP_POLICIES = ("allow", "skip")
 NAME_LENGTH = 200
-# The shortest interval: a tick is decided by a worker's poll, about once a second.
+# The shortest interval: a tick is decided at a worker's look, about once a second.
 MIN_EVERY_SECONDS = 1.0
 MAX_EVERY_SECONDS = 366 * 86400.0
 # "each" runs at most this many missed ticks; one decision looks at most this many ticks.
 MAX_MISFIRE_LIMIT = 1000
 MAX_TICKS_SCANNED = 10_000
 DEFAULT_GRACE_SECONDS = 60.0
-# The least default grace: a tick is decided at a worker's poll (once a second by default,
-# jittered, plus the decision's own statements), so a healthy fleet decides a 1 s tick up
-# to about 2 s late; a grace of one interval counted such ticks as missed.
+# The least default grace: a tick is decided at a worker's look (at each poll, once a second
+# by default, plus the decision's own statements), so a healthy fleet decides a 1 s tick
+# up to about a second late; a grace of one interval counted such ticks as missed.
 MIN_DEFAULT_GRACE_SECONDS = 5.0
 # The least grace given: a tick is decided after its time, at a worker's look (every half
 # a grace at most, worker/ticker.py); a grace of 0 counted every tick as missed.
@@ -342,8 +342,8 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
         if other != spec.name:
             raise InvalidSchedule(
                 f"{where}.name",
-                f"differs from {other!r} only in case, accents or trailing spaces, which "
-                "MySQL's or MariaDB's default collation compares as one name",
+                f"differs from {other!r} only in case, accents or trailing spaces: one "
+                "name to MariaDB's default collation (MySQL 8's: but for trailing spaces)",
             )
         specs[spec.name] = spec
 

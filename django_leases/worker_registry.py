@@ -144,19 +144,20 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
         return self.filter(self._gone_q(legacy_period))
 
     def prunable(self, older_than_days: float) -> WorkerQuerySet:
-        """Rows of workers gone more than ``older_than_days`` ago: stopped then, or silent
-        since then and gone (a crash never restarted under its id). A live worker's row is
-        never among them, whatever the days: it would read its row deleted and stop. Each
-        restart under the default id (``hostname-pid``) or a pod's name leaves a row."""
-        before = Now() - Seconds(older_than_days * 86400)
-        return self.filter(
-            Q(stopped_at__lt=before) | Q(self._gone_q(), stopped_at=None, last_seen_at__lt=before)
-        )
+        """Rows of workers gone more than ``older_than_days`` ago, and at least a day:
+        stopped then, or silent since then (a crash never restarted under its id). Each
+        restart under the default id (``hostname-pid``) or a pod's name leaves a row. A
+        worker silent for less than a day may still be alive (paused, or cut off from the
+        database): one whose row went would stop at its next heartbeat."""
+        before = Now() - Seconds(max(older_than_days, 1.0) * 86400)
+        return self.filter(Q(stopped_at__lt=before) | Q(stopped_at=None, last_seen_at__lt=before))
 
     def prune(self, older_than_days: float) -> int:
-        """Delete the prunable rows; return how many went."""
-        deleted, _ = self.prunable(older_than_days).delete()
-        return deleted
+        """Delete the prunable rows in one statement that states the condition (a row a
+        worker took over meanwhile is seen again and kept); return how many went."""
+        prunable = self.prunable(older_than_days)
+        # No row points at a worker's: nothing to collect, and no read-then-delete gap.
+        return prunable._raw_delete(prunable.db)
 
     def with_status(self) -> WorkerQuerySet:
         """Annotate ``db_now``, ``period`` (the heartbeat period the row is judged by) and

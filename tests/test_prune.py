@@ -257,11 +257,12 @@ def test_prune_says_nothing_at_verbosity_0():
     assert told.getvalue().count("\n") == 4, told.getvalue()
 
 
-def test_prune_deletes_the_rows_of_workers_gone_longer_than_the_retention_never_a_live_ones():
+def test_prune_deletes_the_rows_of_workers_gone_longer_than_the_retention_and_a_day():
     """Each restart under the default id (hostname-pid) or a pod's name left a worker row
-    for good, and the admin cannot delete one: prune deletes those stopped, or silent and
-    gone, more than the days ago. A live worker's row stays whatever the days (0
-    included): it would read its row deleted and stop."""
+    for good, and the admin cannot delete one: prune deletes those stopped, or silent,
+    more than the days ago and at least a day. A worker silent for hours may be alive
+    (paused, cut off from the database): its row stays, or it would stop at its next
+    heartbeat."""
     from django_leases.models import WorkerProcess
 
     def worker(worker_id, *, stopped_days=None, seen_days=0.0):
@@ -271,19 +272,23 @@ def test_prune_deletes_the_rows_of_workers_gone_longer_than_the_retention_never_
             stopped_at=None if stopped_days is None else Now() - timedelta(days=stopped_days),
         )
 
+    def left():
+        return set(WorkerProcess.objects.values_list("worker_id", flat=True))
+
     worker("stopped-long-ago", stopped_days=10, seen_days=10)
     worker("crashed-long-ago", seen_days=10)
-    worker("stopped-lately", stopped_days=1, seen_days=1)
+    worker("stopped-days-ago", stopped_days=3, seen_days=3)
+    worker("stopped-lately", stopped_days=0.5, seen_days=0.5)
+    worker("silent-for-hours", seen_days=0.1)
     worker("alive")
     out = StringIO()
     call_command("leases_prune", "--older-than-days", "7", "--dry-run", stdout=out)
     assert "Would delete 2 worker rows gone more than 7 days ago." in out.getvalue()
     call_command("leases_prune", "--older-than-days", "7", stdout=out)
     assert "Deleted 2 worker rows gone more than 7 days ago." in out.getvalue()
-    names = set(WorkerProcess.objects.values_list("worker_id", flat=True))
-    assert names == {"stopped-lately", "alive"}
+    assert left() == {"stopped-days-ago", "stopped-lately", "silent-for-hours", "alive"}
     call_command("leases_prune", "--older-than-days", "0", stdout=out)
-    assert set(WorkerProcess.objects.values_list("worker_id", flat=True)) == {"alive"}
+    assert left() == {"stopped-lately", "silent-for-hours", "alive"}
 
 
 def test_prune_deletes_old_jobs_a_schedule_made_and_unlinks_its_records():

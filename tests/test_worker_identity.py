@@ -12,6 +12,7 @@ import signal
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -180,33 +181,50 @@ def test_a_restart_after_kill_9_on_the_same_machine_takes_the_id_at_once(workers
     assert second.wait_exit(30) == 0
 
 
-def test_a_holder_is_known_dead_only_in_this_boot_and_pid_namespace():
-    """identity.died(): a process of this boot and pid namespace that exited (or is a
-    zombie, or whose pid now names a process started later) is dead; the same pid in
-    another pid namespace (a container started with the same hostname, pid 1) or another
-    boot, a live process, and a row without a key are not known dead: their silence
-    decides, as before."""
+def test_a_holder_is_known_dead_only_in_this_boot_pid_namespace_and_user():
+    """identity.died(): a holder of this boot, pid namespace and user whose process exited
+    (or is a zombie, or whose pid now names a process started later) is dead. Not known
+    dead, so its silence decides as before: a live process; the same pid in another pid
+    namespace (a container started with the same hostname, pid 1) or another boot; another
+    user's process (hidden under hidepid); a key its row kept from an earlier holder (a
+    worker of the release before took the row over without writing one); no key."""
+    import socket
     import subprocess
+    from types import SimpleNamespace
 
     from django_leases.worker.identity import died, process_key
 
     mine = process_key()
     if not mine:
         pytest.skip("no /proc to read here")
-    boot, namespace, pid, start = mine.split(" ")
-    assert not died(mine)
-    assert died(f"{boot} {namespace} {pid} {int(start) - 1}")  # its pid reused since
+    boot, namespace, pid, start, user = mine.split(" ")
+
+    def holder(key: str, pid: int | str | None = None, host: str | None = None) -> Any:
+        named = key.split(" ")[2] if pid is None else pid
+        return SimpleNamespace(
+            process_key=key, pid=int(named), hostname=host or socket.gethostname()
+        )
+
+    assert not died(holder(mine))
+    assert died(holder(f"{boot} {namespace} {pid} {int(start) - 1} {user}"))  # pid reused
     exited = subprocess.Popen(["true"])
     exited.wait()
-    assert died(f"{boot} {namespace} {exited.pid} {start}")
+    gone = f"{boot} {namespace} {exited.pid} {start} {user}"
+    assert died(holder(gone))
     zombie = subprocess.Popen(["true"])
     stat = Path(f"/proc/{zombie.pid}/stat")
     wait_for(lambda: stat.read_text().rpartition(") ")[2][0] == "Z", 10, "the child a zombie")
-    assert died(f"{boot} {namespace} {zombie.pid} {start}")
+    assert died(holder(f"{boot} {namespace} {zombie.pid} {start} {user}"))
     zombie.wait()
-    for elsewhere in (f"{boot} pid:[1] {exited.pid} 1", f"other-boot {namespace} {exited.pid} 1"):
-        assert not died(elsewhere)
-    assert not died("") and not died("not a key")
+    for elsewhere in (
+        f"{boot} pid:[1] {exited.pid} 1 {user}",
+        f"other-boot {namespace} {exited.pid} 1 {user}",
+        f"{boot} {namespace} {exited.pid} 1 {int(user) + 1}",
+    ):
+        assert not died(holder(elsewhere))
+    assert not died(holder(gone, pid=exited.pid + 1))  # the key of an earlier holder
+    assert not died(holder(gone, host="another-host"))
+    assert not died(holder("", pid=1)) and not died(holder("not a key", pid=1))
 
 
 @pytest.mark.slow

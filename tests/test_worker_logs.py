@@ -613,14 +613,15 @@ def test_a_line_left_while_another_held_the_lock_is_written_when_it_is_let_go():
 
 
 def test_each_line_a_failed_write_drops_is_reported_with_its_own_record():
-    """(6) One write carries several threads' lines: when it fails, each line is tried on
-    its own, and each that cannot be written is reported with its own record (it reported
-    the writer's record only, the others' lines dropped unsaid)."""
+    """(6) One write carries several threads' lines: when the stream refuses it (a line it
+    cannot encode: an ASCII stderr under LANG=C), each line is tried on its own, and each
+    that cannot be written is reported with its own record (it reported the writer's
+    record only, the others' lines dropped unsaid)."""
 
     class Refusing(io.StringIO):
         def write(self, text: str) -> int:
             if "refused" in text:
-                raise OSError("no space left on device")
+                raise UnicodeEncodeError("ascii", text, 0, 1, "ordinal not in range(128)")
             return super().write(text)
 
     stream = Refusing()
@@ -637,6 +638,31 @@ def test_each_line_a_failed_write_drops_is_reported_with_its_own_record():
     handler.release()
     assert stream.getvalue() == "kept\nkept too\n"
     assert reported == ["refused one", "refused two"]
+
+
+def test_a_stream_that_fails_after_taking_the_lines_gets_none_of_them_twice():
+    """(6) A flush that fails after the write took the lines (a non-blocking stderr's
+    BlockingIOError): the lines were written again one by one, unflushed, and nothing was
+    reported. Each record is reported once, and no line is written twice."""
+
+    class FailingFlush(io.StringIO):
+        def flush(self) -> None:
+            raise BlockingIOError("stderr would block")
+
+    stream = FailingFlush()
+    handler = logs.LineHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    reported: list[str] = []
+    handler.handleError = lambda record: reported.append(record.getMessage())  # type: ignore[method-assign]
+    logger = _line_logger(handler)
+    handler.acquire()
+    for message in ("one", "two"):
+        thread = threading.Thread(target=logger.warning, args=(message,))
+        thread.start()
+        thread.join()
+    handler.release()
+    assert stream.getvalue() == "one\ntwo\n"
+    assert reported == ["one", "two"]
 
 
 @given(st.lists(st.floats(min_value=0, max_value=4_102_444_800), min_size=1, max_size=20))

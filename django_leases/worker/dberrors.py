@@ -9,6 +9,8 @@ instead (settling.py), or it would retry a poison write forever.
 
 from __future__ import annotations
 
+import threading
+
 from django.db import DatabaseError, InterfaceError, OperationalError
 
 # Every error a statement can end with: an outage or a refusal, told apart below.
@@ -69,14 +71,38 @@ def contention(error: BaseException) -> bool:
 # the heartbeat's renewals). A failover or a restart of the server ends every session, the
 # connections the handler slots keep between jobs with them: a slot that has not checked
 # its connection since the last one does before its next handler (running.py).
-_outages = [0]
+_outages = 0
+_outages_lock = threading.Lock()
+# PostgreSQL's connection exceptions and the server ending sessions (admin shutdown, crash
+# shutdown, cannot connect now); MySQL's and MariaDB's lost or gone connections.
+_PG_LOST = ("08", "57P01", "57P02", "57P03")
+_MYSQL_LOST = frozenset({2006, 2013, 2055, 4031})
+
+
+def connection_lost(error: BaseException) -> bool:
+    """Whether ``error`` says the connection itself is gone (not a deadlock, a timeout or
+    a statement refused): a driver's closed-connection error, or a code that says so."""
+    if isinstance(error, InterfaceError):
+        return True
+    if not isinstance(error, OperationalError):
+        return False
+    cause = error.__cause__
+    sqlstate = getattr(cause, "sqlstate", False)
+    if sqlstate is None:
+        return True  # psycopg's own: the connection is closed, or the server went away
+    if isinstance(sqlstate, str):
+        return sqlstate.startswith(_PG_LOST)
+    code = error.args[0] if error.args else None
+    return isinstance(code, int) and code in _MYSQL_LOST
 
 
 def outage_met(error: BaseException) -> None:
-    """Count ``error`` if it is a connection failure (not a statement refused)."""
-    if isinstance(error, CONNECTION_ERRORS):
-        _outages[0] += 1
+    """Count ``error`` if the connection is gone."""
+    global _outages
+    if connection_lost(error):
+        with _outages_lock:
+            _outages += 1
 
 
 def outages_met() -> int:
-    return _outages[0]
+    return _outages

@@ -30,43 +30,53 @@ HELD_LOG_EVERY = 60.0
 
 
 def process_key() -> str:
-    """This process as /proc knows it: "<boot id> <pid namespace> <pid> <start time>";
-    "" where /proc cannot tell (not Linux, or a /proc of another pid namespace)."""
+    """This process as /proc knows it: "<boot id> <pid namespace> <pid> <start time>
+    <user id>"; "" where /proc cannot tell (not Linux, or a /proc of another pid
+    namespace)."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         namespace = os.readlink("/proc/self/ns/pid")
         own = Path("/proc/self/stat").read_text().split(" ", 1)[0]
-    except (OSError, ValueError):
+        pid = os.getpid()
+        start = _start_time(pid)
+    except (OSError, ValueError, IndexError):
         return ""
-    pid = os.getpid()
-    start = _start_time(pid)
     if own != str(pid) or start is None or " " in boot + namespace:
         return ""
-    return f"{boot} {namespace} {pid} {start}"
+    return f"{boot} {namespace} {pid} {start} {os.geteuid()}"
 
 
 def _start_time(pid: int) -> str | None:
     """When process ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22);
-    None if there is no such process, or only its zombie."""
+    None if there is no such process, or only its zombie. Raises OSError where /proc
+    will not say (another user's process under hidepid, a permission refused)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        # The command (field 2) is in parentheses and may hold spaces and parentheses.
-        fields = stat[stat.rindex(")") + 2 :].split()
-        state, start = fields[0], fields[19]
-    except (OSError, ValueError, IndexError):
+    except (FileNotFoundError, ProcessLookupError):
         return None
+    # The command (field 2) is in parentheses and may hold spaces and parentheses.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    state, start = fields[0], fields[19]
     return None if state in ("Z", "X") else start
 
 
-def died(key: str) -> bool:
-    """Whether the process ``key`` (its process_key()) is gone for certain: it ran in this
-    boot and pid namespace, and no process of its pid started when it did (dead, its pid
-    perhaps reused). False whenever that cannot be told."""
-    parts = key.split(" ")
+def died(holder: Any) -> bool:
+    """Whether the process that holds a worker row is gone for certain: its row's key
+    (process_key()) was written by it (its pid and host), names this boot, pid namespace
+    and user (whose processes /proc shows even under hidepid), and no process of its pid
+    started when it did (dead, its pid perhaps reused). False whenever that cannot be told:
+    a key a worker of an earlier release left under another holder's row, another host,
+    another container, another user, a /proc that will not say."""
+    parts = str(getattr(holder, "process_key", "")).split(" ")
     mine = process_key().split(" ")
-    if len(parts) != 4 or len(mine) != 4 or parts[:2] != mine[:2] or not parts[2].isdigit():
+    if len(parts) != 5 or len(mine) != 5 or parts[:2] != mine[:2] or parts[4] != mine[4]:
         return False
-    return _start_time(int(parts[2])) != parts[3]
+    if parts[2] != str(holder.pid) or holder.hostname != socket.gethostname():
+        return False
+    try:
+        return _start_time(int(parts[2])) != parts[3]
+    except (OSError, ValueError, IndexError):
+        return False
 
 
 def default_worker_id() -> str:

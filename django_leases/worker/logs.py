@@ -34,7 +34,7 @@ EVENTS: dict[str, str] = {
     "limits_unread": "the connection limits could not be read at start (error)",
     "id_held": "another live process holds the worker id; waiting for it to stop or go "
     "silent (host, pid)",
-    "id_taken": "the worker id was taken after that wait",
+    "id_taken": "the worker id was taken after that wait, or at once from a holder known dead",
     "id_replaced": "another process took the worker id over while this one was silent; "
     "stopping (host, pid: the new holder's)",
     "started": "the worker is registered and claiming (worker, queue)",
@@ -282,8 +282,9 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
     thread that holds the lock writes every line waiting in one write, its own and those
     other threads left meanwhile. The stock handler, which formats and writes each line
     under its lock, made the threads queue (docs/benchmarks.md). Whoever lets go of the
-    lock (logging.shutdown() and the interpreter guard take it too) writes what waits
-    then, and flush() writes it before flushing: no line is left behind. Past BACKLOG
+    lock through release() (logging.shutdown() and the interpreter guard take it too)
+    writes what waits then, and flush() writes it before flushing: a line left waiting
+    goes out with the next line or flush, or at exit. Past BACKLOG
     lines waiting, a thread waits for the lock as the stock handler does: a stream that
     stalls (a pipe nobody reads) holds the threads up instead of filling memory."""
 
@@ -322,8 +323,11 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 self.lock.release()  # type: ignore[union-attr]
 
     def _write_pending(self) -> None:
-        """Write the lines waiting (the lock held), in one write; if that fails, each on its
-        own, so that a line that cannot be written is reported with its own record."""
+        """Write the lines waiting (the lock held), in one write. If that write refuses
+        them (a line the stream cannot encode, a closed stream), each goes on its own, so
+        that a line that cannot be written is reported with its own record; if the stream
+        failed (an OSError: the write or its flush may have taken part of them), each
+        record is reported and none written again."""
         batch = []
         while self._pending:
             batch.append(self._pending.popleft())
@@ -336,8 +340,12 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             return
         except RecursionError:
             raise
-        except Exception:  # noqa: BLE001, S110 -- each line again, its failure reported
-            pass
+        except (UnicodeError, ValueError):
+            pass  # refused before anything was written: each line again, below
+        except Exception:  # noqa: BLE001 -- logging's way: reported on stderr, not raised
+            for _, record in batch:
+                self.handleError(record)
+            return
         for line, record in batch:
             try:
                 self.stream.write(line)
@@ -351,9 +359,12 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self._drain()
 
     def flush(self) -> None:
-        with self.lock:  # type: ignore[union-attr]
+        self.acquire()
+        try:
             self._write_pending()
             super().flush()
+        finally:
+            self.release()  # writes what was left meanwhile
 
     def _at_fork_reinit(self) -> None:
         super()._at_fork_reinit()  # type: ignore[misc]

@@ -557,7 +557,7 @@ class Worker(Stopping):
                 return True
             now = time.monotonic()
             held_since = now if held_since is None else held_since
-            if holder.instance != dead and died(holder.process_key):
+            if holder.instance != dead and died(holder):
                 # Its process died on this machine (kill -9): no silence to wait out.
                 dead = holder.instance
                 continue

@@ -26,7 +26,7 @@ class Command(LeasesCommand):
         "jobs (and with --include-dead, dead ones) that finished more than RETENTION_DAYS "
         "ago on the database clock, and schedule run records left without a job (skipped "
         "ticks, runs of deleted jobs) recorded more than RETENTION_DAYS ago, and the rows of "
-        "workers stopped or gone silent more than RETENTION_DAYS ago."
+        "workers stopped or silent more than RETENTION_DAYS (and a day) ago."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -113,7 +113,8 @@ class Command(LeasesCommand):
             )
             count = workers.prunable(days).count()
             self._say(
-                f"Would delete {_count(count, 'worker row')} gone more than {_days(days)} ago."
+                f"Would delete {_count(count, 'worker row')} gone more than "
+                f"{_days(max(days, 1.0))} ago."
             )
             return
         late = jobs.all().dead_letter_past_deadline(batch_size=batch_size)
@@ -125,8 +126,10 @@ class Command(LeasesCommand):
             f"Deleted {_count(deleted, 'schedule run')} without a job recorded more than "
             f"{_days(days)} ago."
         )
-        deleted = workers.prune(days)
-        self._say(f"Deleted {_count(deleted, 'worker row')} gone more than {_days(days)} ago.")
+        deleted = workers.prune(days)  # a day at least: a worker silent for less may be alive
+        self._say(
+            f"Deleted {_count(deleted, 'worker row')} gone more than {_days(max(days, 1.0))} ago."
+        )
 
 
 def _count(n: int, noun: str) -> str:
