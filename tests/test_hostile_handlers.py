@@ -779,6 +779,39 @@ def test_contention_is_an_outage_not_a_refusal():
     assert refused_by_database(IntegrityError("check")) and not refused_by_database(wrapped(busy))
 
 
+def test_only_a_lost_connection_makes_the_slots_check_theirs():
+    """(3) After a failover the slots check their kept connections before the next handler
+    (dberrors.outage_met): a lost or killed connection counts; a deadlock, a lock or
+    statement timeout, SQLite busy or a refused statement does not, or every slot would
+    pay a round trip after each of a contended fleet's deadlocks."""
+    import sqlite3
+
+    from django.db import InterfaceError, OperationalError
+
+    from django_leases.worker.dberrors import connection_lost
+
+    def wrapped(cause):
+        error = OperationalError(*cause.args)
+        error.__cause__ = cause
+        return error
+
+    busy = sqlite3.OperationalError("database is locked")
+    busy.sqlite_errorcode = 5
+    assert connection_lost(InterfaceError("connection already closed"))
+    assert not connection_lost(wrapped(busy))
+    for code, lost in ((2006, True), (2013, True), (1927, True), (1213, False), (1205, False)):
+        assert connection_lost(OperationalError(code, "x")) is lost, code
+    try:
+        import psycopg
+        import psycopg.errors
+    except ImportError:
+        return
+    assert connection_lost(wrapped(psycopg.OperationalError("the connection is closed")))
+    assert connection_lost(wrapped(psycopg.errors.AdminShutdown("terminating connection")))
+    for cls in (psycopg.errors.DeadlockDetected, psycopg.errors.QueryCanceled):
+        assert not connection_lost(wrapped(cls("x"))), cls
+
+
 # -- what a failure row names is never imported ----------------------------------------
 
 

@@ -74,9 +74,9 @@ def contention(error: BaseException) -> bool:
 _outages = 0
 _outages_lock = threading.Lock()
 # PostgreSQL's connection exceptions and the server ending sessions (admin shutdown, crash
-# shutdown, cannot connect now); MySQL's and MariaDB's lost or gone connections.
+# shutdown, cannot connect now); MySQL's and MariaDB's lost, gone or killed connections.
 _PG_LOST = ("08", "57P01", "57P02", "57P03")
-_MYSQL_LOST = frozenset({2006, 2013, 2055, 4031})
+_MYSQL_LOST = frozenset({1927, 2006, 2013, 2055, 4031})
 
 
 def connection_lost(error: BaseException) -> bool:
