@@ -293,6 +293,10 @@ def test_a_schedule_name_two_backends_of_one_database_declare_is_an_error(monkey
     from django_leases import registry
     from tests.testapp.tasks import add
 
+    # Discovered under the project's TASKS, as a process does at its start (under this
+    # test's, which has no "default" backend, the task modules could not be imported: the
+    # test passed only after another had discovered them).
+    registry.discover()
     # The process's declarations restored after this test's backends.
     monkeypatch.setattr(registry, "_declared", {a: dict(t) for a, t in registry._declared.items()})
     monkeypatch.setattr(registry, "_inherited", set(registry._inherited))
