@@ -171,10 +171,10 @@ class WorkerProcess(models.Model):
     # id neither marks this one stopped nor passes for it (WorkerQuerySet.register()). The
     # database fills both for a worker of an earlier release, which writes neither.
     instance = models.CharField(_("instance"), max_length=32, db_default="", editable=False)
-    # Where /proc finds that process: boot id, pid namespace, pid and start time
-    # (worker/identity.py). A process of the same boot and pid namespace tells a holder that
-    # died (kill -9) from a live one at once, instead of waiting out its silence; "" where
-    # /proc cannot tell (not Linux), and for a worker of an earlier release.
+    # Where /proc finds that process: boot id, pid namespace, pid, start time and user
+    # (worker/identity.py). A process of the same boot, pid namespace and user tells a
+    # holder that died (kill -9) from a live one at once, instead of waiting out its
+    # silence; "" where /proc cannot tell (not Linux), and for a worker of an earlier release.
     process_key = models.CharField(_("process key"), max_length=200, db_default="", editable=False)
     # Its renewal period: silent for conf.silent_after() of it, it is taken for gone.
     heartbeat_seconds = models.FloatField(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, models, router, transaction
 from django.db.models import Case, F, Func, Q, Value, When
 from django.db.models.functions import Now
 
@@ -155,9 +155,10 @@ class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
     def prune(self, older_than_days: float) -> int:
         """Delete the prunable rows in one statement that states the condition (a row a
         worker took over meanwhile is seen again and kept); return how many went."""
-        prunable = self.prunable(older_than_days)
-        # No row points at a worker's: nothing to collect, and no read-then-delete gap.
-        return prunable._raw_delete(prunable.db)
+        db = getattr(self, "_db", None) or router.db_for_write(self.model)  # not a replica
+        # No row of ours points at a worker's: nothing to collect, no read-then-delete gap.
+        deleted: int = self.using(db).prunable(older_than_days)._raw_delete(db) or 0
+        return deleted
 
     def with_status(self) -> WorkerQuerySet:
         """Annotate ``db_now``, ``period`` (the heartbeat period the row is judged by) and

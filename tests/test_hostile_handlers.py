@@ -799,8 +799,25 @@ def test_only_a_lost_connection_makes_the_slots_check_theirs():
     busy.sqlite_errorcode = 5
     assert connection_lost(InterfaceError("connection already closed"))
     assert not connection_lost(wrapped(busy))
-    for code, lost in ((2006, True), (2013, True), (1927, True), (1213, False), (1205, False)):
+    for code, lost in (
+        (2006, True),
+        (2013, True),
+        (1927, True),
+        (1053, True),
+        (1213, False),
+        (1205, False),
+        (1040, False),
+    ):
         assert connection_lost(OperationalError(code, "x")) is lost, code
+
+    class Psycopg2Error(Exception):  # psycopg2 names the code pgcode
+        def __init__(self, pgcode):
+            super().__init__("x")
+            self.pgcode = pgcode
+
+    assert connection_lost(wrapped(Psycopg2Error("57P01")))
+    assert connection_lost(wrapped(Psycopg2Error(None)))  # "server closed the connection"
+    assert not connection_lost(wrapped(Psycopg2Error("40P01")))
     try:
         import psycopg
         import psycopg.errors
@@ -808,7 +825,14 @@ def test_only_a_lost_connection_makes_the_slots_check_theirs():
         return
     assert connection_lost(wrapped(psycopg.OperationalError("the connection is closed")))
     assert connection_lost(wrapped(psycopg.errors.AdminShutdown("terminating connection")))
-    for cls in (psycopg.errors.DeadlockDetected, psycopg.errors.QueryCanceled):
+    assert connection_lost(wrapped(psycopg.errors.IdleSessionTimeout("x")))
+    for cls in (
+        psycopg.errors.DeadlockDetected,
+        psycopg.errors.SerializationFailure,
+        psycopg.errors.QueryCanceled,
+        psycopg.errors.LockNotAvailable,
+        psycopg.errors.TooManyConnections,
+    ):
         assert not connection_lost(wrapped(cls("x"))), cls
 
 

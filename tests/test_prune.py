@@ -246,6 +246,33 @@ def test_prune_counts_one_job_as_one_job():
     assert "Deleted 0 schedule runs" in out.getvalue()
 
 
+class _ReadsFromTheQueueDatabase:
+    """A router sending reads to a replica (here "queue") and writes to "default"."""
+
+    def db_for_read(self, model, **hints):
+        return "queue"
+
+    def db_for_write(self, model, **hints):
+        return "default"
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "queue"])
+def test_worker_rows_are_pruned_on_the_database_writes_go_to_not_a_replica():
+    """WorkerProcess.objects.prune() with a router that reads from a replica: its DELETE
+    went to the read database (the replica refuses it, or another database loses rows)."""
+    from django_leases.models import WorkerProcess
+
+    WorkerProcess.objects.create(worker_id="gone", hostname="h", pid=1, queues=["*"])
+    WorkerProcess.objects.filter(worker_id="gone").update(
+        last_seen_at=Now() - timedelta(days=10), stopped_at=Now() - timedelta(days=10)
+    )
+    router = f"{__name__}._ReadsFromTheQueueDatabase"
+    with override_settings(DATABASE_ROUTERS=[router]):
+        assert WorkerProcess.objects.prune(7) == 1
+    assert not WorkerProcess.objects.using("default").filter(worker_id="gone").exists()
+    assert WorkerProcess.objects.using("default").none().prune(7) == 0
+
+
 def test_prune_says_nothing_at_verbosity_0():
     """Run hourly from cron, a run that went as usual mails nothing (before: three lines
     at -v 0 too)."""

@@ -614,7 +614,8 @@ def test_a_line_left_while_another_held_the_lock_is_written_when_it_is_let_go():
 
 def test_each_line_a_failed_write_drops_is_reported_with_its_own_record():
     """(6) One write carries several threads' lines: when the stream refuses it (a line it
-    cannot encode: an ASCII stderr under LANG=C), each line is tried on its own, and each
+    cannot encode: a project's own stream, strict where sys.stderr is not), each line is
+    tried on its own, and each
     that cannot be written is reported with its own record (it reported the writer's
     record only, the others' lines dropped unsaid)."""
 

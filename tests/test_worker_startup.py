@@ -9,6 +9,7 @@ nothing is lost, and no attempt is spent on the worker's own trouble.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import time
 import uuid
@@ -104,11 +105,16 @@ def test_a_stop_while_the_database_is_down_ends_within_its_bound_with_status_1(
 @over_tcp
 def test_an_outage_is_told_once_per_trouble_and_when_it_ends(workers, down_database):
     """Eight seconds without the database: the claim loop, the renewals (every 0.5 s), the
-    wake-up connection (PostgreSQL) and the schedule ticker each log one warning, not one
-    per try (about 200 lines a minute per worker before), and each says when it is over;
-    a job enqueued during the outage runs after it (3)."""
+    wake-up connection (PostgreSQL) and the schedule ticker (of a backend that declares a
+    schedule: one that declares none sends nothing for schedules) each log one warning,
+    not one per try (about 200 lines a minute per worker before), and each says when it is
+    over; a job enqueued during the outage runs after it (3)."""
     down_database.heal()
-    env = {"LEASES_WORKER_DB_PORT": str(down_database.port)}
+    hourly = {"hourly": {"task": "tests.testapp.tasks.add", "every": 3600, "args": [1, 1]}}
+    env = {
+        "LEASES_WORKER_DB_PORT": str(down_database.port),
+        "LEASES_WORKER_SCHEDULES": json.dumps(hourly),
+    }
     w = workers.start("outage-a", "--heartbeat", "0.5", "--poll", "0.2", env_extra=env)
     down_database.cut()
     wait_for(lambda: w.events("renewal_failed") and w.events("db_trouble"), 10, "the outage")

@@ -67,37 +67,43 @@ def contention(error: BaseException) -> bool:
     return error_kind(error) == "outage"
 
 
-# How many connection failures the worker's own threads have met (the loop's statements,
-# the heartbeat's renewals). A failover or a restart of the server ends every session, the
+# How many lost connections the worker's own threads have met (the loop's statements, the
+# heartbeat's renewals). A failover or a restart of the server ends every session, the
 # connections the handler slots keep between jobs with them: a slot that has not checked
 # its connection since the last one does before its next handler (running.py).
 _outages = 0
 _outages_lock = threading.Lock()
-# PostgreSQL's connection exceptions and the server ending sessions (admin shutdown, crash
-# shutdown, cannot connect now); MySQL's and MariaDB's lost, gone or killed connections.
-_PG_LOST = ("08", "57P01", "57P02", "57P03")
-_MYSQL_LOST = frozenset({1927, 2006, 2013, 2055, 4031})
+# What an OperationalError may be without the connection being gone: PostgreSQL's
+# transaction rollbacks (40: deadlock, serialization), insufficient resources (53), a lock
+# not available and a statement cancelled (a timeout); MySQL's and MariaDB's lock wait
+# timeout, deadlock and too many connections; SQLite's errors (no connection to lose).
+_PG_CONTENTION = ("40", "53", "55P03", "57014")
+_MYSQL_CONTENTION = frozenset({1040, 1205, 1213})
 
 
 def connection_lost(error: BaseException) -> bool:
-    """Whether ``error`` says the connection itself is gone (not a deadlock, a timeout or
-    a statement refused): a driver's closed-connection error, or a code that says so."""
+    """Whether ``error`` may mean the connection itself is gone: any OperationalError or
+    InterfaceError but contention (a deadlock, a timeout: the session lives on). A wrong
+    yes costs each slot one round trip before its next handler; a wrong no, a failed job."""
     if isinstance(error, InterfaceError):
         return True
     if not isinstance(error, OperationalError):
         return False
     cause = error.__cause__
-    sqlstate = getattr(cause, "sqlstate", False)
-    if sqlstate is None:
-        return True  # psycopg's own: the connection is closed, or the server went away
+    if isinstance(getattr(cause, "sqlite_errorcode", None), int):
+        return False
+    # psycopg's sqlstate, psycopg2's pgcode; None from psycopg for a closed connection.
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
     if isinstance(sqlstate, str):
-        return sqlstate.startswith(_PG_LOST)
+        return not sqlstate.startswith(_PG_CONTENTION)
     code = error.args[0] if error.args else None
-    return isinstance(code, int) and code in _MYSQL_LOST
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code not in _MYSQL_CONTENTION
+    return True
 
 
 def outage_met(error: BaseException) -> None:
-    """Count ``error`` if the connection is gone."""
+    """Count ``error`` if the connection may be gone."""
     global _outages
     if connection_lost(error):
         with _outages_lock:

@@ -8,9 +8,9 @@ from a holder that stopped or has been silent for two heartbeat periods and a se
 predecessor of a restart), waits while a live one holds it, and stops if another process
 takes it over while it was silent itself.
 
-A holder that died (kill -9, an OOM kill) is taken from at once when /proc can say so: it
-ran in this machine's boot and this process's pid namespace, and /proc has no process of
-its pid that started when it did. Anywhere else (another host, another container, which
+A holder that died (kill -9, an OOM kill) is taken from at once when /proc can say so: its
+row's key names its own pid and host, this machine's boot, this process's pid namespace and
+user, and no process of its pid that started when it did is alive. Anywhere else (another host, another container, which
 may run the same hostname and pid 1) its silence is the only sign.
 """
 
@@ -48,12 +48,16 @@ def process_key() -> str:
 
 def _start_time(pid: int) -> str | None:
     """When process ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22);
-    None if there is no such process, or only its zombie. Raises OSError where /proc
-    will not say (another user's process under hidepid, a permission refused)."""
+    None if there is no such process (the kernel says so, whatever /proc may hide), or only
+    its zombie. Raises OSError where /proc will not say of a process that exists (another
+    user's under hidepid)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return None
+    except PermissionError:
+        pass  # it exists: another user's
+    stat = Path(f"/proc/{pid}/stat").read_text()
     # The command (field 2) is in parentheses and may hold spaces and parentheses.
     fields = stat[stat.rindex(")") + 2 :].split()
     state, start = fields[0], fields[19]
@@ -63,10 +67,10 @@ def _start_time(pid: int) -> str | None:
 def died(holder: Any) -> bool:
     """Whether the process that holds a worker row is gone for certain: its row's key
     (process_key()) was written by it (its pid and host), names this boot, pid namespace
-    and user (whose processes /proc shows even under hidepid), and no process of its pid
-    started when it did (dead, its pid perhaps reused). False whenever that cannot be told:
-    a key a worker of an earlier release left under another holder's row, another host,
-    another container, another user, a /proc that will not say."""
+    and user, and the kernel has no process of its pid, or /proc shows one started at
+    another time (its pid reused) or a zombie. False whenever that cannot be told: a key a
+    worker of an earlier release left under another holder's row, another host, another
+    container, another user, a /proc that will not say."""
     parts = str(getattr(holder, "process_key", "")).split(" ")
     mine = process_key().split(" ")
     if len(parts) != 5 or len(mine) != 5 or parts[:2] != mine[:2] or parts[4] != mine[4]:

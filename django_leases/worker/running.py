@@ -405,11 +405,11 @@ def _end_if_forked(parent: int, error: BaseException | None) -> None:
     os._exit(code)
 
 
-# A slot's kept connection is checked (one round trip) before a handler after it sat
-# unused this long: a server's idle_session_timeout, a pooler's or a firewall's idle limit
-# may have ended it meanwhile.
+# A slot's kept connection is checked (one round trip) before a handler when its last job
+# started this long before: a server's idle_session_timeout, a pooler's or a firewall's
+# idle limit may have ended it meanwhile.
 IDLE_CHECK_SECONDS = 30.0
-# Per slot thread: the outages the worker had met at its last check, when it was last used.
+# Per slot thread: the outages the worker had met at its last check, when its last job started.
 _slot = threading.local()
 
 
@@ -419,10 +419,11 @@ def connect_before_handler(database: str) -> Outcome | None:
     The worker then releases the job, the attempt not counted: the handler never ran, and
     the worker's own over-subscription is no failure of the job.
 
-    A kept connection is checked first when the worker's own threads met a connection
-    failure since this slot's last check (a failover ends every session), or when it sat
-    unused for IDLE_CHECK_SECONDS: handed to the handler dead, its first query failed the
-    job and spent an attempt. Closed if it does not answer; the next one is opened here."""
+    A kept connection is checked first when the worker's own threads met a lost
+    connection since this slot's last check (a failover ends every session), or when this
+    slot's last job started more than IDLE_CHECK_SECONDS before: handed to the handler
+    dead, its first query failed the job and spent an attempt. Closed if it does not
+    answer; the next one is opened here."""
     connection = connections[database]
     now, outages = time.monotonic(), outages_met()
     if connection.connection is not None and (
