@@ -709,6 +709,15 @@ def test_describing_a_hostile_exception_never_raises():
         assert "test_describing_a_hostile_exception_never_raises" in trace
 
 
+def _wrapped(cause: Exception) -> Exception:
+    """Django's OperationalError over a driver's ``cause``, as Django raises it."""
+    from django.db import OperationalError
+
+    error = OperationalError(*cause.args)
+    error.__cause__ = cause
+    return error
+
+
 def test_contention_is_an_outage_not_a_refusal():
     """Lock and statement timeouts, deadlocks and serialization failures, a server short
     of disk, memory or connections, lost connections, as each driver raises them under
@@ -726,16 +735,11 @@ def test_contention_is_an_outage_not_a_refusal():
         refused_by_database,
     )
 
-    def wrapped(cause):
-        error = OperationalError(*cause.args)
-        error.__cause__ = cause
-        return error
-
     busy = sqlite3.OperationalError("database is locked")
     busy.sqlite_errorcode = 5
     missing = sqlite3.OperationalError("no such table: x")
     missing.sqlite_errorcode = 1
-    assert contention(wrapped(busy)) and not contention(wrapped(missing))
+    assert contention(_wrapped(busy)) and not contention(_wrapped(missing))
     assert contention(OperationalError(1205, "Lock wait timeout exceeded"))
     assert contention(OperationalError(1213, "Deadlock found"))
     assert not contention(OperationalError(1644, "refused by the test trigger"))
@@ -751,8 +755,8 @@ def test_contention_is_an_outage_not_a_refusal():
             psycopg.errors.DeadlockDetected,
             psycopg.errors.QueryCanceled,
         ):
-            assert contention(wrapped(cls("x"))), cls
-        assert not contention(wrapped(psycopg.errors.StatementTooComplex("x")))
+            assert contention(_wrapped(cls("x"))), cls
+        assert not contention(_wrapped(psycopg.errors.StatementTooComplex("x")))
         for cls in (
             psycopg.errors.DiskFull,
             psycopg.errors.OutOfMemory,
@@ -761,22 +765,22 @@ def test_contention_is_an_outage_not_a_refusal():
             psycopg.errors.IoError,
             psycopg.errors.ConnectionFailure,
         ):
-            assert error_kind(wrapped(cls("x"))) == "outage", cls
+            assert error_kind(_wrapped(cls("x"))) == "outage", cls
         for cls in (psycopg.errors.DataException, psycopg.errors.CheckViolation):
-            assert error_kind(wrapped(cls("x"))) == "refusal", cls
-        assert error_kind(wrapped(psycopg.errors.StatementTooComplex("x"))) is None
+            assert error_kind(_wrapped(cls("x"))) == "refusal", cls
+        assert error_kind(_wrapped(psycopg.errors.StatementTooComplex("x"))) is None
     full = sqlite3.OperationalError("database or disk is full")
     full.sqlite_errorcode = 13
     ioerr = sqlite3.OperationalError("disk I/O error")
     ioerr.sqlite_errorcode = 10 | (3 << 8)  # SQLITE_IOERR_WRITE
-    assert error_kind(wrapped(full)) == error_kind(wrapped(ioerr)) == "outage"
-    assert error_kind(wrapped(missing)) is None
+    assert error_kind(_wrapped(full)) == error_kind(_wrapped(ioerr)) == "outage"
+    assert error_kind(_wrapped(missing)) is None
     for code in (1040, 1205, 1213, 2002, 2003, 2006, 2013):
         assert error_kind(OperationalError(code, "x")) == "outage", code
     for code in (1264, 1292, 1366, 1406, 1644):
         assert error_kind(OperationalError(code, "x")) == "refusal", code
     assert error_kind(OperationalError(1105, "unknown")) is None
-    assert refused_by_database(IntegrityError("check")) and not refused_by_database(wrapped(busy))
+    assert refused_by_database(IntegrityError("check")) and not refused_by_database(_wrapped(busy))
 
 
 def test_only_a_lost_connection_makes_the_slots_check_theirs():
@@ -790,15 +794,10 @@ def test_only_a_lost_connection_makes_the_slots_check_theirs():
 
     from django_leases.worker.dberrors import connection_lost
 
-    def wrapped(cause):
-        error = OperationalError(*cause.args)
-        error.__cause__ = cause
-        return error
-
     busy = sqlite3.OperationalError("database is locked")
     busy.sqlite_errorcode = 5
     assert connection_lost(InterfaceError("connection already closed"))
-    assert not connection_lost(wrapped(busy))
+    assert not connection_lost(_wrapped(busy))
     for code, lost in (
         (2006, True),
         (2013, True),
@@ -815,17 +814,17 @@ def test_only_a_lost_connection_makes_the_slots_check_theirs():
             super().__init__("x")
             self.pgcode = pgcode
 
-    assert connection_lost(wrapped(Psycopg2Error("57P01")))
-    assert connection_lost(wrapped(Psycopg2Error(None)))  # "server closed the connection"
-    assert not connection_lost(wrapped(Psycopg2Error("40P01")))
+    assert connection_lost(_wrapped(Psycopg2Error("57P01")))
+    assert connection_lost(_wrapped(Psycopg2Error(None)))  # "server closed the connection"
+    assert not connection_lost(_wrapped(Psycopg2Error("40P01")))
     try:
         import psycopg
         import psycopg.errors
     except ImportError:
         return
-    assert connection_lost(wrapped(psycopg.OperationalError("the connection is closed")))
-    assert connection_lost(wrapped(psycopg.errors.AdminShutdown("terminating connection")))
-    assert connection_lost(wrapped(psycopg.errors.IdleSessionTimeout("x")))
+    assert connection_lost(_wrapped(psycopg.OperationalError("the connection is closed")))
+    assert connection_lost(_wrapped(psycopg.errors.AdminShutdown("terminating connection")))
+    assert connection_lost(_wrapped(psycopg.errors.IdleSessionTimeout("x")))
     for cls in (
         psycopg.errors.DeadlockDetected,
         psycopg.errors.SerializationFailure,
@@ -833,7 +832,7 @@ def test_only_a_lost_connection_makes_the_slots_check_theirs():
         psycopg.errors.LockNotAvailable,
         psycopg.errors.TooManyConnections,
     ):
-        assert not connection_lost(wrapped(cls("x"))), cls
+        assert not connection_lost(_wrapped(cls("x"))), cls
 
 
 # -- what a failure row names is never imported ----------------------------------------

@@ -502,6 +502,27 @@ def _line_logger(handler: logging.Handler) -> logging.Logger:
     return logger
 
 
+def _reporting_handler(stream: io.StringIO) -> tuple[logs.LineHandler, list[str]]:
+    """A LineHandler on ``stream`` whose handleError() notes the message of each record."""
+    handler = logs.LineHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    reported: list[str] = []
+    handler.handleError = lambda record: reported.append(record.getMessage())  # type: ignore[method-assign]
+    return handler, reported
+
+
+def _logged_while_held(handler: logs.LineHandler, *messages: str) -> None:
+    """Log ``messages`` from other threads while this one holds the handler's lock, so
+    that they wait; then let go: the one write carries them all."""
+    logger = _line_logger(handler)
+    handler.acquire()
+    for message in messages:
+        thread = threading.Thread(target=logger.warning, args=(message,))
+        thread.start()
+        thread.join()
+    handler.release()
+
+
 class _SlowStream(io.StringIO):
     """A stream whose writes take a while, GIL released: other threads pile up behind it."""
 
@@ -615,9 +636,8 @@ def test_a_line_left_while_another_held_the_lock_is_written_when_it_is_let_go():
 def test_each_line_a_failed_write_drops_is_reported_with_its_own_record():
     """(6) One write carries several threads' lines: when the stream refuses it (a line it
     cannot encode: a project's own stream, strict where sys.stderr is not), each line is
-    tried on its own, and each
-    that cannot be written is reported with its own record (it reported the writer's
-    record only, the others' lines dropped unsaid)."""
+    tried on its own, and each that cannot be written is reported with its own record (it
+    reported the writer's record only, the others' lines dropped unsaid)."""
 
     class Refusing(io.StringIO):
         def write(self, text: str) -> int:
@@ -626,17 +646,8 @@ def test_each_line_a_failed_write_drops_is_reported_with_its_own_record():
             return super().write(text)
 
     stream = Refusing()
-    handler = logs.LineHandler(stream)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    reported: list[str] = []
-    handler.handleError = lambda record: reported.append(record.getMessage())  # type: ignore[method-assign]
-    logger = _line_logger(handler)
-    handler.acquire()
-    for message in ("kept", "refused one", "kept too", "refused two"):
-        thread = threading.Thread(target=logger.warning, args=(message,))
-        thread.start()
-        thread.join()
-    handler.release()
+    handler, reported = _reporting_handler(stream)
+    _logged_while_held(handler, "kept", "refused one", "kept too", "refused two")
     assert stream.getvalue() == "kept\nkept too\n"
     assert reported == ["refused one", "refused two"]
 
@@ -651,17 +662,8 @@ def test_a_stream_that_fails_after_taking_the_lines_gets_none_of_them_twice():
             raise BlockingIOError("stderr would block")
 
     stream = FailingFlush()
-    handler = logs.LineHandler(stream)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    reported: list[str] = []
-    handler.handleError = lambda record: reported.append(record.getMessage())  # type: ignore[method-assign]
-    logger = _line_logger(handler)
-    handler.acquire()
-    for message in ("one", "two"):
-        thread = threading.Thread(target=logger.warning, args=(message,))
-        thread.start()
-        thread.join()
-    handler.release()
+    handler, reported = _reporting_handler(stream)
+    _logged_while_held(handler, "one", "two")
     assert stream.getvalue() == "one\ntwo\n"
     assert reported == ["one", "two"]
 
