@@ -10,8 +10,9 @@ takes it over while it was silent itself.
 
 A holder that died (kill -9, an OOM kill) is taken from at once when /proc can say so: its
 row's key names its own pid and host, this machine's boot, this process's pid namespace and
-user, and no process of its pid that started when it did is alive. Anywhere else (another host, another container, which
-may run the same hostname and pid 1) its silence is the only sign.
+user, and no process of its pid that started when it did is alive. Anywhere else (another
+host, another container, which may run the same hostname and pid 1) its silence is the
+only sign.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def died(holder: Any) -> bool:
         return False
     if parts[2] != str(holder.pid) or holder.hostname != socket.gethostname():
         return False
+    if not parts[2].isdigit() or int(parts[2]) <= 0:
+        return False  # os.kill() would signal a process group
     try:
         return _start_time(int(parts[2])) != parts[3]
     except (OSError, ValueError, IndexError):
