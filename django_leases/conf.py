@@ -126,10 +126,18 @@ OPTIONS: dict[str, Option] = {
             "process's is killed at once).",
         ),
         Option(
+            "TIMEOUT_SECONDS",
+            None,
+            "django_leases.E024",
+            "How long a handler may run before the worker stops it and fails the attempt "
+            "(a process's handler is killed); None: no limit. A task's own timeout wins.",
+        ),
+        Option(
             "QUEUE_OPTIONS",
             {},
             "django_leases.E012",
-            "Per-queue LEASE_SECONDS / MAX_ATTEMPTS, e.g. {'reports': {'LEASE_SECONDS': 600}}.",
+            "Per-queue LEASE_SECONDS / MAX_ATTEMPTS / RETRY / TIMEOUT_SECONDS, e.g. "
+            "{'reports': {'LEASE_SECONDS': 600}}.",
         ),
         Option(
             "NOTIFY",
@@ -155,7 +163,7 @@ OPTIONS: dict[str, Option] = {
         Option(
             "SCHEDULES",
             {},
-            "django_leases.E019",
+            "django_leases.E020",
             "Periodic jobs by name: {'nightly': {'task': 'shop.tasks.report', "
             "'cron': '0 3 * * *', 'timezone': 'Europe/Paris'}} (docs/periodic.md).",
         ),
@@ -223,6 +231,20 @@ def validate_grace(value: Any, name: str = "GRACE_SECONDS") -> float:
     return float(checked_number(name, value, low=0, high=MAX_LEASE_SECONDS))
 
 
+# The shortest run timeout: a process-isolated handler's start (a fresh interpreter, Django
+# set up) counts against it, and a shorter one would end handlers before they began. The
+# longest: a week (None, no limit, for longer).
+MIN_TIMEOUT_SECONDS = 1.0
+MAX_TIMEOUT_SECONDS = 7 * 86400
+
+
+def validate_timeout(value: Any, name: str = "TIMEOUT_SECONDS") -> float | None:
+    """The run timeout in seconds, or None for no limit; InvalidLeaseOption naming ``name``."""
+    if value is None:
+        return None
+    return float(checked_number(name, value, low=MIN_TIMEOUT_SECONDS, high=MAX_INTERVAL_SECONDS))
+
+
 @dataclass(frozen=True)
 class LeaseOptions:
     """One backend's validated options."""
@@ -241,6 +263,8 @@ class LeaseOptions:
     # The alias the worker LISTENs on: LISTEN_DATABASE, else DATABASE.
     listen_database: str
     queue_options: dict[str, dict[str, Any]]
+    # How long a handler may run (None: no limit); a task's own timeout and the queue's win.
+    timeout_seconds: float | None = None
 
     def for_queue(self, queue_name: str) -> tuple[float, int]:
         """The (lease seconds, max attempts) a job of ``queue_name`` gets by default."""
@@ -256,6 +280,13 @@ class LeaseOptions:
         if "RETRY" in per_queue:
             return _validate_retry(per_queue["RETRY"])
         return self.retry
+
+    def timeout_for_queue(self, queue_name: str) -> float | None:
+        """How long a handler of ``queue_name`` may run when its task sets no timeout."""
+        per_queue = self.queue_options.get(queue_name, {})
+        if "TIMEOUT_SECONDS" in per_queue:
+            return validate_timeout(per_queue["TIMEOUT_SECONDS"])
+        return self.timeout_seconds
 
     @classmethod
     def from_dict(cls, options: dict[str, Any]) -> LeaseOptions:
@@ -279,6 +310,7 @@ class LeaseOptions:
             notify=merged["NOTIFY"],
             listen_database=merged["LISTEN_DATABASE"] or merged["DATABASE"],
             queue_options=dict(merged["QUEUE_OPTIONS"]),
+            timeout_seconds=validate_timeout(merged["TIMEOUT_SECONDS"]),
         )
 
 
@@ -307,6 +339,7 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
         ("POLL_SECONDS", validate_poll),
         ("CONCURRENCY", validate_concurrency),
         ("GRACE_SECONDS", validate_grace),
+        ("TIMEOUT_SECONDS", validate_timeout),
     ]
     for name, check in checks:
         try:
@@ -413,7 +446,7 @@ def _task_module_problems(modules: Any) -> list[InvalidLeaseOption]:
     return problems
 
 
-PER_QUEUE = ("LEASE_SECONDS", "MAX_ATTEMPTS", "RETRY")
+PER_QUEUE = ("LEASE_SECONDS", "MAX_ATTEMPTS", "RETRY", "TIMEOUT_SECONDS")
 
 
 def _queue_option_problems(per_queue: Any) -> list[InvalidLeaseOption]:
@@ -437,6 +470,8 @@ def _queue_option_problems(per_queue: Any) -> list[InvalidLeaseOption]:
                     validate_max_attempts(value, f"{name}['MAX_ATTEMPTS']")
                 elif key == "RETRY":
                     _validate_retry(value, f"{name}['RETRY']")
+                elif key == "TIMEOUT_SECONDS":
+                    validate_timeout(value, f"{name}['TIMEOUT_SECONDS']")
                 else:
                     raise InvalidLeaseOption(
                         f"{name}[{key!r}]",

@@ -268,7 +268,7 @@ def checked_priority(priority: Any) -> int:
 def check_task_options(task: Any) -> None:
     """Refuse (InvalidLeaseOption naming the option) what a task declares (``@task(...)``,
     ``using_lease(...)``) that an enqueue would refuse: EnqueueOptions checks every option
-    an enqueue() call also takes; ``non_retryable`` only a task has."""
+    an enqueue() call also takes; ``non_retryable`` and ``timeout`` only a task has."""
     from .exceptions import InvalidLeaseOption
 
     non_retryable = getattr(task, "non_retryable", ())
@@ -279,6 +279,7 @@ def check_task_options(task: Any) -> None:
     for cls in non_retryable:
         if not (isinstance(cls, type) and issubclass(cls, BaseException)):
             raise InvalidLeaseOption("non_retryable", f"must hold exception classes, got {cls!r}")
+    conf.validate_timeout(getattr(task, "timeout", None), "timeout")
     EnqueueOptions(
         lease_seconds=getattr(task, "lease", None),
         max_attempts=getattr(task, "max_attempts", None),

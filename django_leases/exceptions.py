@@ -72,3 +72,8 @@ class TransactionLeftOpen(LeasesError):
 
 class HandlerDied(LeasesError):
     """A process-isolated handler exited without reporting a result (killed, crashed)."""
+
+
+class HandlerTimeout(LeasesError):
+    """A handler ran past its timeout (the task's ``timeout``, else TIMEOUT_SECONDS): told
+    to stop, its process killed (process isolation), its attempt failed."""

@@ -277,6 +277,7 @@ class OwnerVerbs(ClaimVerbs):
         traceback: str = "",
         retry: bool = True,
         retry_in: float | None = None,
+        min_retry_in: float = 0.0,
         kind: str = FailureKind.EXCEPTION,
     ) -> RecordedFailure | None:
         """Record a failed attempt if ``claim`` still owns the job, and say where the job
@@ -284,9 +285,10 @@ class OwnerVerbs(ClaimVerbs):
 
         The job goes back to pending while it has attempts left, its deadline has not passed
         and ``retry`` is true, due after ``retry_in`` seconds on the database clock (by
-        default the next step of the job's retry ladder); otherwise it is dead-lettered with
-        the reason. The class path, message and traceback are stored as storable.py makes
-        them (lone surrogates and NUL escaped, cut at its limits), whoever calls.
+        default the next step of the job's retry ladder; ``min_retry_in`` at least);
+        otherwise it is dead-lettered with the reason. The class path, message and traceback
+        are stored as storable.py makes them (lone surrogates and NUL escaped, cut at its
+        limits), whoever calls.
         """
         from .storable import (
             MESSAGE_LIMIT,
@@ -300,6 +302,7 @@ class OwnerVerbs(ClaimVerbs):
             retry_in = _retry_delay(
                 getattr(claim, "retry", None), getattr(claim, "attempts", 1) or 1
             )
+        retry_in = max(retry_in, min_retry_in)
         if retry:
             reason: Any = Case(
                 When(deadline__lt=Now(), then=Value(DeadReason.DEADLINE)),

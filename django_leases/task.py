@@ -50,6 +50,10 @@ class LeaseTask(_TaskBase):
     # (None for both: the backend's MAX_AGE_DAYS).
     deadline: datetime | None = None
     max_age: float | None = None
+    # Seconds a handler of this task may run before the worker stops it and fails the
+    # attempt (None: the queue's or backend's TIMEOUT_SECONDS). Read by the worker from the
+    # task as declared, as non_retryable is: changed by a deploy, not per job.
+    timeout: float | None = None
     # Run by itself: a schedules.Periodic (or a list of them), enqueued by the workers, each
     # tick exactly once (docs/periodic.md).
     schedule: Any = field(default=None, hash=False)
@@ -63,14 +67,21 @@ class LeaseTask(_TaskBase):
     def using_lease(self, **changes: Any) -> LeaseTask:
         """A copy with other lease options (lease, max_attempts, retry, on_lease_lost,
         unique_key, on_duplicate, deadline, max_age, schedule); validated at once, like
-        ``using()``. Not ``non_retryable``: the worker reads that from the task as
-        declared, never from a job, so a copy's would be ignored."""
+        ``using()``. Not ``non_retryable`` nor ``timeout``: the worker reads those from the
+        task as declared, never from a job, so a copy's would be ignored."""
         if "non_retryable" in changes:
             raise InvalidTask(
                 f"{self.module_path}: using_lease() cannot change non_retryable: the worker "
                 "reads it from the task as declared (@task(non_retryable=...), Django 6.1 "
                 "and later), not from each job, so a copy's would be ignored. Raise "
                 "django_leases.exceptions.NonRetryable from the handler instead (any Django)."
+            )
+        if "timeout" in changes:
+            raise InvalidTask(
+                f"{self.module_path}: using_lease() cannot change timeout: the worker reads "
+                "it from the task as declared (@task(timeout=...), Django 6.1 and later), not "
+                "from each job, so a copy's would be ignored. Set TIMEOUT_SECONDS in the "
+                "backend's OPTIONS or per queue in QUEUE_OPTIONS instead (any Django)."
             )
         allowed = LEASE_OPTIONS
         unknown = set(changes) - allowed
@@ -81,10 +92,12 @@ class LeaseTask(_TaskBase):
         return replace(self, **changes)
 
 
-# The options using_lease() changes: the fields LeaseTask adds to Django's Task, but the
-# one the worker reads from the declaration alone.
+# The options using_lease() changes: the fields LeaseTask adds to Django's Task, but those
+# the worker reads from the declaration alone.
 LEASE_OPTIONS = frozenset(
-    {f.name for f in fields(LeaseTask)} - {f.name for f in fields(Task)} - {"non_retryable"}
+    {f.name for f in fields(LeaseTask)}
+    - {f.name for f in fields(Task)}
+    - {"non_retryable", "timeout"}
 )
 
 

@@ -5,7 +5,8 @@ The same as tests.settings, pointed at the test database the pytest process crea
 NOTIFY off, as a deployment behind PgBouncer transaction pooling without a direct connection
 would; LEASES_POOLER_DIRECT_URL adds that direct connection for LISTEN_DATABASE. LEASES_WORKER_FAULT
 injects a driver fault into one thread's statements (tests/worker_faults.py);
-LEASES_WORKER_CHILD_SETUP_SECONDS slows each handler process's start.
+LEASES_WORKER_CHILD_SETUP_SECONDS slows each handler process's start; LEASES_WORKER_OPTIONS
+(JSON) adds to the default backend's OPTIONS.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ if os.environ.get("LEASES_POOLER_DIRECT_URL"):
 # Periodic schedules in the settings form, as JSON (tests/test_schedule_workers.py).
 if os.environ.get("LEASES_WORKER_SCHEDULES"):
     TASKS["default"]["OPTIONS"]["SCHEDULES"] = json.loads(os.environ["LEASES_WORKER_SCHEDULES"])
+# More of the default backend's OPTIONS, as JSON (TIMEOUT_SECONDS, QUEUE_OPTIONS, ...).
+if os.environ.get("LEASES_WORKER_OPTIONS"):
+    TASKS["default"]["OPTIONS"].update(json.loads(os.environ["LEASES_WORKER_OPTIONS"]))
 # JSON lines: the tests wait on the worker's events and fields (tests/worker_helpers.py).
 LOGGING["formatters"] = {"json": {"()": "django_leases.worker.logs.JsonFormatter"}}
 LOGGING["handlers"]["console"]["formatter"] = "json"

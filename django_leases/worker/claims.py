@@ -69,6 +69,9 @@ class Outcome:
     exception_class_path: str = ""
     message: str = ""
     traceback: str = ""
+    # The least delay before the job's next attempt (a failure whose handler still runs,
+    # abandoned: the retry waits a lease, as a takeover would).
+    min_retry_in: float = 0.0
 
 
 class Claim:
@@ -86,6 +89,7 @@ class Claim:
         shared_stamp: Any = None,
         acked_flag: Any = None,
         task_result: Any = None,
+        timeout: float | None = None,
     ) -> None:
         self.job = job
         # time.monotonic() just before the claim statement was sent (stamp moves on with
@@ -124,6 +128,13 @@ class Claim:
         # (settling.py: enough of them and the write counts as refused, not as an outage).
         self.write_strikes = 0
         self.exited = threading.Event()
+        # How long its handler may run (None: no limit); when it began (time.monotonic(),
+        # set by its slot); whether it ran past it (told to stop, its attempt to fail).
+        self.timeout = timeout
+        self.running_since: float | None = None
+        self.timed_out = False
+        # When its handler was told to stop (time.monotonic()): lost, released, timed out.
+        self.told_at: float | None = None
 
     def _checkpoint(self, cursor: Any) -> bool:
         return store_checkpoint(self.handle, self.link, cursor)
@@ -148,12 +159,27 @@ class Claim:
             if reason:
                 self.lost_reason = reason
         if tell:
+            self.told_at = self.told_at or time.monotonic()
             self.link.mark_lost(releasing=to == RELEASING)
         return True
 
     def mark_lost(self, reason: str) -> bool:
         """Declare the claim lost and tell the handler; False if it was no longer running."""
         return self._move(LOST, tell=True, reason=reason)
+
+    def time_out(self, now: float) -> bool:
+        """Its handler ran past its timeout: tell it to stop, as a lost claim does, but hold
+        the claim (renewed as before) so that the worker can fail the attempt under its
+        token. False if the claim is no longer running, or timed out already."""
+        with self._lock:
+            if self.state == RUNNING and self.acked_flag.is_set():
+                self.state = ACKED
+            if self.state != RUNNING or self.timed_out:
+                return False
+            self.timed_out = True
+            self.told_at = self.told_at or now
+        self.link.mark_lost()
+        return True
 
     def mark_acked(self) -> None:
         """The handler acknowledged the job itself (its fenced(ack=True) committed)."""

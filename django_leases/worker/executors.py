@@ -27,10 +27,11 @@ from django.db import connections
 
 from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .child import KILL_GRACE_SECONDS
-from .claims import RELEASING, Claim, Kind, Outcome
+from .claims import RELEASING, RUNNING, Claim, Kind, Outcome
 from .interpreter import InterpreterGuard, log_restored
 from .logs import claim_fields, configured
 from .running import connect_before_handler, left_in_transaction, run_task, task_context
+from .timeouts import TIMEOUT_CLASS_PATH, timed_out_outcome
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -40,6 +41,7 @@ Done = Callable[[Claim, Outcome], None]
 KILL_REASONS = {
     "lost": "lost",
     "released": "released",
+    "timeout": "held, but its handler ran past its timeout",
     # The handler's own ack came first; the process ran on after the worker began to stop
     # or after a fenced write of its own was refused.
     "acked": "acknowledged by its handler, whose process ran on (the job is done)",
@@ -47,13 +49,20 @@ KILL_REASONS = {
 
 
 class _Slots:
-    """A fixed set of daemon threads fed through a queue: one per concurrent handler."""
+    """A set of daemon threads fed through a queue: one per concurrent handler. A slot
+    whose handler was told to stop and did not is retired and replaced (abandon())."""
 
     def __init__(self, size: int, done: Done, name: str) -> None:
         self._queue: queue.SimpleQueue[tuple[Claim, Any] | None] = queue.SimpleQueue()
         self._done = done
+        self._name = name
         self._running = 0
         self._running_lock = threading.Lock()
+        # The claim each slot thread's handler runs now (by thread ident), and the slots
+        # retired: their thread ends once its handler returns, its outcome dropped.
+        self._serving: dict[int, Claim] = {}
+        self._retired: set[int] = set()
+        self._replaced = 0
         self._threads = [
             threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
             for i in range(size)
@@ -65,6 +74,7 @@ class _Slots:
         self._queue.put((claim, task))
 
     def _serve(self) -> None:
+        me = threading.get_ident()
         while True:
             item = self._queue.get()
             if item is None:
@@ -75,8 +85,11 @@ class _Slots:
                 return
             claim, task = item
             outcome: Outcome | None = None
+            retired = False
+            claim.running_since = time.monotonic()
             with self._running_lock:
                 self._running += 1
+                self._serving[me] = claim
             try:
                 try:
                     outcome = self.execute(claim, task)
@@ -86,6 +99,10 @@ class _Slots:
                     # The handler is done: a stop need not end the process at once for it.
                     with self._running_lock:
                         self._running -= 1
+                        del self._serving[me]
+                        retired = me in self._retired
+                if _timed_out_unsaid(claim, outcome):
+                    outcome = timed_out_outcome(claim)
                 # Before the outcome goes out: a transaction the handler left open may hold
                 # the lock on the row the main loop is about to ack or fail.
                 _drop_broken_connections()
@@ -97,14 +114,45 @@ class _Slots:
                     extra={"event": "cleanup_failed", "job_id": claim.job.pk, "error": str(e)},
                 )
             finally:
-                self._done(
-                    claim,
-                    outcome
-                    if outcome is not None
-                    else _worker_error(RuntimeError("no outcome"), "while running the handler"),
-                )
+                if not retired:
+                    self._done(
+                        claim,
+                        outcome
+                        if outcome is not None
+                        else _worker_error(RuntimeError("no outcome"), "while running the handler"),
+                    )
                 # After the outcome is in: a stop that waits on this finds it to write.
                 claim.exited.set()
+            if retired:
+                # Abandoned: its claim was written or dropped meanwhile, and a new thread
+                # serves in its place.
+                logger.info(
+                    "Abandoned handler of job=%s fence=%s returned after %.1f s; its thread ends",
+                    claim.pk,
+                    claim.job.fence,
+                    time.monotonic() - claim.running_since,
+                    extra={"event": "abandoned_returned", "job_id": claim.pk},
+                )
+                with contextlib.suppress(Exception):
+                    connections.close_all()
+                return
+
+    def abandon(self, claim: Claim) -> bool:
+        """Retire the slot whose handler runs ``claim``, told to stop and deaf to it: a new
+        thread serves in its place, the old one ends once its handler returns, its outcome
+        dropped (the caller writes or drops the claim). False if no slot runs it now."""
+        with self._running_lock:
+            slot = next((i for i, c in self._serving.items() if c is claim), None)
+            if slot is None or slot in self._retired:
+                return False
+            self._retired.add(slot)
+            self._replaced += 1
+            thread = threading.Thread(
+                target=self._serve, name=f"{self._name}-r{self._replaced}", daemon=True
+            )
+            self._threads = [t for t in self._threads if t.ident != slot] + [thread]
+        thread.start()
+        return True
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         raise NotImplementedError
@@ -325,6 +373,8 @@ class ProcessExecutor(_Slots):
                         if claim.acked
                         else "released"
                         if claim.state == RELEASING
+                        else "timeout"
+                        if claim.timed_out and claim.state == RUNNING
                         else "lost"
                     )
                     logger.warning(
@@ -343,6 +393,8 @@ class ProcessExecutor(_Slots):
                         ),
                     )
                     _kill(process)
+                    if reason == "timeout":
+                        return timed_out_outcome(claim, killed=True)
                     return Outcome(Kind.LOST)
         process.join(5)
         if outcome is None:
@@ -410,6 +462,17 @@ class SharedFlag:
                 return False
             threading.Event().wait(left)
         return True
+
+
+def _timed_out_unsaid(claim: Claim, outcome: Outcome) -> bool:
+    """Whether ``claim`` timed out and ``outcome`` (whatever its handler came back with
+    after it was told) does not say so yet: the attempt fails as timed out. A release
+    (the handler's process died of a stop) or an unconnected handler keeps its own."""
+    return (
+        claim.timed_out
+        and outcome.kind in (Kind.OK, Kind.ERROR, Kind.LOST)
+        and outcome.exception_class_path != TIMEOUT_CLASS_PATH
+    )
 
 
 def _worker_error(exc: BaseException, doing: str) -> Outcome:

@@ -24,6 +24,7 @@ from .claims import RUNNING, ClaimBook, read_back_acks
 from .dberrors import DB_ERRORS, outage_met
 from .logs import claim_fields
 from .repeats import Trouble
+from .timeouts import RunTimeouts
 from .vital import VitalThread
 from .waker import Waker
 
@@ -32,6 +33,8 @@ logger = logging.getLogger("django_leases.worker")
 
 # Longest the heartbeat thread sleeps before looking at the claims it must renew again.
 _SLICE = 0.25
+# Longest the watchdog sleeps between looks: how late a run timeout may be noticed.
+TIMEOUT_LOOK_SECONDS = 0.5
 
 
 class Heartbeat(VitalThread):
@@ -217,20 +220,32 @@ class Watchdog(VitalThread):
 
     role = "watchdog"
 
-    def __init__(self, *, book: ClaimBook, worker_id: str, period: float, waker: Waker) -> None:
+    def __init__(
+        self,
+        *,
+        book: ClaimBook,
+        worker_id: str,
+        period: float,
+        waker: Waker,
+        timeouts: RunTimeouts | None = None,
+    ) -> None:
         super().__init__(worker_id=worker_id, waker=waker)
         self.book = book
         self.period = period
+        self.timeouts = timeouts
 
     def serve(self) -> None:
-        # Checking a few times per heartbeat period keeps the notice well within one period.
-        while not self._stop_event.wait(self.period / 4):
+        # Checking a few times per heartbeat period keeps the notice well within one period;
+        # a run timeout is noticed within half a second.
+        while not self._stop_event.wait(min(self.period / 4, TIMEOUT_LOOK_SECONDS)):
             try:
                 self.watch(time.monotonic())
             except Exception as e:  # noqa: BLE001 -- the watch must outlive any one error
                 self.round_failed(e)
 
     def watch(self, now: float) -> None:
+        if self.timeouts is not None:
+            self.timeouts.watch(self.book.all(), now)
         for claim in self.book.all():
             if claim.link.expired(now) and claim.mark_lost(LEASE_RAN_OUT):
                 logger.warning(

@@ -55,9 +55,13 @@ EVENTS: dict[str, str] = {
     "claimed": "a job was claimed (job_id, fence, attempt)",
     "takeover": "a job whose lease ran out was claimed (previous_worker, previous_fence, lease)",
     "process_started": "a handler process was started (pid)",
-    "process_killed": "a handler process was killed: its claim is lost or released, or the "
-    "handler acknowledged its job itself and its process ran on (pid, reason: lost, released "
-    "or acked)",
+    "process_killed": "a handler process was killed: its claim is lost or released, its "
+    "handler ran past its timeout, or the handler acknowledged its job itself and its process "
+    "ran on (pid, reason: lost, released, timeout or acked)",
+    "timed_out": "a handler ran past its timeout: told to stop, its attempt fails (timeout)",
+    "handler_abandoned": "a thread-isolated handler did not stop a second after it was told "
+    "(timed out, or its claim lost): its slot is replaced, the thread runs on",
+    "abandoned_returned": "an abandoned handler returned at last; its thread ends",
     "orphaned": "a handler process found its worker gone; it ends after the grace (pid)",
     "checkpoint": "a checkpoint was written",
     "checkpoint_rejected": "a checkpoint matched no row: the claim is lost",
@@ -132,6 +136,7 @@ FIELDS = (
     "host",
     "reason",
     "retry_in",
+    "timeout",
     "role",
     "signal",
     "jobs",

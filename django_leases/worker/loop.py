@@ -44,6 +44,7 @@ from .running import unrunnable
 from .shutdown import StopRequest
 from .stopping import Stopping
 from .ticker import Ticker
+from .timeouts import RunTimeouts, timeout_of
 from .vital import VitalThread
 from .waker import Waker
 
@@ -183,6 +184,11 @@ class Worker(Stopping):
             self.stop_request.restore()
             self.waker.close()
         return status
+
+    @property
+    def _options(self) -> conf.LeaseOptions:
+        """The backend's validated OPTIONS (read once per settings)."""
+        return conf.get_options(self.alias)
 
     @property
     def queues_text(self) -> str:
@@ -352,6 +358,7 @@ class Worker(Stopping):
                 shared_stamp=shared_stamp,
                 acked_flag=acked_flag,
                 task_result=results.get(job.pk),
+                timeout=timeout_of(task, self._options, job.queue_name),
             )
             self._log_claim(job)
             replaced = self.book.add(claim)
@@ -617,6 +624,13 @@ class Worker(Stopping):
             worker_id=self.worker_id,
             period=self.heartbeat_seconds,
             waker=self.waker,
+            timeouts=RunTimeouts(
+                worker_id=self.worker_id,
+                # A process-isolated handler that does not stop is killed instead.
+                abandon=self.executor.abandon if self.isolation == "thread" else None,
+                deliver=self._finished,
+                forget=self.book.forget,
+            ),
         )
         self._vital = [self.heartbeat, watchdog]
         threads: list[Any] = list(self._vital)

@@ -249,6 +249,7 @@ class Settling:
             traceback=outcome.traceback,
             # The delay before the next attempt is the job's own retry ladder (owner_writes.py).
             retry=outcome.retryable and not unrunnable,
+            min_retry_in=outcome.min_retry_in,
             kind=FailureKind.UNRUNNABLE if unrunnable else FailureKind.EXCEPTION,
         )
         self._forget(claim)

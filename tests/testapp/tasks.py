@@ -219,6 +219,20 @@ if django.VERSION >= (6, 1):
     charge_card = task(non_retryable=(CardDeclined,))(declined)
 
 
+def _sleeps_on(key: str, seconds: float) -> None:
+    """A handler that hangs, deaf to being told to stop (tests/test_worker_timeouts.py)."""
+    import time
+
+    _effect(key, "start")
+    time.sleep(seconds)
+    _effect(key, "done")
+
+
+if django.VERSION >= (6, 1):
+    # Its own timeout, shorter than the backend's TIMEOUT_SECONDS in that test.
+    hangs_briefly = task(timeout=1.5)(_sleeps_on)
+
+
 @task
 def refuse() -> None:
     from django_leases.exceptions import NonRetryable

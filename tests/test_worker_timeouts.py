@@ -1,0 +1,243 @@
+"""Run timeouts and hung handlers: run_lease_worker as real processes.
+
+A handler past its timeout (the task's ``timeout``, else the queue's or the backend's
+TIMEOUT_SECONDS) is told to stop and its attempt fails under the claim's token (2, 5);
+a process-isolated one that does not stop is killed, a thread-isolated one abandoned and
+its slot replaced, its job's retry then waiting a lease (4). A hung thread-isolated handler
+whose claim was cancelled no longer keeps its slot for good (6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import django
+import pytest
+from django.tasks.exceptions import InvalidTask
+
+from django_leases import conf
+from django_leases.checks import check_backend
+from django_leases.exceptions import InvalidLeaseOption
+from django_leases.models import Job, JobFailure
+from django_leases.states import JobState
+from django_leases.worker.timeouts import timeout_of
+from tests.testapp.models import Effect
+from tests.testapp.tasks import add, returns_when_told, stubborn
+from tests.worker_helpers import Workers, wait_for
+
+LEASE, BEAT, POLL = 3.0, 0.5, 0.2
+FAST = ["--lease", str(LEASE), "--heartbeat", str(BEAT), "--poll", str(POLL)]
+TIMEOUT = 2.0
+TIMEOUT_CLASS = "django_leases.exceptions.HandlerTimeout"
+
+
+@pytest.fixture
+def workers(tmp_path):
+    pool = Workers(tmp_path)
+    yield pool
+    pool.close()
+
+
+def _options(**options) -> dict[str, str]:
+    return {"LEASES_WORKER_OPTIONS": json.dumps(options)}
+
+
+def _job(result) -> Job:
+    return Job.objects.get(pk=int(result.id))
+
+
+def _phases(key: str) -> list[str]:
+    return list(Effect.objects.filter(key=key).order_by("id").values_list("phase", flat=True))
+
+
+def _failure(result) -> JobFailure:
+    wait_for(
+        lambda: JobFailure.objects.filter(job_id=int(result.id)).exists(),
+        TIMEOUT + 15,
+        "the timed-out attempt to be recorded",
+    )
+    return JobFailure.objects.get(job_id=int(result.id))
+
+
+def _ended(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_hung_thread_handler_past_its_timeout_fails_its_attempt_and_frees_its_slot(workers):
+    """Invariants 2, 4, 6: a thread-isolated handler deaf to being told, past TIMEOUT_SECONDS,
+    has its attempt failed under the claim's token (HandlerTimeout), is abandoned a second
+    later with its slot replaced (one slot: the next job still runs), and its job's retry
+    waits at least the lease, as a takeover would have (before: no timeout at all, the
+    lease renewed for good, the slot taken for good)."""
+    result = stubborn.using_lease(retry=[0], max_attempts=3).enqueue("hung", seconds=60)
+    worker = workers.start(
+        "timeout-thread", *FAST, "--concurrency", "1", env_extra=_options(TIMEOUT_SECONDS=TIMEOUT)
+    )
+    wait_for(lambda: _phases("hung") == ["start"], 20, "the handler to start")
+    started = time.monotonic()
+    failure = _failure(result)
+    # Told at the timeout (looked at twice a second), abandoned a second later.
+    assert time.monotonic() - started <= TIMEOUT + 0.5 + 1.0 + 3.0
+    assert failure.exception_class_path == TIMEOUT_CLASS
+    assert f"timeout of {TIMEOUT:g} s" in failure.message
+    assert "abandoned" in failure.message
+    job = _job(result)
+    assert (job.state, job.attempts, job.claim_token) == (JobState.PENDING, 1, None)
+    # The ladder says 0 s; the retry waits the lease (both times on the database clock).
+    assert (job.available_at - failure.recorded_at).total_seconds() >= LEASE - 0.05
+    assert worker.events("timed_out", job_id=job.pk, timeout=TIMEOUT), worker.log()
+    assert worker.events("handler_abandoned", job_id=job.pk), worker.log()
+    # Its one slot was replaced: the next job runs while the hung handler still sleeps.
+    after = add.enqueue(2, 3)
+    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, 20, "the next job to run")
+    assert _phases("hung") == ["start"]
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_handler_that_stops_when_told_at_its_timeout_is_not_abandoned(workers):
+    """Invariants 2, 6: told at the timeout, a handler that heeds ``current_job().lost``
+    returns; whatever it returned, its attempt fails as timed out, retried by its ladder,
+    and no slot is abandoned."""
+    result = returns_when_told.enqueue("heeds")
+    worker = workers.start("timeout-heeds", *FAST, env_extra=_options(TIMEOUT_SECONDS=TIMEOUT))
+    failure = _failure(result)
+    assert failure.exception_class_path == TIMEOUT_CLASS
+    assert failure.message.endswith("it stopped when told")
+    assert _phases("heeds") == ["start", "done"]
+    job = _job(result)
+    assert (job.state, job.attempts, job.result) == (JobState.PENDING, 1, None)
+    assert not worker.events("handler_abandoned"), worker.log()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_hung_process_handler_past_its_timeout_is_killed(workers):
+    """Invariants 2, 4, 6: in process isolation the handler's process is killed a second
+    after it was told; the attempt fails as timed out, and the worker carries on."""
+    result = stubborn.enqueue("hung-child", seconds=60)
+    worker = workers.start(
+        "timeout-process",
+        "--isolation",
+        "process",
+        *FAST,
+        "--concurrency",
+        "1",
+        env_extra=_options(TIMEOUT_SECONDS=TIMEOUT),
+    )
+    wait_for(lambda: _phases("hung-child") == ["start"], 30, "the child to start")
+    child = Effect.objects.get(key="hung-child").pid
+    failure = _failure(result)
+    assert failure.exception_class_path == TIMEOUT_CLASS
+    assert "its process did not stop when told and was killed" in failure.message
+    assert _ended(child)
+    assert worker.events("process_killed", pid=child, reason="timeout"), worker.log()
+    after = add.enqueue(2, 3)
+    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, 30, "the next job to run")
+    assert _phases("hung-child") == ["start"]
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_cancelling_a_hung_thread_handler_frees_its_slot(workers):
+    """Invariant 6: with no timeout at all, a cancelled job whose thread-isolated handler
+    never returns is abandoned once its claim is found lost: the worker's one slot serves
+    the next job (before: the slot stayed taken for good and nothing more was claimed)."""
+    result = stubborn.enqueue("cancelled-hung", seconds=60)
+    worker = workers.start("cancel-hung", *FAST, "--concurrency", "1")
+    wait_for(lambda: _phases("cancelled-hung") == ["start"], 20, "the handler to start")
+    Job.objects.filter(pk=int(result.id)).cancel()
+    after = add.enqueue(2, 3)
+    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, BEAT + 15, "the next job to run")
+    assert worker.events("handler_abandoned", job_id=int(result.id)), worker.log()
+    assert _job(result).state == JobState.CANCELLED
+    assert not JobFailure.objects.filter(job_id=int(result.id)).exists()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit() == 0
+
+
+@pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(timeout=...) needs Django 6.1")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_tasks_own_timeout_wins_over_the_backends(workers):
+    """Invariant 6: @task(timeout=1.5) ends its handler at 1.5 s though the backend allows
+    30 s."""
+    from tests.testapp.tasks import hangs_briefly
+
+    result = hangs_briefly.enqueue("own-timeout", 60)
+    workers.start("timeout-own", *FAST, env_extra=_options(TIMEOUT_SECONDS=30))
+    failure = _failure(result)
+    assert failure.exception_class_path == TIMEOUT_CLASS
+    assert "timeout of 1.5 s" in failure.message
+
+
+# -- the options ---------------------------------------------------------------------------
+
+
+def test_timeout_comes_from_the_task_then_the_queue_then_the_backend():
+    """Invariant 6: the task's own timeout wins, then QUEUE_OPTIONS, then TIMEOUT_SECONDS;
+    none of them set means no limit."""
+    options = conf.LeaseOptions.from_dict(
+        {"TIMEOUT_SECONDS": 60, "QUEUE_OPTIONS": {"reports": {"TIMEOUT_SECONDS": 600}}}
+    )
+    assert timeout_of(add, options, "default") == 60
+    assert timeout_of(add, options, "reports") == 600
+    assert timeout_of(add.using(queue_name="reports"), options, "reports") == 600
+    assert timeout_of(None, options, "default") == 60
+    assert timeout_of(add, conf.LeaseOptions.from_dict({}), "default") is None
+
+
+@pytest.mark.parametrize(
+    ("options", "named", "check"),
+    [
+        ({"TIMEOUT_SECONDS": 0}, "TIMEOUT_SECONDS", "django_leases.E024"),
+        ({"TIMEOUT_SECONDS": "60"}, "TIMEOUT_SECONDS", "django_leases.E024"),
+        ({"TIMEOUT_SECONDS": float("nan")}, "TIMEOUT_SECONDS", "django_leases.E024"),
+        (
+            {"QUEUE_OPTIONS": {"reports": {"TIMEOUT_SECONDS": -1}}},
+            "QUEUE_OPTIONS['reports']['TIMEOUT_SECONDS']",
+            "django_leases.E012",
+        ),
+    ],
+)
+def test_a_bad_timeout_is_an_error_naming_it(options, named, check):
+    """Invariant 6: bad input is refused with the option named (a system check's id)."""
+    with pytest.raises(InvalidLeaseOption) as raised:
+        conf.LeaseOptions.from_dict(options)
+    assert raised.value.option == named
+    errors = [e for e in check_backend("default", options) if e.id == check]
+    assert errors and named.replace("QUEUE_OPTIONS", "") in errors[0].msg
+
+
+def test_a_timeout_cannot_be_changed_per_copy():
+    """Invariant 6: the worker reads a task's timeout as declared, so using_lease() refuses
+    to change it rather than have the copy's ignored."""
+    with pytest.raises(InvalidTask, match="cannot change timeout"):
+        add.using_lease(timeout=5)
+
+
+@pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(timeout=...) needs Django 6.1")
+@pytest.mark.parametrize("bad", [0, -1, "5", float("inf")])
+def test_a_bad_task_timeout_is_refused_where_the_task_is_made(bad):
+    """Invariant 6: @task(timeout=...) is checked as the task is made, naming ``timeout``."""
+    from django.tasks import task
+
+    from tests.testapp.tasks import _sleeps_on
+
+    with pytest.raises(InvalidTask, match="timeout"):
+        task(timeout=bad)(_sleeps_on)
