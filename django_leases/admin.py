@@ -82,6 +82,10 @@ LEASE_FIELDS = (
 )
 
 
+# The failed attempts a job's page shows, the latest ones.
+HISTORY_SHOWN = 50
+
+
 @admin.register(Job)
 class JobAdmin(JobActions, _JobAdminBase):
     """Jobs, read-only; operator actions (JobActions) call the conditional verbs of
@@ -318,9 +322,13 @@ class JobAdmin(JobActions, _JobAdminBase):
 
     @admin.display(description=_("failed attempts"))
     def error_history(self, job: Job) -> str:
+        """The last HISTORY_SHOWN failed attempts, oldest first, and how many came before:
+        a job requeued over and over gathers thousands (a page of 20,000 was 107 MB)."""
+        last = list(job.failures.order_by("-id")[:HISTORY_SHOWN])[::-1]
+        earlier = job.failures.count() - len(last) if len(last) == HISTORY_SHOWN else 0
         return render_to_string(
             "admin/django_leases/job/error_history.html",
-            {"failures": list(job.failures.all())},
+            {"failures": last, "earlier": earlier},
         )
 
     # -- the lease advisor: manage.py lease_report as a page ---------------------------

@@ -10,14 +10,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.db import OperationalError, connections, router, transaction
+from django.db import OperationalError, connections, router
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from .admin_lists import heartbeat_seconds
-from .admin_log import log_changed, log_deleted
+from .admin_log import atomic_with_log, log_changed, log_deleted
 from .deadlocks import TRIES as DEADLOCK_TRIES
 from .deadlocks import is_deadlock
 from .id_chunks import id_chunks
@@ -64,6 +64,7 @@ def _acted(
     verb: Callable[[JobQuerySet], int],
     *,
     no_key: bool,
+    log: Callable[[dict[Any, Job], dict[Any, Job]], None],
 ) -> tuple[int, dict[Any, Job], int, dict[Any, Job]]:
     """(how many are selected, the eligible jobs before, the verb's count, those jobs
     after), in one transaction with the eligible jobs locked and the verb run on them
@@ -76,7 +77,9 @@ def _acted(
     a handler's rows pointing at its job (FOR KEY SHARE) do not hold up; otherwise FOR
     UPDATE, the lock that UPDATE or DELETE takes anyway. Sent again if the database picked
     it as a deadlock victim (it changed nothing then), unless it runs inside the caller's
-    transaction, which only the caller can redo."""
+    transaction, which only the caller can redo. ``log(before, after)`` writes the admin
+    log's entries in the same transaction (admin_log.atomic_with_log): a change is never
+    committed without its entries."""
     db = router.db_for_write(Job)
     selection = selection.using(db)  # every read in the transaction, never a replica
     connection = connections[db]
@@ -85,7 +88,7 @@ def _acted(
     tries = DEADLOCK_TRIES if own else 1
     for tries_left in range(tries - 1, -1, -1):
         try:
-            with transaction.atomic(using=db):
+            with atomic_with_log(db):
                 locked = eligible(selection).select_for_update(no_key=weakest).order_by("pk")
                 before = {job.pk: job for job in locked.only("task_path", *_WATCHED)}
                 total = max(selection.count(), len(before))
@@ -96,11 +99,17 @@ def _acted(
                     jobs = Job.objects.using(db).filter(pk__in=ids)
                     changed += verb(jobs)
                     after.update((job.pk, job) for job in jobs.only(*_WATCHED))
+                log(before, after)
             return total, before, changed, after
         except OperationalError as error:
             if not tries_left or not is_deadlock(error):
                 raise
     raise AssertionError("unreachable")
+
+
+# The most finished jobs one purge action deletes: a request must end well inside a proxy's
+# timeout (10,000 take a few seconds; leases_prune deletes any number in short batches).
+PURGE_LIMIT = 10_000
 
 
 class JobActions(_JobAdminBase):
@@ -121,17 +130,16 @@ class JobActions(_JobAdminBase):
         # Rebuild the selection without the list's annotations, so the verb's statement is
         # the plain conditional UPDATE operators.py wrote.
         selection = Job.objects.filter(pk__in=queryset.values("pk"))
-        total, before, changed, after = _acted(selection, eligible, verb, no_key=no_key)
-        self._log(
-            request,
-            [
+
+        def log(before: dict[Any, Job], after: dict[Any, Job]) -> None:
+            changed = [
                 job
                 for pk, job in before.items()
                 if pk not in after or _watched(after[pk]) != _watched(job)
-            ],
-            done,
-            after,
-        )
+            ]
+            self._log(request, changed, done, after)
+
+        total, before, changed, after = _acted(selection, eligible, verb, no_key=no_key, log=log)
         # Eligible jobs the verb left alone for a reason of its own (a held unique key, a
         # project's row), counted apart from the ineligible ones.
         held = len(before) - changed if held_because else 0
@@ -283,6 +291,19 @@ class JobActions(_JobAdminBase):
         permissions=["purge"],
     )
     def purge_finished(self, request: HttpRequest, queryset: JobQuerySet) -> Any:
+        finished = Job.objects.filter(pk__in=queryset.values("pk")).purge_finished_candidates()
+        if finished[: PURGE_LIMIT + 1].count() > PURGE_LIMIT:
+            # Refused before asking: 180,000 took 100 s in one request, every row locked,
+            # past any proxy's timeout (a 502, and nothing purged).
+            self.message_user(
+                request,
+                f"More than {PURGE_LIMIT:,} finished jobs selected: the admin purges at most "
+                f"{PURGE_LIMIT:,} in one request. Narrow the selection (a queue, a task, a "
+                "state), or let manage.py leases_prune delete finished jobs past the "
+                "retention in short batches.",
+                messages.ERROR,
+            )
+            return None
         if asking := self._confirmation(
             request,
             queryset,

@@ -126,10 +126,22 @@ class LeaseAdminPaginator(_JobPaginatorBase):
         return super().get_elided_page_range(page, on_each_side=on_each_side, on_ends=on_ends)
 
 
-# What a filter in the address may ask of a column: its value, a range of values, none, or
-# empty (EmptyFieldListFilter's); of a date, also a part of it (date_hierarchy's).
-PLAIN_LOOKUPS = frozenset({"exact", "in", "isnull", "isempty", "gt", "gte", "lt", "lte", "range"})
+# What a filter in the address may ask of a column: its value, values above or below one,
+# none, or empty (EmptyFieldListFilter's); of a date, also a part of it (date_hierarchy's).
+# Not __range: Django never splits an address's value into its two bounds, so every
+# ?id__range= was refused or a 500.
+PLAIN_LOOKUPS = frozenset({"exact", "in", "isnull", "isempty", "gt", "gte", "lt", "lte"})
 DATE_PARTS = frozenset({"date", "year", "month", "day", "week", "week_day", "quarter"})
+# The values a date part can take: another (?enqueued_at__year=99999) was a 500 when the
+# database's answer or the bounds Django computes left Python's datetime range.
+PART_RANGES = {
+    "year": (1, 9999),
+    "month": (1, 12),
+    "day": (1, 31),
+    "week": (1, 53),
+    "week_day": (1, 7),
+    "quarter": (1, 4),
+}
 
 
 class TextFilterChangeList(ChangeList):
@@ -148,6 +160,8 @@ class TextFilterChangeList(ChangeList):
                 raise IncorrectLookupParameters(f"a NUL character in filter {key!r}")
             if not self._plain(key):
                 raise IncorrectLookupParameters(f"filter {key!r} asks more than a value")
+            if (part := _date_part(key)) and not all(_in_range(v, part) for v in values):
+                raise IncorrectLookupParameters(f"filter {key!r} is not a {part} number")
         return lookup_params
 
     def _plain(self, key: str) -> bool:
@@ -173,6 +187,25 @@ def plain_lookup(model: Any, key: str) -> bool:
             return plain_lookup(field.related_model, rest)
     *parts, last = rest.split(LOOKUP_SEP)
     return all(part in DATE_PARTS for part in parts) and last in PLAIN_LOOKUPS | DATE_PARTS
+
+
+def _date_part(key: str) -> str:
+    """The date part a filter ``key`` compares (``enqueued_at__year__gte``: "year"), or ""."""
+    return next((p for p in reversed(key.split(LOOKUP_SEP)) if p in PART_RANGES), "")
+
+
+def _in_range(value: Any, part: str) -> bool:
+    """Whether ``value`` (one, or the comma-separated values of ``__in``) is a whole number
+    ``part`` can be."""
+    low, high = PART_RANGES[part]
+    for item in str(value).split(","):
+        try:
+            number = int(item.strip())
+        except ValueError:
+            return False
+        if not low <= number <= high:
+            return False
+    return True
 
 
 class SortableByOnlyChangeList(TextFilterChangeList):

@@ -3,11 +3,29 @@ object selected, so *Recent actions* and an object's history say what really hap
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from django.db import router, transaction
 from django.db.models import Model
 from django.http import HttpRequest
+
+
+@contextlib.contextmanager
+def atomic_with_log(db: str) -> Iterator[None]:
+    """A transaction on ``db`` in which an action changes rows and logs them: should the
+    admin log live on another database, a transaction there around it, so that an entry is
+    never missing for a change committed (the log's commit comes last, a window of one
+    commit, not of the whole action)."""
+    from django.contrib.admin.models import LogEntry
+
+    log_db = router.db_for_write(LogEntry)
+    with (
+        transaction.atomic(using=log_db) if log_db != db else contextlib.nullcontext(),
+        transaction.atomic(using=db),
+    ):
+        yield
 
 
 def log_changed(request: HttpRequest, changed: Sequence[Model], message: str) -> None:

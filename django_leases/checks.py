@@ -308,7 +308,7 @@ def _discovery_failed(alias: str, error: Exception) -> list[checks.CheckMessage]
         checks.Error(
             f"TASKS[{alias!r}]: importing the modules that declare tasks (each installed "
             f"app's tasks module or package, and TASK_MODULES) raised "
-            f"{type(error).__name__}: {first_line(error)}. No worker can start.",
+            f"{type(error).__name__}: {first_line(error).rstrip('.')}. No worker can start.",
             hint="Fix the module, or move it out of the tasks package if it holds no task.",
             obj=f"TASKS[{alias!r}]",
             id="django_leases.E023",

@@ -9,16 +9,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.db import router, transaction
+from django.db import router
 from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
-from . import registry
 from .admin_lists import TextFilterChangeList
-from .admin_log import log_changed
+from .admin_log import atomic_with_log, log_changed
 from .exceptions import DuplicateJob
 from .models import Schedule
 from .schedules import Periodic
@@ -54,20 +53,6 @@ def job_link(job: Any) -> str:
 def schedule_link(schedule: Any) -> str:
     url = reverse("admin:django_leases_schedule_change", args=[schedule.pk])
     return format_html('<a href="{}">{}</a>', url, schedule.name)
-
-
-def _fields_for(schedule: Schedule) -> Any:
-    """What the schedule's task enqueues with, as the backend says; LookupError when this
-    process declares no such task (the code no longer has it)."""
-    from django.tasks import task_backends
-
-    task = registry.lookup(schedule.backend, schedule.task_path)
-    if task is None:
-        registry.discover()
-        task = registry.lookup(schedule.backend, schedule.task_path)
-    if task is None:
-        raise LookupError(f"no task {schedule.task_path!r} is declared")
-    return task_backends[schedule.backend].job_fields(task)  # type: ignore[attr-defined]
 
 
 @admin.register(Schedule)
@@ -202,14 +187,15 @@ class ScheduleAdmin(_ScheduleAdminBase):
         none another session did meanwhile."""
         db = router.db_for_write(Schedule)
         selection = self._selection(queryset).using(db)
-        with transaction.atomic(using=db):
+        verb = "paused" if pause else "resumed from now"
+        with atomic_with_log(db):
             total = selection.count()
             locked = selection.filter(paused=not pause).select_for_update().order_by("pk")
             switched = list(locked.only("pk", "name", "paused"))
             them = Schedule.objects.using(db).filter(pk__in=[s.pk for s in switched])
             done = them.pause() if pause else them.resume()
-        verb = "paused" if pause else "resumed from now"
-        log_changed(request, switched, f"{verb.capitalize()} by the admin action.")
+            # In the same transaction: no change committed without its entries.
+            log_changed(request, switched, f"{verb.capitalize()} by the admin action.")
         self.message_user(request, f"{done} of {total} {verb}.")
 
     @admin.action(description=_("Pause selected schedules"), permissions=["change"])
@@ -228,12 +214,14 @@ class ScheduleAdmin(_ScheduleAdminBase):
         made, refused = [], []
         for schedule in self._selection(queryset):
             try:
-                job = Schedule.objects.run_now(schedule, _fields_for(schedule))
+                # The job and its entry in one transaction.
+                with atomic_with_log(router.db_for_write(Schedule)):
+                    job = Schedule.objects.run_now(schedule)
+                    log_changed(request, [schedule], f"Run now by the admin action: job {job.pk}.")
             except (LookupError, ValueError, DuplicateJob) as e:
                 refused.append(f"{schedule.name}: {e}")
                 continue
             made.append(job)
-            log_changed(request, [schedule], f"Run now by the admin action: job {job.pk}.")
         if made:
             self.message_user(
                 request,

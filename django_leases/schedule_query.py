@@ -349,14 +349,18 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
             paused=False, next_tick_at=None, revision=F("revision") + 1
         )
 
-    def run_now(self, schedule: Schedule, fields: JobFields) -> Any:
+    def run_now(self, schedule: Schedule, fields: JobFields | None = None) -> Any:
         """Enqueue one job of ``schedule`` now, with its arguments; not a tick (the
-        schedule's last tick and next tick stay as they are). A held ``unique_key``
-        raises DuplicateJob whatever the task's on_duplicate: merging would link a job
-        some other call made to this schedule. A schedule the code no longer declares
-        (removed_at set) raises ValueError: what it would run is no longer asked for."""
+        schedule's last tick and next tick stay as they are). ``fields``: what the job is
+        enqueued with, by default what its task's backend gives it (fields_for()). A held
+        ``unique_key`` raises DuplicateJob whatever the task's on_duplicate: merging would
+        link a job some other call made to this schedule. A schedule the code no longer
+        declares (removed_at set) raises ValueError: what it would run is no longer asked
+        for; LookupError when this process declares no such task."""
         if schedule.removed_at is not None:
             raise ValueError("removed from the code: it runs no more, even by hand")
+        if fields is None:
+            fields = fields_for(schedule)
         db = self._db_name()
         if fields.unique_key is not None:
             fields = replace(fields, on_duplicate="refuse")
@@ -369,6 +373,23 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
                 schedule_id=schedule.pk, tick_at=None, kind=RunKind.RUN_NOW, job_id=job.pk
             )
         return job
+
+
+def fields_for(schedule: Schedule) -> JobFields:
+    """What the schedule's task enqueues with, as its backend says; LookupError when this
+    process declares no such task (the code no longer has it)."""
+    from django.tasks import task_backends
+
+    from . import registry
+
+    task = registry.lookup(schedule.backend, schedule.task_path)
+    if task is None:
+        registry.discover()
+        task = registry.lookup(schedule.backend, schedule.task_path)
+    if task is None:
+        raise LookupError(f"no task {schedule.task_path!r} is declared")
+    fields: JobFields = task_backends[schedule.backend].job_fields(task)  # type: ignore[attr-defined]
+    return fields
 
 
 class ScheduleRunQuerySet(models.QuerySet["ScheduleRun"]):

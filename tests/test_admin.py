@@ -982,6 +982,19 @@ def test_a_nul_in_a_filter_is_refused_as_a_bad_lookup_not_a_500(admin_client, ur
         f"{LIST}?failures__message__icontains=boom",
         f"{WORKERS}?hostname__startswith=a",
         "/admin/django_leases/schedule/?name__iregex=a",
+        # A date part out of its range, or not a number: each was a 500 (ValueError).
+        f"{LIST}?enqueued_at__year=99999",
+        f"{LIST}?enqueued_at__year=0",
+        f"{LIST}?finished_at__year=10000",
+        f"{LIST}?enqueued_at__month=13",
+        f"{LIST}?enqueued_at__year__in=2026,99999",
+        f"{LIST}?enqueued_at__year=soon",
+        f"{WORKERS}?started_at__year=99999",
+        "/admin/django_leases/schedule/?created_at__year=99999",
+        # Django never splits an address's __range value: a 500 (IndexError) or refused.
+        f"{LIST}?id__range=5",
+        f"{LIST}?id__range=1&id__range=5",
+        f"{LIST}?id__range=1,5",
     ],
 )
 def test_a_filter_asking_a_column_more_than_its_value_is_refused(admin_client, url):
@@ -998,7 +1011,107 @@ def test_a_filter_asking_a_column_more_than_its_value_is_refused(admin_client, u
         f"{LIST}?state__exact=pending&queue=default&claimed_by=w1&lease=expired",
         f"{LIST}?queue_name=default&id__in=1,2&priority__gte=0&pk__lt=100",
         f"{LIST}?enqueued_at__year=2026&enqueued_at__month=12&enqueued_at__date__gte=2020-01-01",
+        f"{LIST}?enqueued_at__year__in=2025,2026&enqueued_at__quarter=4&id__gte=1&id__lte=5",
         f"{WORKERS}?worker_id=w1",
         "/admin/django_leases/schedule/?paused__exact=1&backend=default",
     ):
         assert admin_client.get(fine).status_code == 200, fine
+
+
+# -- the log and the change commit together; the limits of one request -----------------------
+
+
+def _request_of(user: User):
+    from django.contrib.messages.storage.fallback import FallbackStorage
+    from django.test import RequestFactory
+
+    request = RequestFactory().post(LIST)
+    request.user = user
+    request.session = {}
+    request._messages = FallbackStorage(request)
+    return request
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_action_whose_log_entries_cannot_be_written_changes_nothing():
+    """Invariant 3: the entries go in the action's own transaction. A user row gone
+    meanwhile (the entry's foreign key refused, as a killed web process would leave it
+    unwritten) rolls the action back; before, the jobs stayed requeued with no entry."""
+    from django.contrib import admin
+    from django.contrib.admin.models import LogEntry
+    from django.db import IntegrityError
+
+    dead = [dead_job() for _ in range(2)]
+    ghost = User(pk=987_654, username="ghost", is_staff=True, is_superuser=True)
+    job_admin = admin.site._registry[Job]
+    with pytest.raises(IntegrityError):
+        job_admin.requeue(_request_of(ghost), Job.objects.filter(pk__in=[j.pk for j in dead]))
+    assert set(Job.objects.values_list("state", flat=True)) == {JobState.DEAD}
+    assert not LogEntry.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_schedule_switch_whose_log_entries_cannot_be_written_changes_nothing():
+    """Invariant 3: pausing schedules commits with its entries or not at all."""
+    from django.contrib import admin
+    from django.db import IntegrityError
+
+    from django_leases.models import Schedule
+
+    schedule = Schedule.objects.create(
+        name="nightly", task_path=TASK, spec={"every": 60}, backend="default"
+    )
+    ghost = User(pk=987_654, username="ghost", is_staff=True, is_superuser=True)
+    schedule_admin = admin.site._registry[Schedule]
+    with pytest.raises(IntegrityError):
+        schedule_admin.pause(_request_of(ghost), Schedule.objects.filter(pk=schedule.pk))
+    schedule.refresh_from_db()
+    assert not schedule.paused
+
+
+def test_a_jobs_page_shows_its_last_failed_attempts_and_counts_the_rest(admin_client):
+    """Invariant 3: every failure row stays; the page shows the last 50, oldest of them
+    first, and says how many came before (20,000 rows made a 107 MB page)."""
+    job = dead_job()
+    JobFailure.objects.bulk_create(
+        JobFailure(
+            job=job,
+            attempt=n,
+            fence=n,
+            worker_id="w1",
+            kind=FailureKind.EXCEPTION,
+            exception_class_path="builtins.ValueError",
+            message=f"failure number {n}.",
+        )
+        for n in range(1, 61)
+    )
+    page = unescape(admin_client.get(f"{LIST}{job.pk}/change/").content.decode())
+    shown = re.findall(r"failure number (\d+)\.", page)
+    assert shown == [str(n) for n in range(11, 61)]
+    total = JobFailure.objects.filter(job=job).count()  # dead_job() made one more
+    assert total >= 60
+    assert f"{total - 50} earlier failed attempts not shown" in page
+
+
+def test_purging_more_than_one_request_can_take_is_refused_before_asking(operator):
+    """Invariant 3: past 10,000 finished jobs the purge is refused with a message naming
+    leases_prune, and nothing is deleted; at the limit it asks as before."""
+    Job.objects.bulk_create(
+        Job(task_path=TASK, state=JobState.SUCCEEDED, queue_name="bulk-done") for _ in range(10_001)
+    )
+    response = operator.post(
+        f"{LIST}?queue=bulk-done",
+        {"action": "purge_finished", "select_across": "1", "index": "0", "_selected_action": ["1"]},
+        follow=True,
+    )
+    messages_shown = [str(m) for m in response.context["messages"]]
+    assert any(
+        "More than 10,000 finished jobs" in m and "leases_prune" in m for m in messages_shown
+    )
+    assert Job.objects.filter(queue_name="bulk-done").count() == 10_001
+    Job.objects.filter(pk=Job.objects.filter(queue_name="bulk-done").first().pk).delete()
+    response = operator.post(
+        f"{LIST}?queue=bulk-done",
+        {"action": "purge_finished", "select_across": "1", "index": "0", "_selected_action": ["1"]},
+    )
+    assert b"Are you sure?" in response.content

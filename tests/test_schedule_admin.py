@@ -138,10 +138,10 @@ def test_a_schedule_removed_from_the_code_is_not_run_now(admin_client, schedule)
 def test_run_now_on_a_held_unique_key_says_so(admin_client, schedule, monkeypatch):
     """Invariant 3: a task whose unique_key is held (on_duplicate="merge") is not run now:
     the page says why (no server error) and no run links the other call's job."""
-    from django_leases import schedule_admin
+    from django_leases import schedule_query
 
     keyed = EnqueueOptions.of({"unique_key": "report", "on_duplicate": "merge"})
-    monkeypatch.setattr(schedule_admin, "_fields_for", lambda s: keyed.check(s.task_path))
+    monkeypatch.setattr(schedule_query, "fields_for", lambda s: keyed.check(s.task_path))
     held = Job.objects.enqueue(TASK, [0, 0], unique_key="report")
     response = act(admin_client, "run_now", schedule)
     assert response.status_code == 200

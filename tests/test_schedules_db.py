@@ -225,6 +225,20 @@ def test_run_now_makes_a_job_that_is_not_a_tick():
     assert job.schedule_run.kind == "run_now" and job.schedule_run.schedule == row
 
 
+def test_run_now_needs_only_the_schedule():
+    """Invariant 6: ``run_now(schedule)``, as docs/periodic.md shows it, enqueues with what
+    the task's backend gives its jobs (before, ``fields`` had to be built from a private
+    helper of the admin: a dict raised AttributeError)."""
+    row = started("s")
+    job = Schedule.objects.run_now(row)
+    assert (job.task_path, job.args, job.queue_name) == (TASK, [1, 2], "default")
+    assert job.schedule_run.kind == "run_now"
+    gone = started("gone")
+    Schedule.objects.filter(pk=gone.pk).update(task_path="tests.testapp.tasks.not_declared")
+    with pytest.raises(LookupError, match="not_declared"):
+        Schedule.objects.run_now(Schedule.objects.get(pk=gone.pk))
+
+
 def test_a_removed_schedule_stops_ticking():
     """Invariant 3: removed from code, it is never due again."""
     started("s")
