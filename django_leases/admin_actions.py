@@ -112,6 +112,17 @@ def _acted(
 PURGE_LIMIT = 10_000
 
 
+def _picked(request: HttpRequest) -> int:
+    """How many jobs the person ticked (0 for "all N" across pages): Django acts on those
+    still inside the list's filter, and one that left it meanwhile (a pending job a worker
+    ran, on ?state__exact=pending) is still one they asked for, to be counted as left alone."""
+    from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+
+    if request.POST.get("select_across") == "1":
+        return 0
+    return len(set(request.POST.getlist(ACTION_CHECKBOX_NAME)))
+
+
 class JobActions(_JobAdminBase):
     """The actions of JobAdmin (a mixin of its ModelAdmin)."""
 
@@ -140,6 +151,7 @@ class JobActions(_JobAdminBase):
             self._log(request, changed, done, after)
 
         total, before, changed, after = _acted(selection, eligible, verb, no_key=no_key, log=log)
+        total = max(total, _picked(request))
         # Eligible jobs the verb left alone for a reason of its own (a held unique key, a
         # project's row), counted apart from the ineligible ones.
         held = len(before) - changed if held_because else 0

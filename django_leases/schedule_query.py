@@ -378,10 +378,13 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
 def fields_for(schedule: Schedule) -> JobFields:
     """What the schedule's task enqueues with, as its backend says; LookupError when this
     process declares no such task (the code no longer has it)."""
+    from django.conf import settings
     from django.tasks import task_backends
 
     from . import registry
 
+    if schedule.backend not in getattr(settings, "TASKS", {}):
+        raise LookupError(f"its backend {schedule.backend!r} is no longer in settings.TASKS")
     task = registry.lookup(schedule.backend, schedule.task_path)
     if task is None:
         registry.discover()

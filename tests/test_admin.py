@@ -581,6 +581,21 @@ def test_cancel_reports_finished_jobs_as_skipped(operator):
     assert Job.objects.get(pk=done.pk).state == JobState.SUCCEEDED
 
 
+def test_a_ticked_job_that_left_the_lists_filter_is_counted_as_left_alone(operator):
+    """Invariant 2: on a filtered list (pending jobs), a ticked job a worker finished
+    before the answer is still one the person asked for: "2 of 3", not "2 of 2"."""
+    jobs = [Job.objects.enqueue(TASK, [n, 1]) for n in range(3)]
+    Job.objects.filter(pk=jobs[0].pk).update(state=JobState.SUCCEEDED)
+    response = operator.post(
+        f"{LIST}?state__exact=pending",
+        {"action": "cancel", "_selected_action": [j.pk for j in jobs], "post": "yes"},
+        follow=True,
+    )
+    assert [str(m) for m in response.context["messages"]] == [
+        "2 of 3 cancelled; 1 was no longer pending or claimed."
+    ]
+
+
 def test_expire_stalled_ends_only_stalled_leases(operator):
     """Invariant 4: a healthy claim is never expired by hand, so no duplicate runs beside it;
     invariant 5: the stalled owner's token no longer wins once another worker claims."""

@@ -135,6 +135,15 @@ def test_a_schedule_removed_from_the_code_is_not_run_now(admin_client, schedule)
     assert not Job.objects.exists() and not ScheduleRun.objects.exists()
 
 
+def test_run_now_of_a_schedule_whose_backend_is_gone_says_so(admin_client, schedule):
+    """Invariant 6: a row whose backend alias left settings.TASKS is refused naming the
+    backend (before: "no task ... is declared", which sent people to the code)."""
+    Schedule.objects.filter(pk=schedule.pk).update(backend="retired")
+    page = unescape(act(admin_client, "run_now", schedule).content.decode())
+    assert "Not run: nightly: its backend 'retired' is no longer in settings.TASKS" in page
+    assert not Job.objects.exists() and not ScheduleRun.objects.exists()
+
+
 def test_run_now_on_a_held_unique_key_says_so(admin_client, schedule, monkeypatch):
     """Invariant 3: a task whose unique_key is held (on_duplicate="merge") is not run now:
     the page says why (no server error) and no run links the other call's job."""
