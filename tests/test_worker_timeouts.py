@@ -156,14 +156,15 @@ def test_a_hung_process_handler_past_its_timeout_is_killed(workers):
 @pytest.mark.slow
 def test_cancelling_a_hung_thread_handler_frees_its_slot(workers):
     """Invariant 6: with no timeout at all, a cancelled job whose thread-isolated handler
-    never returns is abandoned once its claim is found lost: the worker's one slot serves
-    the next job (before: the slot stayed taken for good and nothing more was claimed)."""
+    never returns is abandoned a lease after its claim was found lost: the worker's one
+    slot serves the next job (before: the slot stayed taken for good and nothing more was
+    claimed)."""
     result = stubborn.enqueue("cancelled-hung", seconds=60)
     worker = workers.start("cancel-hung", *FAST, "--concurrency", "1")
     wait_for(lambda: _phases("cancelled-hung") == ["start"], 20, "the handler to start")
     Job.objects.filter(pk=int(result.id)).cancel()
     after = add.enqueue(2, 3)
-    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, BEAT + 15, "the next job to run")
+    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, LEASE + 15, "the next job to run")
     assert worker.events("handler_abandoned", job_id=int(result.id)), worker.log()
     assert _job(result).state == JobState.CANCELLED
     assert not JobFailure.objects.filter(job_id=int(result.id)).exists()

@@ -59,8 +59,8 @@ EVENTS: dict[str, str] = {
     "handler ran past its timeout, or the handler acknowledged its job itself and its process "
     "ran on (pid, reason: lost, released, timeout or acked)",
     "timed_out": "a handler ran past its timeout: told to stop, its attempt fails (timeout)",
-    "handler_abandoned": "a thread-isolated handler did not stop a second after it was told "
-    "(timed out, or its claim lost): its slot is replaced, the thread runs on",
+    "handler_abandoned": "a thread-isolated handler did not stop when told (a second after "
+    "its timeout, a lease after its claim was lost): its slot is replaced, the thread runs on",
     "abandoned_returned": "an abandoned handler returned at last; its thread ends",
     "orphaned": "a handler process found its worker gone; it ends after the grace (pid)",
     "checkpoint": "a checkpoint was written",

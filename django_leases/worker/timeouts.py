@@ -9,8 +9,8 @@ by the job's ladder. A process-isolated handler that has not stopped within a se
 killed. A thread cannot be killed: one that has not stopped within a second is abandoned,
 running on, its slot replaced by a new thread; its job's retry then waits at least one
 lease, as a takeover of a lease it let run out would have. A thread-isolated handler whose
-claim was lost (cancelled, taken over) and that does not stop is abandoned the same way, so
-that a hung handler never keeps a slot for good.
+claim was lost (cancelled, taken over) and that has not stopped a lease after it was told
+is abandoned the same way, so that a hung handler never keeps a slot for good.
 """
 
 from __future__ import annotations
@@ -102,12 +102,17 @@ class RunTimeouts:
 
     def _maybe_abandon(self, claim: Claim, now: float) -> None:
         told = claim.told_at
-        if self._abandon is None or told is None or now - told < ABANDON_AFTER_SECONDS:
+        if self._abandon is None or told is None:
             return
         # Timed out and still held, or lost; not one being released at a stop (the stop
-        # waits for it and releases it itself) nor one its handler acknowledged.
+        # waits for it and releases it itself) nor one its handler acknowledged. A lost
+        # claim's handler gets a lease to notice: in a database outage every claim is lost
+        # and handlers blocked on the database return with its errors, not abandoned.
         timed_out = claim.timed_out and claim.state == RUNNING
-        if not (timed_out or claim.state == LOST) or not self._abandon(claim):
+        if not (timed_out or claim.state == LOST):
+            return
+        wait = ABANDON_AFTER_SECONDS if timed_out else max(ABANDON_AFTER_SECONDS, claim.lease)
+        if now - told < wait or not self._abandon(claim):
             return
         logger.warning(
             "Handler of job=%s fence=%s worker=%s did not stop %.1f s after it was told "
