@@ -135,7 +135,9 @@ DATE_PARTS = frozenset({"date", "year", "month", "day", "week", "week_day", "qua
 # The values a date part can take: another (?enqueued_at__year=99999) was a 500 when the
 # database's answer or the bounds Django computes left Python's datetime range.
 PART_RANGES = {
-    "year": (1, 9999),
+    # Not the calendar's first and last years: Django's bounds of year 1 or 9999, moved
+    # to UTC from a TIME_ZONE east or west of it, leave datetime's range (SQLite, MySQL).
+    "year": (1000, 9998),
     "month": (1, 12),
     "day": (1, 31),
     "week": (1, 53),

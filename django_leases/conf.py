@@ -242,7 +242,7 @@ def validate_timeout(value: Any, name: str = "TIMEOUT_SECONDS") -> float | None:
     """The run timeout in seconds, or None for no limit; InvalidLeaseOption naming ``name``."""
     if value is None:
         return None
-    return float(checked_number(name, value, low=MIN_TIMEOUT_SECONDS, high=MAX_INTERVAL_SECONDS))
+    return float(checked_number(name, value, low=MIN_TIMEOUT_SECONDS, high=MAX_TIMEOUT_SECONDS))
 
 
 @dataclass(frozen=True)

@@ -187,6 +187,66 @@ def test_a_tasks_own_timeout_wins_over_the_backends(workers):
     assert "timeout of 1.5 s" in failure.message
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_slots_stay_whole_through_abandonments_whose_threads_end(workers):
+    """Invariants 3, 6: a first abandoned handler returns and its thread ends, a second is
+    abandoned; the next job still runs (before: the new slot thread got the ended one's
+    ident, still marked retired, dropped that job's outcome and ended: the job claimed and
+    renewed for good, the worker wedged)."""
+    once = stubborn.using_lease(max_attempts=1)
+    first = once.enqueue("returns-late", seconds=4)
+    second = once.enqueue("hangs-on", seconds=60)
+    worker = workers.start(
+        "timeout-twice", *FAST, "--concurrency", "1", env_extra=_options(TIMEOUT_SECONDS=TIMEOUT)
+    )
+    for result in (first, second):
+        wait_for(lambda r=result: _job(r).state == JobState.DEAD, 30, "the timeout to end it")
+    wait_for(lambda: worker.events("abandoned_returned"), 15, "the first handler to return")
+    after = add.enqueue(2, 3)
+    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, 20, "the next job to run")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_handler_that_acknowledged_its_job_then_hung_is_abandoned(workers):
+    """Invariants 3, 6: a handler acks in fenced(ack=True), then hangs deaf: its job stays
+    succeeded, and past the timeout it is abandoned, its one slot serving the next job
+    (before: the slot, and its claim in the book, were kept for good)."""
+    from tests.testapp.tasks import ack_then_linger
+
+    done = ack_then_linger.enqueue("acked-hung", 60, heed=False)
+    worker = workers.start(
+        "timeout-acked", *FAST, "--concurrency", "1", env_extra=_options(TIMEOUT_SECONDS=TIMEOUT)
+    )
+    wait_for(lambda: _job(done).state == JobState.SUCCEEDED, 20, "the handler's own ack")
+    after = add.enqueue(2, 3)
+    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, 20, "the next job to run")
+    assert worker.events("handler_abandoned", job_id=int(done.id)), worker.log()
+    assert _job(done).state == JobState.SUCCEEDED
+    assert not JobFailure.objects.filter(job_id=int(done.id)).exists()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit() == 0
+
+
+@pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(non_retryable=...) needs Django 6.1")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_task_listing_handler_timeout_as_non_retryable_is_dead_at_once(workers):
+    """Invariant 6: non_retryable=(HandlerTimeout,) dead-letters a timed-out job at its
+    first attempt, as it does for an exception the handler raised."""
+    from tests.testapp.tasks import hangs_once
+
+    result = hangs_once.enqueue("no-retry", 60)
+    workers.start("timeout-final", *FAST)
+    failure = _failure(result)
+    assert failure.exception_class_path == TIMEOUT_CLASS
+    job = _job(result)
+    assert (job.state, job.dead_reason, job.attempts) == (JobState.DEAD, "non_retryable", 1)
+
+
 # -- the options ---------------------------------------------------------------------------
 
 

@@ -90,6 +90,7 @@ class Claim:
         acked_flag: Any = None,
         task_result: Any = None,
         timeout: float | None = None,
+        timeout_retryable: bool = True,
     ) -> None:
         self.job = job
         # time.monotonic() just before the claim statement was sent (stamp moves on with
@@ -129,8 +130,10 @@ class Claim:
         self.write_strikes = 0
         self.exited = threading.Event()
         # How long its handler may run (None: no limit); when it began (time.monotonic(),
-        # set by its slot); whether it ran past it (told to stop, its attempt to fail).
+        # set by its slot); whether it ran past it (told to stop, its attempt to fail,
+        # retried unless the task lists HandlerTimeout as non-retryable).
         self.timeout = timeout
+        self.timeout_retryable = timeout_retryable
         self.running_since: float | None = None
         self.timed_out = False
         # When its handler was told to stop (time.monotonic()): lost, released, timed out.
@@ -170,11 +173,12 @@ class Claim:
     def time_out(self, now: float) -> bool:
         """Its handler ran past its timeout: tell it to stop, as a lost claim does, but hold
         the claim (renewed as before) so that the worker can fail the attempt under its
-        token. False if the claim is no longer running, or timed out already."""
+        token; a handler that acknowledged its job itself and runs on is told too (its job
+        stays done). False if the claim is in any other state, or timed out already."""
         with self._lock:
             if self.state == RUNNING and self.acked_flag.is_set():
                 self.state = ACKED
-            if self.state != RUNNING or self.timed_out:
+            if self.state not in (RUNNING, ACKED) or self.timed_out:
                 return False
             self.timed_out = True
             self.told_at = self.told_at or now

@@ -87,6 +87,7 @@ class _Slots:
             outcome: Outcome | None = None
             retired = False
             claim.running_since = time.monotonic()
+            returned_at = claim.running_since
             with self._running_lock:
                 self._running += 1
                 self._serving[me] = claim
@@ -96,12 +97,15 @@ class _Slots:
                 except BaseException as e:  # noqa: BLE001 -- a slot must never die silently
                     outcome = _worker_error(e, "while running the handler")
                 finally:
+                    returned_at = time.monotonic()
                     # The handler is done: a stop need not end the process at once for it.
                     with self._running_lock:
                         self._running -= 1
                         del self._serving[me]
+                        # A thread started later may get this one's ident: forgotten here.
                         retired = me in self._retired
-                if _timed_out_unsaid(claim, outcome):
+                        self._retired.discard(me)
+                if _timed_out_unsaid(claim, outcome, returned_at):
                     outcome = timed_out_outcome(claim)
                 # Before the outcome goes out: a transaction the handler left open may hold
                 # the lock on the row the main loop is about to ack or fail.
@@ -145,13 +149,16 @@ class _Slots:
             slot = next((i for i, c in self._serving.items() if c is claim), None)
             if slot is None or slot in self._retired:
                 return False
-            self._retired.add(slot)
-            self._replaced += 1
             thread = threading.Thread(
-                target=self._serve, name=f"{self._name}-r{self._replaced}", daemon=True
+                target=self._serve, name=f"{self._name}-r{self._replaced + 1}", daemon=True
             )
+            # Started before the slot is retired, and under the lock (the new thread waits
+            # on the queue, then for this lock): one that cannot start (too many threads)
+            # raises with nothing changed, the handler's own outcome still to come.
+            thread.start()
+            self._replaced += 1
+            self._retired.add(slot)
             self._threads = [t for t in self._threads if t.ident != slot] + [thread]
-        thread.start()
         return True
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
@@ -464,12 +471,16 @@ class SharedFlag:
         return True
 
 
-def _timed_out_unsaid(claim: Claim, outcome: Outcome) -> bool:
+def _timed_out_unsaid(claim: Claim, outcome: Outcome, returned_at: float) -> bool:
     """Whether ``claim`` timed out and ``outcome`` (whatever its handler came back with
-    after it was told) does not say so yet: the attempt fails as timed out. A release
-    (the handler's process died of a stop) or an unconnected handler keeps its own."""
+    after it was told) does not say so yet: the attempt fails as timed out. A handler that
+    returned before its timeout (the watchdog looking just after) keeps its outcome, as do
+    a release (the handler's process died of a stop) and an unconnected handler."""
     return (
         claim.timed_out
+        and claim.timeout is not None
+        and claim.running_since is not None
+        and returned_at - claim.running_since >= claim.timeout
         and outcome.kind in (Kind.OK, Kind.ERROR, Kind.LOST)
         and outcome.exception_class_path != TIMEOUT_CLASS_PATH
     )

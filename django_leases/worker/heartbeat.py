@@ -245,7 +245,10 @@ class Watchdog(VitalThread):
 
     def watch(self, now: float) -> None:
         if self.timeouts is not None:
-            self.timeouts.watch(self.book.all(), now)
+            try:
+                self.timeouts.watch(self.book.all(), now)
+            except Exception as e:  # noqa: BLE001 -- leases must be watched whatever it raised
+                self.round_failed(e)
         for claim in self.book.all():
             if claim.link.expired(now) and claim.mark_lost(LEASE_RAN_OUT):
                 logger.warning(

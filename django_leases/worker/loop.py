@@ -44,7 +44,7 @@ from .running import unrunnable
 from .shutdown import StopRequest
 from .stopping import Stopping
 from .ticker import Ticker
-from .timeouts import RunTimeouts, timeout_of
+from .timeouts import RunTimeouts, timeout_of, timeout_retryable
 from .vital import VitalThread
 from .waker import Waker
 
@@ -359,6 +359,7 @@ class Worker(Stopping):
                 acked_flag=acked_flag,
                 task_result=results.get(job.pk),
                 timeout=timeout_of(task, self._options, job.queue_name),
+                timeout_retryable=timeout_retryable(task),
             )
             self._log_claim(job)
             replaced = self.book.add(claim)

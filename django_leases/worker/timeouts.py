@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .child import KILL_GRACE_SECONDS
-from .claims import LOST, RUNNING, Claim, Kind, Outcome
+from .claims import ACKED, LOST, RUNNING, Claim, Kind, Outcome
 from .logs import claim_fields
 
 logger = logging.getLogger("django_leases.worker")
@@ -41,6 +41,14 @@ def timeout_of(task: Any, options: Any, queue_name: str) -> float | None:
     return options.timeout_for_queue(queue_name) if options is not None else None
 
 
+def timeout_retryable(task: Any) -> bool:
+    """Whether a timed-out attempt of ``task`` is retried: unless its ``non_retryable``
+    lists HandlerTimeout (or a base of it), as for an exception its handler raised."""
+    from ..exceptions import HandlerTimeout
+
+    return not issubclass(HandlerTimeout, tuple(getattr(task, "non_retryable", ()) or ()))
+
+
 def timed_out_outcome(claim: Claim, *, abandoned: bool = False, killed: bool = False) -> Outcome:
     """The failed attempt of a handler that ran past its timeout."""
     if abandoned:
@@ -56,6 +64,7 @@ def timed_out_outcome(claim: Claim, *, abandoned: bool = False, killed: bool = F
         Kind.ERROR,
         exception_class_path=TIMEOUT_CLASS_PATH,
         message=f"handler ran past its timeout of {claim.timeout:g} s{how}",
+        retryable=claim.timeout_retryable,
         min_retry_in=claim.lease if abandoned else 0.0,
     )
 
@@ -89,11 +98,14 @@ class RunTimeouts:
             ):
                 logger.warning(
                     "Handler of job=%s fence=%s worker=%s ran past its timeout of %g s; "
-                    "telling it to stop, its attempt fails",
+                    "telling it to stop, %s",
                     claim.pk,
                     claim.job.fence,
                     self.worker_id,
                     claim.timeout,
+                    "its job stays done (it acknowledged it)"
+                    if claim.acked
+                    else "its attempt fails",
                     extra=claim_fields(
                         claim.job, self.worker_id, "timed_out", timeout=claim.timeout
                     ),
@@ -109,9 +121,10 @@ class RunTimeouts:
         # claim's handler gets a lease to notice: in a database outage every claim is lost
         # and handlers blocked on the database return with its errors, not abandoned.
         timed_out = claim.timed_out and claim.state == RUNNING
-        if not (timed_out or claim.state == LOST):
+        done = claim.timed_out and claim.state == ACKED  # acknowledged itself, then hung
+        if not (timed_out or done or claim.state == LOST):
             return
-        wait = ABANDON_AFTER_SECONDS if timed_out else max(ABANDON_AFTER_SECONDS, claim.lease)
+        wait = ABANDON_AFTER_SECONDS if claim.timed_out else max(ABANDON_AFTER_SECONDS, claim.lease)
         if now - told < wait or not self._abandon(claim):
             return
         logger.warning(
@@ -121,10 +134,14 @@ class RunTimeouts:
             claim.job.fence,
             self.worker_id,
             now - told,
-            "past its timeout" if timed_out else claim.lost_reason or "its claim was lost",
+            "past its timeout"
+            if timed_out
+            else "past its timeout, its job acknowledged"
+            if done
+            else claim.lost_reason or "its claim was lost",
             extra=claim_fields(claim.job, self.worker_id, "handler_abandoned"),
         )
         if timed_out:
             self._deliver(claim, timed_out_outcome(claim, abandoned=True))
         else:
-            self._forget(claim)  # lost: nothing to write, the slot counts as free
+            self._forget(claim)  # lost, or done: nothing to write, the slot counts as free

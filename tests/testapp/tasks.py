@@ -228,9 +228,17 @@ def _sleeps_on(key: str, seconds: float) -> None:
     _effect(key, "done")
 
 
+def _sleeps_on_for_good(key: str, seconds: float) -> None:
+    """The same, for a task that lists HandlerTimeout as non-retryable."""
+    _sleeps_on(key, seconds)
+
+
 if django.VERSION >= (6, 1):
+    from django_leases.exceptions import HandlerTimeout
+
     # Its own timeout, shorter than the backend's TIMEOUT_SECONDS in that test.
     hangs_briefly = task(timeout=1.5)(_sleeps_on)
+    hangs_once = task(timeout=1.5, non_retryable=(HandlerTimeout,))(_sleeps_on_for_good)
 
 
 @task
