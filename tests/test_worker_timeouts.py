@@ -247,6 +247,46 @@ def test_a_task_listing_handler_timeout_as_non_retryable_is_dead_at_once(workers
     assert (job.state, job.dead_reason, job.attempts) == (JobState.DEAD, "non_retryable", 1)
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_stop_fails_a_timed_out_attempt_rather_than_release_it(workers):
+    """Invariants 3, 6: SIGTERM then SIGINT (the grace skipped) while a handler is past
+    its timeout: its attempt fails, the retry waiting the lease (before: released, the
+    attempt not counted, so a job that always hangs never spent its attempts)."""
+    result = stubborn.using_lease(retry=[0], max_attempts=3).enqueue("stopped-hung", seconds=60)
+    worker = workers.start("timeout-stop", *FAST, env_extra=_options(TIMEOUT_SECONDS=TIMEOUT))
+    worker.wait_event("timed_out", timeout=30, job_id=int(result.id))
+    worker.signal(signal.SIGTERM)
+    worker.signal(signal.SIGINT)
+    worker.wait_exit()
+    failure = JobFailure.objects.get(job_id=int(result.id))
+    assert failure.exception_class_path == TIMEOUT_CLASS
+    job = _job(result)
+    assert (job.state, job.attempts, job.claim_token) == (JobState.PENDING, 1, None)
+    assert (job.available_at - failure.recorded_at).total_seconds() >= LEASE - 0.05
+    assert not worker.events("released", job_id=job.pk), worker.log()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_worker_stops_with_status_1_once_as_many_handlers_are_abandoned_as_it_has_slots(
+    workers,
+):
+    """Invariant 6: each abandoned thread holds its handler's connection; a task that
+    always hangs took one more per timeout, without bound (48 threads in 30 s). With as
+    many abandoned as slots the worker stops, exit status 1, for a fresh process."""
+    once = stubborn.using_lease(max_attempts=1)
+    hung = [once.enqueue(f"hung-{n}", seconds=60) for n in range(2)]
+    worker = workers.start(
+        "timeout-limit", *FAST, "--concurrency", "2", env_extra=_options(TIMEOUT_SECONDS=TIMEOUT)
+    )
+    assert worker.wait_exit(30) == 1
+    assert worker.events("abandoned_limit", held=2), worker.log()
+    for result in hung:
+        assert _job(result).state == JobState.DEAD
+        assert JobFailure.objects.get(job_id=int(result.id)).exception_class_path == TIMEOUT_CLASS
+
+
 # -- the options ---------------------------------------------------------------------------
 
 

@@ -141,6 +141,11 @@ class _Slots:
                     connections.close_all()
                 return
 
+    def abandoned(self) -> int:
+        """How many abandoned handlers still run (their threads end when they return)."""
+        with self._running_lock:
+            return len(self._retired)
+
     def abandon(self, claim: Claim) -> bool:
         """Retire the slot whose handler runs ``claim``, told to stop and deaf to it: a new
         thread serves in its place, the old one ends once its handler returns, its outcome
@@ -401,7 +406,7 @@ class ProcessExecutor(_Slots):
                     )
                     _kill(process)
                     if reason == "timeout":
-                        return timed_out_outcome(claim, killed=True)
+                        return timed_out_outcome(claim, "killed")
                     return Outcome(Kind.LOST)
         process.join(5)
         if outcome is None:

@@ -521,6 +521,25 @@ class Worker(Stopping):
             )
             return {}
 
+    def _abandoned(self) -> None:
+        """A handler was abandoned (worker/timeouts.py). Once as many still run as the
+        worker has slots, it stops and exits with status 1, for its process manager to
+        start a fresh one: only the process's end takes their threads, and the database
+        connections they hold, with it (without a bound, a task that always hangs took a
+        connection per timeout until max_connections)."""
+        running = self.executor.abandoned()
+        if running < self.concurrency or self.abandoned_limit:
+            return
+        self.abandoned_limit = True
+        logger.error(
+            "%d abandoned handlers still running worker=%s, as many as its slots: stopping, "
+            "exit status 1, for a fresh process to take over",
+            running,
+            self.worker_id,
+            extra={"event": "abandoned_limit", "worker": self.worker_id, "held": running},
+        )
+        self.stop_request.request("too many abandoned handlers")
+
     def _finished(self, claim: Claim, outcome: Outcome) -> None:
         """Called on a slot thread when a handler returns: queue it for the main loop."""
         if outcome.kind is Kind.UNCONNECTED:
@@ -631,6 +650,7 @@ class Worker(Stopping):
                 abandon=self.executor.abandon if self.isolation == "thread" else None,
                 deliver=self._finished,
                 forget=self.book.forget,
+                abandoned=self._abandoned,
             ),
         )
         self._vital = [self.heartbeat, watchdog]

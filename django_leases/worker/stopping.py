@@ -18,6 +18,7 @@ from .claims import RELEASING, Claim
 from .dberrors import DB_ERRORS, refused_by_database
 from .logs import claim_fields
 from .settling import Settling
+from .timeouts import timed_out_outcome
 
 if TYPE_CHECKING:
     from ..models import WorkerProcess as WorkerProcessModel
@@ -43,6 +44,8 @@ class Stopping(Settling):
 
     # Until when (time.monotonic()) the last writes are retried; None before the stop.
     _writes_until: float | None = None
+    # Stopping because as many abandoned handlers ran as the worker has slots: exit 1.
+    abandoned_limit = False
 
     def handlers_running(self) -> bool:
         """Whether a handler still runs now that run() has returned: told to stop and deaf
@@ -79,8 +82,9 @@ class Stopping(Settling):
         came back, mark the worker stopped and release their jobs, in that order, within
         LAST_WRITES_SECONDS of database trouble: every other write comes first, so a
         handler the process cannot kill (a thread) runs on after its job is released only
-        until the process exits, right after. 1 if a vital thread died or a last write
-        never went (a job left claimed until its lease ends), else 0."""
+        until the process exits, right after. 1 if a vital thread died, a last write never
+        went (a job left claimed until its lease ends) or too many handlers were abandoned,
+        else 0."""
         dead = self._dead_thread()
         if dead is not None:
             self._log_death(dead)
@@ -138,7 +142,7 @@ class Stopping(Settling):
             self.worker_id,
             extra={"event": "stopped", "worker": self.worker_id},
         )
-        return 0 if dead is None and not unwritten else 1
+        return 0 if dead is None and not unwritten and not self.abandoned_limit else 1
 
     def _may_retry(self) -> bool:
         """Whether a last write that met database trouble is tried again: not past
@@ -179,6 +183,13 @@ class Stopping(Settling):
             except queue.Empty:
                 break
         produced = {id(c) for c, _ in self._unsent}
+        # A handler past its timeout is not released (its attempt not counted, a job that
+        # always hangs would never spend its attempts on a worker often restarted): its
+        # attempt fails now, the retry waiting the lease, as its abandonment would have.
+        for claim in self.book.all():
+            if id(claim) not in produced and claim.timed_out and claim.begin_finish():
+                self._unsent.append((claim, timed_out_outcome(claim, "stopping")))
+                produced.add(id(claim))
         # A handler that acknowledged its job itself and runs on is told too; its job
         # is done, not released (_release_all).
         claims = [

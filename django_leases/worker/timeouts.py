@@ -49,23 +49,27 @@ def timeout_retryable(task: Any) -> bool:
     return not issubclass(HandlerTimeout, tuple(getattr(task, "non_retryable", ()) or ()))
 
 
-def timed_out_outcome(claim: Claim, *, abandoned: bool = False, killed: bool = False) -> Outcome:
-    """The failed attempt of a handler that ran past its timeout."""
-    if abandoned:
-        how = (
-            "; its thread did not stop when told and was abandoned, still running "
-            f"(the retry waits at least the lease, {claim.lease:g} s)"
-        )
-    elif killed:
-        how = "; its process did not stop when told and was killed"
-    else:
-        how = "; it stopped when told"
+# How a timed-out handler ended, as its failure's message says; those still running when
+# the failure is written make the retry wait the lease.
+ENDINGS = {
+    "stopped": ("it stopped when told", False),
+    "killed": ("its process did not stop when told and was killed", False),
+    "abandoned": ("its thread did not stop when told and was abandoned, still running", True),
+    "stopping": ("the worker stopped before it did", True),
+}
+
+
+def timed_out_outcome(claim: Claim, ending: str = "stopped") -> Outcome:
+    """The failed attempt of a handler that ran past its timeout and ended so (ENDINGS)."""
+    how, running = ENDINGS[ending]
+    if running:
+        how += f" (the retry waits at least the lease, {claim.lease:g} s)"
     return Outcome(
         Kind.ERROR,
         exception_class_path=TIMEOUT_CLASS_PATH,
-        message=f"handler ran past its timeout of {claim.timeout:g} s{how}",
+        message=f"handler ran past its timeout of {claim.timeout:g} s; {how}",
         retryable=claim.timeout_retryable,
-        min_retry_in=claim.lease if abandoned else 0.0,
+        min_retry_in=claim.lease if running else 0.0,
     )
 
 
@@ -81,11 +85,14 @@ class RunTimeouts:
         abandon: Callable[[Claim], bool] | None,
         deliver: Callable[[Claim, Outcome], None],
         forget: Callable[[Claim], None],
+        abandoned: Callable[[], None] = lambda: None,
     ) -> None:
         self.worker_id = worker_id
         self._abandon = abandon
         self._deliver = deliver
         self._forget = forget
+        # Told after each abandonment (the worker counts those still running).
+        self._abandoned = abandoned
 
     def watch(self, claims: Iterable[Claim], now: float) -> None:
         for claim in claims:
@@ -142,6 +149,7 @@ class RunTimeouts:
             extra=claim_fields(claim.job, self.worker_id, "handler_abandoned"),
         )
         if timed_out:
-            self._deliver(claim, timed_out_outcome(claim, abandoned=True))
+            self._deliver(claim, timed_out_outcome(claim, "abandoned"))
         else:
             self._forget(claim)  # lost, or done: nothing to write, the slot counts as free
+        self._abandoned()
