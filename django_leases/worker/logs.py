@@ -62,7 +62,7 @@ EVENTS: dict[str, str] = {
     "handler_abandoned": "a thread-isolated handler did not stop when told (a second after "
     "its timeout, a lease after its claim was lost): its slot is replaced, the thread runs on",
     "abandoned_returned": "an abandoned handler returned at last; its thread ends",
-    "abandoned_limit": "as many abandoned handlers still run as the worker has slots: it "
+    "abandoned_limit": "more abandoned handlers still run than the worker has slots: it "
     "stops and exits with status 1, for a fresh process (held)",
     "orphaned": "a handler process found its worker gone; it ends after the grace (pid)",
     "checkpoint": "a checkpoint was written",

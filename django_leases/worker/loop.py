@@ -522,17 +522,17 @@ class Worker(Stopping):
             return {}
 
     def _abandoned(self) -> None:
-        """A handler was abandoned (worker/timeouts.py). Once as many still run as the
+        """A handler was abandoned (worker/timeouts.py). Once more still run than the
         worker has slots, it stops and exits with status 1, for its process manager to
         start a fresh one: only the process's end takes their threads, and the database
         connections they hold, with it (without a bound, a task that always hangs took a
         connection per timeout until max_connections)."""
         running = self.executor.abandoned()
-        if running < self.concurrency or self.abandoned_limit:
+        if running <= self.concurrency or self.abandoned_limit:
             return
         self.abandoned_limit = True
         logger.error(
-            "%d abandoned handlers still running worker=%s, as many as its slots: stopping, "
+            "%d abandoned handlers still running worker=%s, more than its slots: stopping, "
             "exit status 1, for a fresh process to take over",
             running,
             self.worker_id,

@@ -44,7 +44,7 @@ class Stopping(Settling):
 
     # Until when (time.monotonic()) the last writes are retried; None before the stop.
     _writes_until: float | None = None
-    # Stopping because as many abandoned handlers ran as the worker has slots: exit 1.
+    # Stopping because more abandoned handlers ran than the worker has slots: exit 1.
     abandoned_limit = False
 
     def handlers_running(self) -> bool:
