@@ -198,14 +198,16 @@ class JobActions(_JobAdminBase):
                 "question": question,
                 "action": action,
                 "jobs": jobs,
-                "total": queryset.count(),
+                "total": max(queryset.count(), _picked(request)),
                 # Across every page the filter in the URL is the selection, acted on again
                 # at post=yes: one id is carried, as Django asks for one to act, not every
                 # one (a page of a million ids; DATA_UPLOAD_MAX_NUMBER_FIELDS refuses more
                 # than 1,000 fields).
+                # Not across: every id ticked, those that left the list's filter since
+                # included, so that the answer counts them as left alone (_picked()).
                 "selected": request.POST.getlist(ACTION_CHECKBOX_NAME)[:1]
                 if across == "1"
-                else [str(pk) for pk in queryset.values_list("pk", flat=True)],
+                else request.POST.getlist(ACTION_CHECKBOX_NAME),
                 "action_checkbox_name": ACTION_CHECKBOX_NAME,
                 "select_across": across,
                 "back": request.get_full_path(),

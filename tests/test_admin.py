@@ -596,6 +596,25 @@ def test_a_ticked_job_that_left_the_lists_filter_is_counted_as_left_alone(operat
     ]
 
 
+def test_a_job_that_left_the_filter_before_the_question_is_counted_through_it(operator):
+    """Invariant 2: ticked on a list of pending jobs, one ran before the first submit; the
+    question says 3 and carries the 3 ids, and the answer says "2 of 3"."""
+    jobs = [Job.objects.enqueue(TASK, [n, 2]) for n in range(3)]
+    Job.objects.filter(pk=jobs[0].pk).update(state=JobState.SUCCEEDED)
+    ticked = {"action": "cancel", "_selected_action": [j.pk for j in jobs]}
+    page = operator.post(f"{LIST}?state__exact=pending", ticked).content.decode()
+    carried = re.findall(r'name="_selected_action" value="(\d+)"', page)
+    assert sorted(map(int, carried)) == sorted(j.pk for j in jobs)
+    response = operator.post(
+        f"{LIST}?state__exact=pending",
+        {"action": "cancel", "_selected_action": carried, "post": "yes"},
+        follow=True,
+    )
+    assert [str(m) for m in response.context["messages"]] == [
+        "2 of 3 cancelled; 1 was no longer pending or claimed."
+    ]
+
+
 def test_expire_stalled_ends_only_stalled_leases(operator):
     """Invariant 4: a healthy claim is never expired by hand, so no duplicate runs beside it;
     invariant 5: the stalled owner's token no longer wins once another worker claims."""

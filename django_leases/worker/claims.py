@@ -138,6 +138,10 @@ class Claim:
         self.timed_out = False
         # When its handler was told to stop (time.monotonic()): lost, released, timed out.
         self.told_at: float | None = None
+        # When its handler came back (time.monotonic(), set by its slot), and the outcome
+        # the worker gave it itself at a stop (a later one from its slot is dropped).
+        self.returned_at: float | None = None
+        self.decided: Outcome | None = None
 
     def _checkpoint(self, cursor: Any) -> bool:
         return store_checkpoint(self.handle, self.link, cursor)
@@ -241,6 +245,9 @@ class ClaimBook:
     def __init__(self) -> None:
         self._claims: dict[Any, Claim] = {}
         self._lock = threading.Lock()
+        # Claims replaced by a claim of the same job whose handler still ran then: out of
+        # the book, yet a hung one must still be abandoned (worker/timeouts.py).
+        self._replaced: list[Claim] = []
 
     def add(self, claim: Claim) -> Claim | None:
         """Hold ``claim``; return the older claim of the same job it replaces, if any (its
@@ -248,7 +255,15 @@ class ClaimBook:
         with self._lock:
             replaced = self._claims.get(claim.pk)
             self._claims[claim.pk] = claim
+            if replaced is not None and not replaced.exited.is_set():
+                self._replaced.append(replaced)
         return replaced
+
+    def replaced_running(self) -> list[Claim]:
+        """The replaced claims whose handler has not come back yet."""
+        with self._lock:
+            self._replaced = [c for c in self._replaced if not c.exited.is_set()]
+            return list(self._replaced)
 
     def forget(self, claim: Claim) -> None:
         with self._lock:

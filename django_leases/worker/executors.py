@@ -97,7 +97,7 @@ class _Slots:
                 except BaseException as e:  # noqa: BLE001 -- a slot must never die silently
                     outcome = _worker_error(e, "while running the handler")
                 finally:
-                    returned_at = time.monotonic()
+                    returned_at = claim.returned_at = time.monotonic()
                     # The handler is done: a stop need not end the process at once for it.
                     with self._running_lock:
                         self._running -= 1

@@ -246,7 +246,7 @@ class Watchdog(VitalThread):
     def watch(self, now: float) -> None:
         if self.timeouts is not None:
             try:
-                self.timeouts.watch(self.book.all(), now)
+                self.timeouts.watch([*self.book.all(), *self.book.replaced_running()], now)
             except Exception as e:  # noqa: BLE001 -- leases must be watched whatever it raised
                 self.round_failed(e)
         for claim in self.book.all():

@@ -538,7 +538,8 @@ class Worker(Stopping):
             self.worker_id,
             extra={"event": "abandoned_limit", "worker": self.worker_id, "held": running},
         )
-        self.stop_request.request("too many abandoned handlers")
+        if not self.stop_request.stopping:  # a stop under way keeps its grace: exit 1 at its end
+            self.stop_request.request("too many abandoned handlers")
 
     def _finished(self, claim: Claim, outcome: Outcome) -> None:
         """Called on a slot thread when a handler returns: queue it for the main loop."""

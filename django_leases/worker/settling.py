@@ -113,6 +113,10 @@ class Settling:
 
     def _to_write(self, claim: Claim, outcome: Outcome) -> bool:
         """Whether ``outcome`` still needs a write by this worker; the claim then finishing."""
+        if claim.decided is not None and outcome is not claim.decided:
+            # A stop failed its timed-out attempt itself: what its slot (or the watchdog's
+            # abandonment) brought afterwards is not a second outcome.
+            return False
         if outcome.kind is Kind.ACKED or claim.acked:
             # Not to be released at shutdown: the job is done. (Acked with another outcome:
             # the handler acknowledged its job, then raised or was stopped.)

@@ -186,9 +186,16 @@ class Stopping(Settling):
         # A handler past its timeout is not released (its attempt not counted, a job that
         # always hangs would never spend its attempts on a worker often restarted): its
         # attempt fails now, the retry waiting the lease, as its abandonment would have.
+        # (Not one whose handler came back meanwhile: its own outcome is on its way.)
         for claim in self.book.all():
-            if id(claim) not in produced and claim.timed_out and claim.begin_finish():
-                self._unsent.append((claim, timed_out_outcome(claim, "stopping")))
+            if (
+                id(claim) not in produced
+                and claim.timed_out
+                and claim.returned_at is None
+                and claim.begin_finish()
+            ):
+                claim.decided = timed_out_outcome(claim, "stopping")
+                self._unsent.append((claim, claim.decided))
                 produced.add(id(claim))
         # A handler that acknowledged its job itself and runs on is told too; its job
         # is done, not released (_release_all).
