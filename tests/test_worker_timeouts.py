@@ -62,6 +62,23 @@ def _failure(result) -> JobFailure:
     return JobFailure.objects.get(job_id=int(result.id))
 
 
+def _start(workers, worker_id: str, *args: str, timeout: float | None = TIMEOUT):
+    """A worker of the test's fast lease, with TIMEOUT_SECONDS ``timeout`` (None: unset)."""
+    env = None if timeout is None else _options(TIMEOUT_SECONDS=timeout)
+    return workers.start(worker_id, *FAST, *args, env_extra=env)
+
+
+def _next_job_runs(within: float = 20) -> None:
+    """A job enqueued now succeeds: the worker still has a slot to run it."""
+    after = add.enqueue(2, 3)
+    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, within, "the next job to run")
+
+
+def _stops_cleanly(worker) -> None:
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit() == 0
+
+
 def _ended(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -79,9 +96,7 @@ def test_a_hung_thread_handler_past_its_timeout_fails_its_attempt_and_frees_its_
     waits at least the lease, as a takeover would have (before: no timeout at all, the
     lease renewed for good, the slot taken for good)."""
     result = stubborn.using_lease(retry=[0], max_attempts=3).enqueue("hung", seconds=60)
-    worker = workers.start(
-        "timeout-thread", *FAST, "--concurrency", "1", env_extra=_options(TIMEOUT_SECONDS=TIMEOUT)
-    )
+    worker = _start(workers, "timeout-thread", "--concurrency", "1")
     wait_for(lambda: _phases("hung") == ["start"], 20, "the handler to start")
     started = time.monotonic()
     failure = _failure(result)
@@ -98,11 +113,9 @@ def test_a_hung_thread_handler_past_its_timeout_fails_its_attempt_and_frees_its_
     assert worker.events("timed_out", job_id=job.pk, timeout=TIMEOUT), worker.log()
     assert worker.events("handler_abandoned", job_id=job.pk), worker.log()
     # Its one slot was replaced: the next job runs while the hung handler still sleeps.
-    after = add.enqueue(2, 3)
-    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, 20, "the next job to run")
+    _next_job_runs()
     assert _phases("hung") == ["start"]
-    worker.signal(signal.SIGTERM)
-    assert worker.wait_exit() == 0
+    _stops_cleanly(worker)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -112,7 +125,7 @@ def test_a_handler_that_stops_when_told_at_its_timeout_is_not_abandoned(workers)
     returns; whatever it returned, its attempt fails as timed out, retried by its ladder,
     and no slot is abandoned."""
     result = returns_when_told.enqueue("heeds")
-    worker = workers.start("timeout-heeds", *FAST, env_extra=_options(TIMEOUT_SECONDS=TIMEOUT))
+    worker = _start(workers, "timeout-heeds")
     failure = _failure(result)
     assert failure.exception_class_path == TIMEOUT_CLASS
     assert failure.message.endswith("it stopped when told")
@@ -120,8 +133,7 @@ def test_a_handler_that_stops_when_told_at_its_timeout_is_not_abandoned(workers)
     job = _job(result)
     assert (job.state, job.attempts, job.result) == (JobState.PENDING, 1, None)
     assert not worker.events("handler_abandoned"), worker.log()
-    worker.signal(signal.SIGTERM)
-    assert worker.wait_exit() == 0
+    _stops_cleanly(worker)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -130,15 +142,7 @@ def test_a_hung_process_handler_past_its_timeout_is_killed(workers):
     """Invariants 2, 4, 6: in process isolation the handler's process is killed a second
     after it was told; the attempt fails as timed out, and the worker carries on."""
     result = stubborn.enqueue("hung-child", seconds=60)
-    worker = workers.start(
-        "timeout-process",
-        "--isolation",
-        "process",
-        *FAST,
-        "--concurrency",
-        "1",
-        env_extra=_options(TIMEOUT_SECONDS=TIMEOUT),
-    )
+    worker = _start(workers, "timeout-process", "--isolation", "process", "--concurrency", "1")
     wait_for(lambda: _phases("hung-child") == ["start"], 30, "the child to start")
     child = Effect.objects.get(key="hung-child").pid
     failure = _failure(result)
@@ -146,11 +150,9 @@ def test_a_hung_process_handler_past_its_timeout_is_killed(workers):
     assert "its process did not stop when told and was killed" in failure.message
     assert _ended(child)
     assert worker.events("process_killed", pid=child, reason="timeout"), worker.log()
-    after = add.enqueue(2, 3)
-    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, 30, "the next job to run")
+    _next_job_runs(30)
     assert _phases("hung-child") == ["start"]
-    worker.signal(signal.SIGTERM)
-    assert worker.wait_exit() == 0
+    _stops_cleanly(worker)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -161,16 +163,14 @@ def test_cancelling_a_hung_thread_handler_frees_its_slot(workers):
     slot serves the next job (before: the slot stayed taken for good and nothing more was
     claimed)."""
     result = stubborn.enqueue("cancelled-hung", seconds=60)
-    worker = workers.start("cancel-hung", *FAST, "--concurrency", "1")
+    worker = _start(workers, "cancel-hung", "--concurrency", "1", timeout=None)
     wait_for(lambda: _phases("cancelled-hung") == ["start"], 20, "the handler to start")
     Job.objects.filter(pk=int(result.id)).cancel()
-    after = add.enqueue(2, 3)
-    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, LEASE + 15, "the next job to run")
+    _next_job_runs(LEASE + 15)
     assert worker.events("handler_abandoned", job_id=int(result.id)), worker.log()
     assert _job(result).state == JobState.CANCELLED
     assert not JobFailure.objects.filter(job_id=int(result.id)).exists()
-    worker.signal(signal.SIGTERM)
-    assert worker.wait_exit() == 0
+    _stops_cleanly(worker)
 
 
 @pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(timeout=...) needs Django 6.1")
@@ -182,7 +182,7 @@ def test_a_tasks_own_timeout_wins_over_the_backends(workers):
     from tests.testapp.tasks import hangs_briefly
 
     result = hangs_briefly.enqueue("own-timeout", 60)
-    workers.start("timeout-own", *FAST, env_extra=_options(TIMEOUT_SECONDS=30))
+    _start(workers, "timeout-own", timeout=30)
     failure = _failure(result)
     assert failure.exception_class_path == TIMEOUT_CLASS
     assert "timeout of 1.5 s" in failure.message
@@ -200,16 +200,12 @@ def test_slots_stay_whole_through_abandonments_whose_threads_end(workers):
     # (about 6.5 s) starts a thread, which then gets the ended one's ident.
     first = once.enqueue("returns-late", seconds=5)
     second = once.enqueue("hangs-on", seconds=60)
-    worker = workers.start(
-        "timeout-twice", *FAST, "--concurrency", "1", env_extra=_options(TIMEOUT_SECONDS=TIMEOUT)
-    )
+    worker = _start(workers, "timeout-twice", "--concurrency", "1")
     for result in (first, second):
         wait_for(lambda r=result: _job(r).state == JobState.DEAD, 30, "the timeout to end it")
     wait_for(lambda: worker.events("abandoned_returned"), 15, "the first handler to return")
-    after = add.enqueue(2, 3)
-    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, 20, "the next job to run")
-    worker.signal(signal.SIGTERM)
-    assert worker.wait_exit() == 0
+    _next_job_runs()
+    _stops_cleanly(worker)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -221,17 +217,13 @@ def test_a_handler_that_acknowledged_its_job_then_hung_is_abandoned(workers):
     from tests.testapp.tasks import ack_then_linger
 
     done = ack_then_linger.enqueue("acked-hung", 60, heed=False)
-    worker = workers.start(
-        "timeout-acked", *FAST, "--concurrency", "1", env_extra=_options(TIMEOUT_SECONDS=TIMEOUT)
-    )
+    worker = _start(workers, "timeout-acked", "--concurrency", "1")
     wait_for(lambda: _job(done).state == JobState.SUCCEEDED, 20, "the handler's own ack")
-    after = add.enqueue(2, 3)
-    wait_for(lambda: _job(after).state == JobState.SUCCEEDED, 20, "the next job to run")
+    _next_job_runs()
     assert worker.events("handler_abandoned", job_id=int(done.id)), worker.log()
     assert _job(done).state == JobState.SUCCEEDED
     assert not JobFailure.objects.filter(job_id=int(done.id)).exists()
-    worker.signal(signal.SIGTERM)
-    assert worker.wait_exit() == 0
+    _stops_cleanly(worker)
 
 
 @pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(non_retryable=...) needs Django 6.1")
@@ -243,7 +235,7 @@ def test_a_task_listing_handler_timeout_as_non_retryable_is_dead_at_once(workers
     from tests.testapp.tasks import hangs_once
 
     result = hangs_once.enqueue("no-retry", 60)
-    workers.start("timeout-final", *FAST)
+    _start(workers, "timeout-final", timeout=None)
     failure = _failure(result)
     assert failure.exception_class_path == TIMEOUT_CLASS
     job = _job(result)
@@ -257,7 +249,7 @@ def test_a_stop_fails_a_timed_out_attempt_rather_than_release_it(workers):
     its timeout: its attempt fails, the retry waiting the lease (before: released, the
     attempt not counted, so a job that always hangs never spent its attempts)."""
     result = stubborn.using_lease(retry=[0], max_attempts=3).enqueue("stopped-hung", seconds=60)
-    worker = workers.start("timeout-stop", *FAST, env_extra=_options(TIMEOUT_SECONDS=TIMEOUT))
+    worker = _start(workers, "timeout-stop")
     worker.wait_event("timed_out", timeout=30, job_id=int(result.id))
     worker.signal(signal.SIGTERM)
     worker.signal(signal.SIGINT)
@@ -288,9 +280,7 @@ def test_a_worker_stops_with_status_1_once_more_handlers_are_abandoned_than_it_h
     stops, exit status 1, for a fresh process."""
     once = stubborn.using_lease(max_attempts=1)
     hung = [once.enqueue(f"hung-{n}", seconds=60) for n in range(3)]
-    worker = workers.start(
-        "timeout-limit", *FAST, "--concurrency", "2", env_extra=_options(TIMEOUT_SECONDS=TIMEOUT)
-    )
+    worker = _start(workers, "timeout-limit", "--concurrency", "2")
     assert worker.wait_exit(40) == 1
     assert worker.events("abandoned_limit", held=3), worker.log()
     for result in hung:

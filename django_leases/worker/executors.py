@@ -87,7 +87,6 @@ class _Slots:
             outcome: Outcome | None = None
             retired = False
             claim.running_since = time.monotonic()
-            returned_at = claim.running_since
             with self._running_lock:
                 self._running += 1
                 self._serving[me] = claim
@@ -97,7 +96,7 @@ class _Slots:
                 except BaseException as e:  # noqa: BLE001 -- a slot must never die silently
                     outcome = _worker_error(e, "while running the handler")
                 finally:
-                    returned_at = claim.returned_at = time.monotonic()
+                    claim.returned_at = time.monotonic()
                     # The handler is done: a stop need not end the process at once for it.
                     with self._running_lock:
                         self._running -= 1
@@ -105,7 +104,7 @@ class _Slots:
                         # A thread started later may get this one's ident: forgotten here.
                         retired = me in self._retired
                         self._retired.discard(me)
-                if _timed_out_unsaid(claim, outcome, returned_at):
+                if _timed_out_unsaid(claim, outcome):
                     outcome = timed_out_outcome(claim)
                 # Before the outcome goes out: a transaction the handler left open may hold
                 # the lock on the row the main loop is about to ack or fail.
@@ -476,7 +475,7 @@ class SharedFlag:
         return True
 
 
-def _timed_out_unsaid(claim: Claim, outcome: Outcome, returned_at: float) -> bool:
+def _timed_out_unsaid(claim: Claim, outcome: Outcome) -> bool:
     """Whether ``claim`` timed out and ``outcome`` (whatever its handler came back with
     after it was told) does not say so yet: the attempt fails as timed out. A handler that
     returned before its timeout (the watchdog looking just after) keeps its outcome, as do
@@ -485,7 +484,8 @@ def _timed_out_unsaid(claim: Claim, outcome: Outcome, returned_at: float) -> boo
         claim.timed_out
         and claim.timeout is not None
         and claim.running_since is not None
-        and returned_at - claim.running_since >= claim.timeout
+        and claim.returned_at is not None
+        and claim.returned_at - claim.running_since >= claim.timeout
         and outcome.kind in (Kind.OK, Kind.ERROR, Kind.LOST)
         and outcome.exception_class_path != TIMEOUT_CLASS_PATH
     )
