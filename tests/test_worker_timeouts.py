@@ -162,12 +162,15 @@ def test_cancelling_a_hung_thread_handler_frees_its_slot(workers):
     never returns is abandoned a lease after its claim was found lost: the worker's one
     slot serves the next job (before: the slot stayed taken for good and nothing more was
     claimed)."""
-    result = stubborn.enqueue("cancelled-hung", seconds=60)
+    # Told about 0.5 s after the cancel, abandoned a lease later, back at 9 s.
+    result = stubborn.enqueue("cancelled-hung", seconds=9)
     worker = _start(workers, "cancel-hung", "--concurrency", "1", timeout=None)
     wait_for(lambda: _phases("cancelled-hung") == ["start"], 20, "the handler to start")
     Job.objects.filter(pk=int(result.id)).cancel()
     _next_job_runs(LEASE + 15)
     assert worker.events("handler_abandoned", job_id=int(result.id)), worker.log()
+    # Back at last, its result is discarded and said so, as any lost claim's.
+    worker.wait_event("discarded", timeout=20, job_id=int(result.id))
     assert _job(result).state == JobState.CANCELLED
     assert not JobFailure.objects.filter(job_id=int(result.id)).exists()
     _stops_cleanly(worker)

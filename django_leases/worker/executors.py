@@ -27,7 +27,7 @@ from django.db import connections
 
 from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .child import KILL_GRACE_SECONDS
-from .claims import RELEASING, RUNNING, Claim, Kind, Outcome
+from .claims import LOST, RELEASING, RUNNING, Claim, Kind, Outcome
 from .interpreter import InterpreterGuard, log_restored
 from .logs import claim_fields, configured
 from .running import connect_before_handler, left_in_transaction, run_task, task_context
@@ -117,7 +117,9 @@ class _Slots:
                     extra={"event": "cleanup_failed", "job_id": claim.job.pk, "error": str(e)},
                 )
             finally:
-                if not retired:
+                # Abandoned: its claim was written or dropped meanwhile. A lost one's
+                # outcome still goes out, to be discarded and said so, as a lost claim's is.
+                if not retired or claim.state == LOST:
                     self._done(
                         claim,
                         outcome
