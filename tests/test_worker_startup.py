@@ -20,6 +20,7 @@ from django.db import connection
 from django_leases.models import Job, JobFailure
 from django_leases.states import JobState
 from tests.chaos.proxy import Proxy
+from tests.testapp.models import Effect
 from tests.testapp.tasks import add
 from tests.worker_helpers import FAST, ON_POSTGRES, PG_ONLY, job_of, wait_for
 
@@ -142,14 +143,17 @@ def test_an_outage_of_a_worker_no_longer_claiming_is_over_once_its_ack_goes_out(
 ):
     """A worker that ran its --max-jobs claims no more: the main loop's trouble, told
     over only by a claim, was never over although its ack went out when the database
-    came back. An ack sent ends it as a claim does (3)."""
+    came back. An ack sent ends it as a claim does (3). The cut waits for the handler to
+    run: before it, the handler could not connect and its job was released."""
     from tests.testapp.tasks import hold
 
     down_database.heal()
-    result = hold.enqueue(3)
+    result = hold.enqueue(3, "outage-max")
     env = {"LEASES_WORKER_DB_PORT": str(down_database.port)}
     w = workers.start("outage-max", "--max-jobs", "1", "--heartbeat", "0.5", env_extra=env)
-    wait_for(lambda: job_of(result).state == JobState.CLAIMED, 30, "the claim")
+    wait_for(
+        lambda: Effect.objects.filter(key="outage-max", phase="start").exists(), 30, "the handler"
+    )
     down_database.cut()
     w.wait_event("db_trouble", timeout=20)  # the ack, once the handler returned
     down_database.heal()
@@ -269,6 +273,36 @@ def test_a_worker_started_while_its_connection_limit_is_full_waits_then_starts(w
         wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 10, "the job")
         w.signal(signal.SIGTERM)
         assert w.wait_exit() == 0
+
+
+@pg_only
+def test_a_job_released_because_its_handler_could_not_connect_is_not_among_max_jobs(workers):
+    """--max-jobs 1 with the handlers' share of the role's limit taken: the claim released
+    unrun is not the worker's one job (it left with the job pending, status 0); once a
+    connection is free it claims again, runs the job and leaves (3)."""
+    with limited_role(4) as role:
+        w = workers.start(
+            "budget-max",
+            *FAST,
+            "--concurrency",
+            "1",
+            "--max-jobs",
+            "1",
+            env_extra={"LEASES_WORKER_DB_USER": role},
+        )
+        w.wait_event("listening")
+        wait_for(lambda: sessions_of(role) == 3, 10, "the worker's three connections")
+        other = connect_as(role)
+        try:
+            result = add.enqueue(2, 2)
+            w.wait_event("paused", timeout=10)
+            assert w.proc.poll() is None, w.log()[-3000:]
+        finally:
+            other.close()
+        assert w.wait_exit(timeout=30) == 0, w.log()[-3000:]
+    job = job_of(result)
+    assert (job.state, job.result, job.attempts) == (JobState.SUCCEEDED, 4, 1), job.state
+    assert w.events("max_jobs"), w.log()[-3000:]
 
 
 @pg_only

@@ -469,8 +469,9 @@ class Worker(Stopping):
     def _release_unconnected(self) -> None:
         """Release the jobs whose handlers could not open a database connection before
         they ran (too many connections, the database gone): no attempt was spent, so none
-        is counted. Claiming pauses for a growing moment, or the worker would claim the
-        same job again at once."""
+        is counted, nor is the claim among --max-jobs (a worker that ran none of its jobs
+        has not run them). Claiming pauses for a growing moment, or the worker would claim
+        the same job again at once."""
         while True:
             try:
                 claim, outcome = self._unconnected.get_nowait()
@@ -489,6 +490,7 @@ class Worker(Stopping):
                 self._unconnected.put((claim, outcome))
                 self._db_trouble("release", e)
                 return
+            self._claimed -= 1
             logger.warning(
                 "Claiming paused for %.1fs worker=%s: a handler could not connect",
                 pause,

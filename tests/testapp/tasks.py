@@ -157,10 +157,13 @@ def ack_then_linger(key: str, seconds: float, heed: bool = True) -> None:
 
 
 @task
-def hold(seconds: float) -> None:
-    """Keep the claim for a while without touching the database."""
+def hold(seconds: float, key: str = "") -> None:
+    """Keep the claim for a while without touching the database (after a start effect,
+    given a ``key``: the handler is connected and running)."""
     from django_leases.api import current_job
 
+    if key:
+        _effect(key, "start")
     current_job().sleep(seconds)
 
 
