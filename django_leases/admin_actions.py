@@ -171,9 +171,16 @@ class JobActions(_JobAdminBase):
     def _log(
         self, request: HttpRequest, changed: list[Job], done: str, after: dict[Any, Job]
     ) -> None:
-        """One admin log entry per job the action changed (deletion for a purged one)."""
+        """One admin log entry per job the action changed (deletion for a purged one). A
+        changed job is named as the action left it ("#5 (cancelled)"), as Django logs an
+        object after its save; its task path is the one read before (not read again)."""
         message = f"{done.capitalize()} by the admin action."
-        log_changed(request, [j for j in changed if j.pk in after], message)
+        now = []
+        for job in changed:
+            if job.pk in after:
+                after[job.pk].task_path = job.task_path
+                now.append(after[job.pk])
+        log_changed(request, now, message)
         log_deleted(request, [j for j in changed if j.pk not in after], message)
 
     def _confirmation(

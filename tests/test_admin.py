@@ -906,6 +906,8 @@ def test_each_job_an_action_changed_gets_an_admin_log_entry(operator):
         "operator",
     )
     assert entry.get_change_message() == "Cancelled by the admin action."
+    # Named as the action left it, as Django logs an object after its save.
+    assert entry.object_repr == f"{TASK} #{pending.pk} (cancelled)"
     act(operator, "purge_finished", [done, Job.objects.get(pk=pending.pk), dead_job()])
     deleted = LogEntry.objects.filter(action_flag=DELETION)
     assert sorted(int(e.object_id) for e in deleted) == sorted([done.pk, pending.pk])
