@@ -263,16 +263,14 @@ def _shared_schedule_messages(
     """A schedule is one row per name in its database, owned by one backend: two backends
     of one database declaring the same name (the task's path, unless a Periodic names it)
     take the row from each other at every worker start, and only the last one's ticks."""
-    from .schedules import compared_name, declared_names
+    from .schedules import declared_names
 
     names = declared_names(alias, listed)
     if not names:
         return []
     clashes = []
     for other, _ in _same_database(alias, mine):
-        # As MySQL compares them: "report" and "Report" are one row there.
-        theirs = {compared_name(name) for name in declared_names(other)}
-        shared = sorted(name for name in names if compared_name(name) in theirs)
+        shared = sorted(names & declared_names(other))
         if shared:
             clashes.append(f"TASKS[{other!r}] ({', '.join(map(repr, shared))})")
     if not clashes:

@@ -142,21 +142,19 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
         with transaction.atomic(using=db):
             rows = {s.name: s for s in manager.select_for_update().filter(name__in=list(wanted))}
             for name, spec in wanted.items():
-                row = rows.get(name) or self._held_under_another_spelling(manager, name, wanted)
+                row = rows.get(name)
                 if row is None:
                     manager.create(
                         name=name, backend=alias, task_path=spec.task_path, spec=spec.to_json()
                     )
                     report.added.append(name)
                 elif (
-                    row.name != name
-                    or row.spec != spec.to_json()
+                    row.spec != spec.to_json()
                     or row.task_path != spec.task_path
                     or row.backend != alias
                     or row.removed_at is not None
                 ):
                     manager.filter(pk=row.pk).update(
-                        name=name,
                         backend=alias,
                         task_path=spec.task_path,
                         spec=spec.to_json(),
@@ -176,25 +174,6 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
             report.removed = sorted(gone.values_list("name", flat=True))
             gone.update(removed_at=Now(), next_tick_at=None, revision=F("revision") + 1)
         return report
-
-    @staticmethod
-    def _held_under_another_spelling(
-        manager: Any, name: str, wanted: dict[str, ScheduleSpec]
-    ) -> Schedule | None:
-        """The row the database takes for ``name`` though it is spelled otherwise, locked:
-        MySQL's and MariaDB's default collations compare names without case, accents and
-        trailing spaces, so a schedule renamed "report" -> "Report" found no row by its
-        spelling, and its insert broke the unique name: no schedule of the backend ticked.
-        None on PostgreSQL and SQLite, which compare names as they are spelled. Two names
-        declared that the database takes as one are refused when declared (check E020)."""
-        row: Schedule | None = manager.select_for_update().filter(name=name).first()
-        if row is None or row.name == name:
-            return row
-        if row.name in wanted:
-            raise InvalidSchedule(
-                f"{name}.name", f"is the same name as {row.name!r} to this database"
-            )
-        return row
 
     # -- the tick ----------------------------------------------------------------------
 

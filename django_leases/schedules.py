@@ -14,7 +14,6 @@ repeated hour, since real time goes on. That is Debian cron's behaviour.
 from __future__ import annotations
 
 import math
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -333,18 +332,10 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
 
     registry.discover()
     specs: dict[str, ScheduleSpec] = {}
-    spellings: dict[str, str] = {}
 
     def add(spec: ScheduleSpec, where: str) -> None:
         if spec.name in specs:
             raise InvalidSchedule(f"{where}.name", "is declared twice")
-        other = spellings.setdefault(compared_name(spec.name), spec.name)
-        if other != spec.name:
-            raise InvalidSchedule(
-                f"{where}.name",
-                f"differs from {other!r} only in case, accents or trailing spaces: one "
-                "name to MariaDB's default collation (MySQL 8's: but for trailing spaces)",
-            )
         specs[spec.name] = spec
 
     for task in registry.declared_tasks(alias):
@@ -372,16 +363,6 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
         # Ticks are UTC instants; naive datetime columns would store them shifted.
         raise InvalidSchedule("USE_TZ", "periodic schedules need USE_TZ = True")
     return list(specs.values())
-
-
-def compared_name(name: str) -> str:
-    """``name`` about as MySQL's and MariaDB's default collations compare it: without case
-    and accents (and, MariaDB's, trailing spaces). Two schedule names equal so are one row
-    there, and are refused on every database, so that a project can move between them. An
-    approximation: a collation's own equalities it misses still fail the sync, by name."""
-    decomposed = unicodedata.normalize("NFD", name)
-    bare = "".join(c for c in decomposed if not unicodedata.combining(c))
-    return bare.casefold().rstrip(" ")
 
 
 def call_misfit(task: Any, p: Periodic) -> str | None:

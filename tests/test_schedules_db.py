@@ -15,7 +15,6 @@ from django.db.models.functions import Now
 from django.test import override_settings
 
 from django_leases.enqueue_options import EnqueueOptions
-from django_leases.exceptions import InvalidSchedule
 from django_leases.models import Job, Schedule, ScheduleRun
 from django_leases.schedules import Periodic, ScheduleSpec, declared_schedules
 from django_leases.states import JobState
@@ -267,32 +266,35 @@ def test_the_settings_form_declares_schedules():
 
 
 @pytest.mark.parametrize(
-    "twin", ["Report", "report ", "r\u00e9port"], ids=["case", "trailing space", "accent"]
+    "twin",
+    ["Report", "report ", "r\u00e9port", "\U0001f600"],
+    ids=["case", "trailing space", "accent", "beyond the BMP"],
 )
-def test_two_schedule_names_one_database_compares_as_one_are_refused_when_declared(twin):
-    """Invariant 6: MariaDB's default collation compares names without case, accents and
-    trailing spaces. Declared together, "report" and "Report" were one row there: every
-    sync broke the unique name (no schedule of the backend ticked) and the check said
-    nothing. Refused on every database, naming the schedule."""
+def test_schedule_names_that_differ_in_any_character_are_schedules_of_their_own(twin):
+    """Invariant 3: MariaDB's default collation compares names without case, accents and
+    trailing spaces, and takes any two characters beyond the Basic Multilingual Plane as
+    one: "\U0001f600" and "\U0001f389" passed the check, then every sync broke the unique
+    name and no schedule of the backend ticked. Names compare as spelled on every
+    database (migration 0009): each is a row of its own, synced with the others."""
     from django.conf import settings
 
+    other = "\U0001f389" if twin == "\U0001f600" else "report"
     entry = {"task": TASK, "every": 5, "args": [1, 1]}
     tasks = {**settings.TASKS}
     tasks["default"] = {
         **tasks["default"],
-        "OPTIONS": {"SCHEDULES": {"report": entry, twin: entry}},
+        "OPTIONS": {"SCHEDULES": {other: entry, twin: entry, "tidy": entry}},
     }
-    with override_settings(TASKS=tasks), pytest.raises(InvalidSchedule) as refused:
-        declared_schedules("default")
-    assert refused.value.field == f"SCHEDULES[{twin!r}].name", refused.value
-    assert "'report'" in str(refused.value)
+    with override_settings(TASKS=tasks):
+        report = Schedule.objects.sync("default", declared_schedules("default"))
+    assert sorted(report.added) == sorted([other, twin, "tidy"])
+    assert Schedule.objects.get(name=twin).name == twin
+    assert Schedule.objects.get(name=other).name == other
 
 
-def test_a_schedule_renamed_in_case_alone_syncs_with_the_others():
-    """Invariant 3: "report" renamed "Report": on MariaDB the new spelling found no row by
-    its own (the locking read compares as the database does), so its insert broke the
-    unique name and the whole sync failed, "other" included, at every start. Now the row
-    is renamed there (PostgreSQL and SQLite: a new row, the old one removed)."""
+def test_a_schedule_renamed_in_case_alone_is_a_new_one_on_every_database():
+    """Invariant 3: "report" renamed "Report" is a new schedule and the old one is removed,
+    on MariaDB too (its default collation found the old row under the new spelling)."""
     Schedule.objects.sync("default", [spec("report"), spec("other")])
     report = Schedule.objects.sync("default", [spec("Report"), spec("other")])
     assert report.unchanged == ["other"]
@@ -300,10 +302,7 @@ def test_a_schedule_renamed_in_case_alone_syncs_with_the_others():
         "Report",
         "other",
     }
-    if connection.vendor == "mysql":
-        assert (report.added, report.changed, report.removed) == ([], ["Report"], [])
-    else:
-        assert (report.added, report.changed, report.removed) == (["Report"], [], ["report"])
+    assert (report.added, report.changed, report.removed) == (["Report"], [], ["report"])
 
 
 @pytest.mark.skipif(django.VERSION < (6, 1), reason="@task(schedule=...) needs Django 6.1")

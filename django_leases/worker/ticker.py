@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from .. import registry
-from ..schedules import compared_name, declared_names, declared_schedules
+from ..schedules import declared_names, declared_schedules
 from ..storable import first_line
 from .dberrors import DB_ERRORS
 from .repeats import Trouble
@@ -80,7 +80,7 @@ class Ticker:
                 },
             )
         for name, other in sorted(report.taken.items()):
-            if compared_name(name) in {compared_name(n) for n in declared_names(other)}:
+            if name in declared_names(other):
                 # Check E021's case, met by a worker started with --skip-checks (or by
                 # backends the check did not see): the row moves at every start.
                 logger.warning(
