@@ -20,7 +20,7 @@ from django.tasks import TaskResultStatus, task_backends
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_leases.models import Job
+from django_leases.models import Job, JobFailure
 from django_leases.states import DeadReason, FailureKind, JobState
 from django_leases.storable import (
     MESSAGE_LIMIT,
@@ -999,6 +999,38 @@ def test_a_thread_a_handler_left_running_does_not_keep_the_worker_alive(workers)
     assert job.state == JobState.SUCCEEDED
     [logged] = worker.events("threads_left")
     assert logged["threads"] == [f"left-{job.args[0]}"], logged
+
+
+@workers_db
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_handler_that_closes_stderr_and_returns_succeeds_and_so_do_the_others(workers, isolation):
+    """A handler that closed sys.stderr, then returned: the line logged for it could not
+    be written, and logging's report of that, written to sys.stderr too, raised ValueError
+    out of the log call. In a child process the job was recorded as HandlerDied (exit
+    status 1), its result lost and the job run again; in thread isolation the job beside
+    it failed ("I/O operation on closed file"). A line that cannot be written fails no
+    job (6)."""
+    key = _key("stderr")
+    closed = t.close_stderr.enqueue(key)
+    beside = t.hold.enqueue(2)
+    worker = workers.start(
+        f"stderr-{isolation}", *STEADY, "--concurrency", "2", "--isolation", isolation
+    )
+    for result in (closed, beside):
+        wait_for(
+            lambda r=result: (
+                Job.objects.get(pk=r.id).state in (JobState.SUCCEEDED, JobState.DEAD)
+                or JobFailure.objects.filter(job_id=r.id).exists()
+            ),
+            60,
+            "the jobs to end",
+        )
+    assert Job.objects.get(pk=closed.id).state == JobState.SUCCEEDED
+    assert Job.objects.get(pk=closed.id).result == key
+    assert Job.objects.get(pk=beside.id).state == JobState.SUCCEEDED
+    assert not JobFailure.objects.filter(job_id__in=[closed.id, beside.id]).exists()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit(60) == 0
 
 
 @workers_db

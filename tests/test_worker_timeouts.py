@@ -25,7 +25,7 @@ from django_leases.models import Job, JobFailure
 from django_leases.states import JobState
 from django_leases.worker.timeouts import timeout_of
 from tests.testapp.models import Effect
-from tests.testapp.tasks import add, returns_when_told, stubborn
+from tests.testapp.tasks import add, returns_leaving_a_thread, returns_when_told, stubborn
 from tests.worker_helpers import Workers, wait_for
 
 LEASE, BEAT, POLL = 3.0, 0.5, 0.2
@@ -346,3 +346,45 @@ def test_a_bad_task_timeout_is_refused_where_the_task_is_made(bad):
 
     with pytest.raises(InvalidTask, match="timeout"):
         task(timeout=bad)(_sleeps_on)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_handlers_timeout_counts_from_its_start_not_its_process_start(workers):
+    """--isolation process: a child's start (a fresh interpreter, Django's setup, the
+    task's import: 3 s here, on a loaded machine as long) counted as the handler's run
+    time, so a handler that returned at once failed with HandlerTimeout ("did not stop
+    when told and was killed"), and one never entered was dead-lettered after its
+    attempts. The clock starts when the child says its handler starts (2, 6)."""
+    result = add.enqueue(2, 2)
+    worker = workers.start(
+        "timeout-spawn",
+        *FAST,
+        "--isolation",
+        "process",
+        env_extra={**_options(TIMEOUT_SECONDS=TIMEOUT), "LEASES_WORKER_CHILD_SETUP_SECONDS": "3"},
+    )
+    wait_for(
+        lambda: _job(result).state != JobState.CLAIMED and _job(result).attempts > 0,
+        30,
+        "the job to end",
+    )
+    assert (_job(result).state, _job(result).result) == (JobState.SUCCEEDED, 4)
+    assert not JobFailure.objects.filter(job_id=int(result.id)).exists()
+    assert not worker.events("timed_out"), worker.log()[-3000:]
+    _stops_cleanly(worker)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_handlers_result_back_in_time_stands_though_its_process_lingers(workers):
+    """--isolation process: a handler that returned at once but left a thread that is no
+    daemon (or a forked child) keeps its process alive past the timeout; the result had
+    come, yet the attempt failed with HandlerTimeout ("it stopped when told") and the job
+    ran again. A result back in time stands; the process is killed (2, 4)."""
+    result = returns_leaving_a_thread.enqueue("lingers", 3 * TIMEOUT)
+    worker = _start(workers, "timeout-linger", "--isolation", "process")
+    wait_for(lambda: _phases("lingers") == ["returned"], 30, "the handler to return")
+    wait_for(lambda: _job(result).state != JobState.CLAIMED, 30, "the job to end")
+    assert (_job(result).state, _job(result).result) == (JobState.SUCCEEDED, "lingers")
+    assert not JobFailure.objects.filter(job_id=int(result.id)).exists()
+    assert not worker.events("timed_out"), worker.log()[-3000:]
+    _stops_cleanly(worker)

@@ -169,6 +169,10 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked:
     )
     if orphaned():
         end_orphaned(0)
+    try:
+        conn.send(("started",))  # the handler's run time (its timeout) counts from here
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        end_orphaned(0)
     refused = connect_before_handler(payload["database"]) if payload.get("connect_first") else None
     if refused is not None:
         outcome = refused

@@ -48,9 +48,18 @@ KILL_REASONS = {
 }
 
 
+# A child's start-up (interpreter, Django's setup, the task's import) is not a handler's
+# run time, unless it alone lasts this long and the timeout: then it hangs.
+START_ALLOWANCE_SECONDS = 30.0
+
+
 class _Slots:
     """A set of daemon threads fed through a queue: one per concurrent handler. A slot
     whose handler was told to stop and did not is retired and replaced (abandon())."""
+
+    # Whether a handler's run time counts from when its slot takes the claim; a child
+    # process says itself when its handler starts (its interpreter's start-up not counted).
+    CLOCK_AT_SLOT = True
 
     def __init__(self, size: int, done: Done, name: str) -> None:
         self._queue: queue.SimpleQueue[tuple[Claim, Any] | None] = queue.SimpleQueue()
@@ -86,7 +95,8 @@ class _Slots:
             claim, task = item
             outcome: Outcome | None = None
             retired = False
-            claim.running_since = time.monotonic()
+            if self.CLOCK_AT_SLOT:
+                claim.running_since = time.monotonic()
             with self._running_lock:
                 self._running += 1
                 self._serving[me] = claim
@@ -96,7 +106,8 @@ class _Slots:
                 except BaseException as e:  # noqa: BLE001 -- a slot must never die silently
                     outcome = _worker_error(e, "while running the handler")
                 finally:
-                    claim.returned_at = time.monotonic()
+                    if claim.returned_at is None:  # a child's is when its outcome came
+                        claim.returned_at = time.monotonic()
                     # The handler is done: a stop need not end the process at once for it.
                     with self._running_lock:
                         self._running -= 1
@@ -135,7 +146,7 @@ class _Slots:
                     "Abandoned handler of job=%s fence=%s returned after %.1f s; its thread ends",
                     claim.pk,
                     claim.job.fence,
-                    time.monotonic() - claim.running_since,
+                    time.monotonic() - (claim.running_since or 0.0),
                     extra={"event": "abandoned_returned", "job_id": claim.pk},
                 )
                 with contextlib.suppress(Exception):
@@ -270,6 +281,8 @@ class ProcessExecutor(_Slots):
         self._killing = False
         super().__init__(size, done, "leases-child")
 
+    CLOCK_AT_SLOT = False
+
     def kill_children(self) -> None:
         with self._children_lock:
             self._killing = True
@@ -319,6 +332,7 @@ class ProcessExecutor(_Slots):
         # it. A kill_children() that came meanwhile could not see this child (unkillable
         # through its Process until start() returns): it is killed here. (A worker that
         # ends before that leaves a child that sees it gone and ends itself, child.py.)
+        spawned = time.monotonic()
         process.start()
         theirs.close()
         with self._children_lock:
@@ -337,7 +351,7 @@ class ProcessExecutor(_Slots):
             extra={"event": "process_started", "job_id": job.pk, "pid": process.pid},
         )
         try:
-            return self._supervise(claim, process, ours)
+            return self._supervise(claim, process, ours, spawned)
         finally:
             ours.close()
             # Alive or not: what the handler started may outlive it (its group).
@@ -353,7 +367,13 @@ class ProcessExecutor(_Slots):
         with self._children_lock:
             self._children.discard(process)
 
-    def _supervise(self, claim: Claim, process: Any, conn: Any) -> Outcome:
+    def _supervise(self, claim: Claim, process: Any, conn: Any, spawned: float) -> Outcome:
+        """Wait for the child's outcome, or its end, killing it when its claim goes. Its
+        run time counts from its "started" message (the interpreter's start-up, Django's
+        setup and the task's import not counted), or from its spawn once start-up alone
+        has lasted the timeout and START_ALLOWANCE_SECONDS (a start that hangs), and ends
+        when its outcome comes: a result back in time stands however long the process
+        takes to exit after it."""
         outcome: Outcome | None = None
         lost_at: float | None = None
         while True:
@@ -365,7 +385,10 @@ class ProcessExecutor(_Slots):
                     message = None
                 except Exception as e:  # noqa: BLE001 -- e.g. an outcome that cannot be unpickled
                     message = ("done", _worker_error(e, "reading the handler's outcome"))
+                if message is not None and message[0] == "started":
+                    claim.running_since = claim.running_since or time.monotonic()
                 if message is not None and message[0] == "done":
+                    claim.returned_at = time.monotonic()
                     outcome = message[1]
                 if message is None and not process.is_alive():
                     break
@@ -374,6 +397,12 @@ class ProcessExecutor(_Slots):
                 continue
             if process.sentinel in ready:
                 break
+            if (
+                claim.running_since is None
+                and claim.timeout is not None
+                and time.monotonic() - spawned >= max(claim.timeout, START_ALLOWANCE_SECONDS)
+            ):
+                claim.running_since = spawned
             if claim.lost_flag.is_set():
                 lost_at = lost_at or time.monotonic()
                 # Released, or done by the handler's own ack while the worker stops. (A

@@ -11,6 +11,7 @@ rather than on wording. ``run_lease_worker`` installs a handler only on the logg
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import time
@@ -369,9 +370,18 @@ class LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.acquire()
         try:
             self._write_pending()
-            super().flush()
+            with contextlib.suppress(ValueError, OSError):  # a stream closed under us
+                super().flush()
         finally:
             self.release()  # writes what was left meanwhile
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 -- logging's name
+        """logging's report on sys.stderr, unless it cannot be written either: a handler
+        that closed sys.stderr (the stream this writes to) made the report raise
+        ValueError out of the log call, failing the job that logged, or another thread's
+        (a line that cannot be written never fails a job)."""
+        with contextlib.suppress(Exception):
+            super().handleError(record)
 
     def _at_fork_reinit(self) -> None:
         super()._at_fork_reinit()  # type: ignore[misc]

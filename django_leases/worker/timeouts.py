@@ -96,7 +96,7 @@ class RunTimeouts:
 
     def watch(self, claims: Iterable[Claim], now: float) -> None:
         for claim in claims:
-            if claim.exited.is_set() or claim.running_since is None:
+            if claim.running_since is None or claim.returned_at is not None:
                 continue  # not started yet, or its handler came back
             if (
                 claim.timeout is not None

@@ -1030,6 +1030,29 @@ def meddle_with_the_interpreter() -> str:
 
 
 @task
+def close_stderr(key: str) -> str:
+    """Close the standard error stream (the worker's log stream in thread isolation) and
+    return: the lines logged afterwards cannot be written."""
+    import sys
+
+    sys.stderr.close()
+    _effect(key, "closed")
+    return key
+
+
+@task
+def returns_leaving_a_thread(key: str, seconds: float) -> str:
+    """Return at once, leaving a thread that is no daemon running ``seconds``: a child
+    process cannot exit before it ends."""
+    import threading
+    import time
+
+    threading.Thread(target=time.sleep, args=(seconds,), daemon=False).start()
+    _effect(key, "returned")
+    return key
+
+
+@task
 def interpreter_settings() -> dict:
     """What the interpreter's shared settings are as this handler runs."""
     import logging
