@@ -36,8 +36,8 @@ def _ignore_stop_signal(signum: int, frame: Any) -> None:
 
 def _end_group() -> NoReturn:
     """End this process and the processes the handler started (its group, which it leads):
-    a worker gone leaves no grandchild running the job on. Killed, not exited: SIGKILL
-    to the group reaches this process too."""
+    a worker gone leaves no grandchild running the job on, but for one that left the group
+    (setsid). Killed, not exited: SIGKILL to the group reaches this process too."""
     if hasattr(os, "killpg") and os.getpgid(0) == os.getpid():
         with contextlib.suppress(OSError):
             os.killpg(0, signal.SIGKILL)
