@@ -149,13 +149,23 @@ def _schedule_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
     try:
         declared_schedules(alias, listed)
     except InvalidSchedule as e:
+        found = [str(e)]
+        # Each entry on its own too: a project with several broken ones learns of them
+        # all at once, not one per run of check.
+        for name, entry in listed.items() if isinstance(listed, dict) else ():
+            try:
+                declared_schedules(alias, {name: entry})
+            except InvalidSchedule as each:
+                if str(each) not in found:
+                    found.append(str(each))
         where = "['OPTIONS']['SCHEDULES']" if listed else " (its tasks' schedules)"
         return [
             checks.Error(
-                f"TASKS[{alias!r}]{where}: {e}",
+                f"TASKS[{alias!r}]{where}: {message}",
                 obj=f"TASKS[{alias!r}]",
                 id="django_leases.E020",
             )
+            for message in found
         ]
     return []
 

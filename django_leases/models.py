@@ -13,6 +13,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .conf import DEFAULT_LEASE_SECONDS, MAX_LEASE_SECONDS, MIN_LEASE_SECONDS
 from .enqueue_options import TASK_PATH_LENGTH
+from .lookups import case_blind
 from .query import JobQuerySet
 from .schedule_query import RunKind, ScheduleQuerySet, ScheduleRunQuerySet
 from .schedules import NAME_LENGTH as SCHEDULE_NAME_LENGTH
@@ -291,3 +292,12 @@ class ScheduleRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.schedule_id} {self.kind} {self.tick_at or ''}"
+
+
+# The columns migration 0009 gives a binary collation on MySQL: icontains (the admin's
+# search) still ignores case there.
+case_blind(Job, "queue_name", "unique_key", "claimed_by")
+case_blind(JobFailure, "worker_id")
+case_blind(Schedule, "name")
+case_blind(WorkerProcess, "worker_id")
+case_blind(JobEffect, "key")

@@ -70,3 +70,24 @@ def test_worker_ids_and_effect_keys_that_differ_in_any_character_are_apart(first
     for key in (first, second):
         JobEffect.objects.create(job=job, key=key, fence=1)
     assert sorted(job.effects.values_list("key", flat=True)) == sorted([first, second])
+
+
+def test_the_admin_finds_schedules_and_workers_whatever_the_case_searched(admin_client):
+    """The search stays blind to case where the columns compare as spelled: on MySQL a
+    plain LIKE follows the column's collation, and "nightly" no longer found
+    "Nightly-Report" there (6)."""
+    from django_leases.models import Schedule
+    from django_leases.schedules import Periodic, ScheduleSpec
+
+    Schedule.objects.sync("default", [ScheduleSpec("Nightly-Report", TASK, Periodic(every=60))])
+    WorkerProcess.objects.register(
+        "Worker-One", instance="i", hostname="h", pid=1, queues=[], heartbeat_seconds=5
+    )
+    found = admin_client.get("/admin/django_leases/schedule/", {"q": "nightly-REPORT"})
+    assert "Nightly-Report" in found.content.decode()
+    assert (
+        "Nightly-Report"
+        not in admin_client.get("/admin/django_leases/schedule/", {"q": "weekly"}).content.decode()
+    )
+    found = admin_client.get("/admin/django_leases/workerprocess/", {"q": "worker-one"})
+    assert "Worker-One" in found.content.decode()

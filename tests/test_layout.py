@@ -31,6 +31,7 @@ DATA = {
     "django_leases.enqueue_options",
     "django_leases.worker_registry",
     "django_leases.states",
+    "django_leases.lookups",
     "django_leases.conf",
     "django_leases.exceptions",
     "django_leases.jsonsafe",

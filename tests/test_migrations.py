@@ -3,6 +3,7 @@ and unapply cleanly."""
 
 from __future__ import annotations
 
+import importlib
 from io import StringIO
 
 import pytest
@@ -138,3 +139,65 @@ def test_the_unique_key_has_its_unique_index_only_and_no_like_index_on_postgresq
     finally:
         call_command("migrate", verbosity=0)  # with the test app's models that need it
     assert active_key_indexes() == indexes
+
+
+mysql_only = pytest.mark.skipif(
+    connection.vendor != "mysql", reason="MySQL's and MariaDB's collations"
+)
+EXACT = importlib.import_module("django_leases.migrations.0009_exact_keys_on_mysql")
+
+
+def collations() -> dict[tuple[str, str], str]:
+    """(table, column) -> collation, of the text columns 0009 looks after."""
+    from django.apps import apps
+
+    wanted = {
+        (apps.get_model("django_leases", model)._meta.db_table, column)
+        for model, columns in EXACT.EXACT.items()
+        for column in (*columns, *(("active_key",) if model == "job" else ()))
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT TABLE_NAME, COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = DATABASE()"
+        )
+        found = {(t, c): coll for t, c, coll in cursor.fetchall()}
+    return {key: found[key] for key in sorted(wanted)}
+
+
+@mysql_only
+@pytest.mark.django_db(transaction=True)
+def test_keys_and_names_have_a_binary_collation_without_padding_on_mysql():
+    """Migration 0009: each column that identifies something, and active_key with
+    unique_key, compares as spelled (a later migration altering one would reset it: this
+    says so); its unique indexes are there once each."""
+    assert set(collations().values()) == {"utf8mb4_nopad_bin"}, collations()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = "
+            "DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = 'active_key'",
+            [Job._meta.db_table],
+        )
+        assert [row[0] for row in cursor.fetchall()] == ["active_key"]
+
+
+@mysql_only
+@pytest.mark.django_db(transaction=True)
+def test_unapplying_0009_with_keys_the_default_collation_merges_refuses_and_changes_nothing():
+    """Two active jobs keyed "inv-a" and "inv-A" cannot stand under the default
+    collation's unique index: going back refuses, naming the table, before any change
+    (it dropped active_key, then failed to add it again, and the table was left without
+    its guard, 0009 still recorded as applied). Without them, it goes back and forth."""
+    first = Job.objects.enqueue("tests.testapp.tasks.add", [1, 1], unique_key="inv-a")
+    Job.objects.enqueue("tests.testapp.tasks.add", [1, 1], unique_key="inv-A")
+    before = collations()
+    try:
+        with pytest.raises(RuntimeError, match="rows of django_leases_job differ only"):
+            call_command("migrate", "django_leases", "0008", verbosity=0)
+        assert collations() == before
+        Job.objects.filter(pk=first.pk).cancel()
+        call_command("migrate", "django_leases", "0008", verbosity=0)
+        assert "utf8mb4_nopad_bin" not in set(collations().values())
+    finally:
+        call_command("migrate", verbosity=0)
+    assert collations() == before

@@ -429,6 +429,18 @@ def test_the_system_check_names_a_bad_schedule_setting():
     assert "SCHEDULES['nightly'].timezone" in error.msg
     good = {"SCHEDULES": {"nightly": {"task": TASK, "cron": "0 3 * * *", "args": [1, 2]}}}
     assert not [m for m in check_backend("default", good) if m.id == "django_leases.E020"]
+    # Every bad entry at once, not the first alone (one more per run of check).
+    two = {
+        "SCHEDULES": {
+            "nightly": {"task": TASK, "cron": "0 3 * * *", "timezone": "Nowhere"},
+            "fine": {"task": TASK, "every": 60, "args": [1, 2]},
+            "hourly": {"task": TASK, "every": -1},
+        }
+    }
+    errors = [m.msg for m in check_backend("default", two) if m.id == "django_leases.E020"]
+    assert len(errors) == 2, errors
+    assert "SCHEDULES['nightly'].timezone" in errors[0]
+    assert "SCHEDULES['hourly'].every" in errors[1]
 
 
 def test_a_schedule_whose_call_the_task_cannot_take_is_refused_naming_it():

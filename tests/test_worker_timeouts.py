@@ -16,6 +16,7 @@ import time
 
 import django
 import pytest
+from django.db import connection
 from django.tasks.exceptions import InvalidTask
 
 from django_leases import conf
@@ -23,6 +24,7 @@ from django_leases.checks import check_backend
 from django_leases.exceptions import InvalidLeaseOption
 from django_leases.models import Job, JobFailure
 from django_leases.states import JobState
+from django_leases.worker.executors import START_ALLOWANCE_SECONDS
 from django_leases.worker.timeouts import timeout_of
 from tests.testapp.models import Effect
 from tests.testapp.tasks import add, returns_leaving_a_thread, returns_when_told, stubborn
@@ -387,4 +389,39 @@ def test_a_process_handlers_result_back_in_time_stands_though_its_process_linger
     assert (_job(result).state, _job(result).result) == (JobState.SUCCEEDED, "lingers")
     assert not JobFailure.objects.filter(job_id=int(result.id)).exists()
     assert not worker.events("timed_out"), worker.log()[-3000:]
+    _stops_cleanly(worker)
+
+
+@pytest.mark.skipif(
+    connection.vendor != "sqlite",
+    reason="a child's start-up is the same on every database: this 30 s wait runs in the "
+    "SQLite passes",
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_process_handler_whose_start_hangs_is_killed_and_said_to_have_not_started(workers):
+    """A child that never starts its handler (its start-up hangs: here a setup sleeping
+    past START_ALLOWANCE_SECONDS) has its start-up counted once it alone lasted the
+    allowance (30 s) and the timeout: killed, its attempt failed as one that had not
+    started the handler (not "did not stop when told") (2, 3)."""
+    result = add.enqueue(3, 3)
+    worker = workers.start(
+        "timeout-unstarted",
+        *FAST,
+        "--isolation",
+        "process",
+        env_extra={
+            **_options(TIMEOUT_SECONDS=TIMEOUT),
+            "LEASES_WORKER_CHILD_SETUP_SECONDS": str(START_ALLOWANCE_SECONDS + 30),
+        },
+    )
+    wait_for(
+        lambda: JobFailure.objects.filter(job_id=int(result.id)).exists(),
+        START_ALLOWANCE_SECONDS + 20,
+        "the hung start to be failed",
+    )
+    failure = JobFailure.objects.get(job_id=int(result.id))
+    assert failure.exception_class_path == TIMEOUT_CLASS, failure.message
+    assert "had not started the handler yet and was killed" in failure.message
+    [killed] = worker.events("process_killed", job_id=int(result.id))
+    assert killed["reason"] == "timeout"
     _stops_cleanly(worker)

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from typing import Any, NoReturn
 
 logger = logging.getLogger("django_leases.worker")
@@ -170,7 +171,9 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked:
     if orphaned():
         end_orphaned(0)
     try:
-        conn.send(("started",))  # the handler's run time (its timeout) counts from here
+        # The handler's run time (its timeout) counts from here, on the machine's one
+        # monotonic clock.
+        conn.send(("started", time.monotonic()))
     except (BrokenPipeError, ConnectionResetError, EOFError):
         end_orphaned(0)
     refused = connect_before_handler(payload["database"]) if payload.get("connect_first") else None
@@ -192,7 +195,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked:
         # fail on the broken pipe, and its traceback land in the worker's log).
         end_orphaned(0)
     try:
-        conn.send(("done", outcome))
+        conn.send(("done", outcome, time.monotonic()))
     except (BrokenPipeError, ConnectionResetError, EOFError):
         end_orphaned(0)  # the worker died between the look above and the send
     except Exception as e:  # noqa: BLE001 -- an outcome that cannot be sent must still be reported
@@ -209,6 +212,7 @@ def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked:
                         f"cannot send the outcome to the worker: {message}", MESSAGE_LIMIT
                     ),
                 ),
+                time.monotonic(),
             )
         )
     conn.close()

@@ -259,6 +259,8 @@ class ProcessExecutor(_Slots):
     reported as "stopped", and its job released, not failed.
     """
 
+    CLOCK_AT_SLOT = False  # the child's "started" message starts it
+
     def __init__(
         self,
         size: int,
@@ -280,8 +282,6 @@ class ProcessExecutor(_Slots):
         self._children_lock = threading.Lock()
         self._killing = False
         super().__init__(size, done, "leases-child")
-
-    CLOCK_AT_SLOT = False
 
     def kill_children(self) -> None:
         with self._children_lock:
@@ -370,12 +370,15 @@ class ProcessExecutor(_Slots):
     def _supervise(self, claim: Claim, process: Any, conn: Any, spawned: float) -> Outcome:
         """Wait for the child's outcome, or its end, killing it when its claim goes. Its
         run time counts from its "started" message (the interpreter's start-up, Django's
-        setup and the task's import not counted), or from its spawn once start-up alone
-        has lasted the timeout and START_ALLOWANCE_SECONDS (a start that hangs), and ends
-        when its outcome comes: a result back in time stands however long the process
-        takes to exit after it."""
+        setup and the task's import not counted; its connection to the database counted),
+        or from its spawn once start-up alone has lasted the timeout and
+        START_ALLOWANCE_SECONDS (a start that hangs), to its outcome: a result back in time
+        stands however long the process takes to exit after it. Both ends are the child's
+        own readings of the monotonic clock (one clock for the whole machine), not when
+        this thread got round to reading its messages."""
         outcome: Outcome | None = None
         lost_at: float | None = None
+        started = False
         while True:
             ready = multiprocessing.connection.wait([conn, process.sentinel], timeout=0.05)
             if conn in ready:
@@ -386,9 +389,10 @@ class ProcessExecutor(_Slots):
                 except Exception as e:  # noqa: BLE001 -- e.g. an outcome that cannot be unpickled
                     message = ("done", _worker_error(e, "reading the handler's outcome"))
                 if message is not None and message[0] == "started":
-                    claim.running_since = claim.running_since or time.monotonic()
+                    started = True
+                    claim.running_since = claim.running_since or _sent_at(message, 1)
                 if message is not None and message[0] == "done":
-                    claim.returned_at = time.monotonic()
+                    claim.returned_at = _sent_at(message, 2)
                     outcome = message[1]
                 if message is None and not process.is_alive():
                     break
@@ -436,7 +440,7 @@ class ProcessExecutor(_Slots):
                     )
                     _kill(process)
                     if reason == "timeout":
-                        return timed_out_outcome(claim, "killed")
+                        return timed_out_outcome(claim, "killed" if started else "unstarted")
                     return Outcome(Kind.LOST)
         process.join(5)
         if outcome is None:
@@ -504,6 +508,13 @@ class SharedFlag:
                 return False
             threading.Event().wait(left)
         return True
+
+
+def _sent_at(message: tuple[Any, ...], index: int) -> float:
+    """When a child read the monotonic clock for ``message`` (a child of an earlier
+    release sent none: now)."""
+    stamp = message[index] if len(message) > index else None
+    return float(stamp) if isinstance(stamp, int | float) else time.monotonic()
 
 
 def _timed_out_unsaid(claim: Claim, outcome: Outcome) -> bool:

@@ -481,6 +481,7 @@ class Worker(Stopping):
             self._paused_until = time.monotonic() + pause
             if not claim.begin_finish():
                 self.book.forget(claim)  # lost or being released meanwhile
+                self._claimed -= 1  # its handler never ran here either
                 continue
             reason = f"; its handler could not connect to the database ({outcome.message})"
             try:

@@ -1,6 +1,6 @@
 """Run timeouts: a handler may run for its task's ``timeout`` (else its queue's or the
-backend's TIMEOUT_SECONDS), counted on this process's monotonic clock from the moment its
-slot started it.
+backend's TIMEOUT_SECONDS), counted on the monotonic clock from the moment it started (a
+process-isolated one: when its child says so, its start-up not counted) until it returned.
 
 Past it the handler is told to stop, as a lost claim's is (``current_job().lost``, its
 checkpoints and fenced writes refused, an async handler cancelled), while the worker still
@@ -54,6 +54,7 @@ def timeout_retryable(task: Any) -> bool:
 ENDINGS = {
     "stopped": ("it stopped when told", False),
     "killed": ("its process did not stop when told and was killed", False),
+    "unstarted": ("its process had not started the handler yet and was killed", False),
     "abandoned": ("its thread did not stop when told and was abandoned, still running", True),
     "stopping": ("the worker stopped before it did", True),
 }
