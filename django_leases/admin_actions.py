@@ -175,12 +175,12 @@ class JobActions(_JobAdminBase):
         changed job is named as the action left it ("#5 (cancelled)"), as Django logs an
         object after its save; its task path is the one read before (not read again)."""
         message = f"{done.capitalize()} by the admin action."
-        now = []
+        as_left = []
         for job in changed:
             if job.pk in after:
                 after[job.pk].task_path = job.task_path
-                now.append(after[job.pk])
-        log_changed(request, now, message)
+                as_left.append(after[job.pk])
+        log_changed(request, as_left, message)
         log_deleted(request, [j for j in changed if j.pk not in after], message)
 
     def _confirmation(

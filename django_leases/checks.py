@@ -137,7 +137,7 @@ def _schedule_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
     backend (after discovery), with no name declared twice, and USE_TZ on."""
     from . import registry
     from .exceptions import InvalidSchedule
-    from .schedules import declared_schedules
+    from .schedules import declared_schedules, listed_schedules
 
     if not isinstance(options, dict):
         return []
@@ -150,11 +150,12 @@ def _schedule_messages(alias: str, options: Any) -> list[checks.CheckMessage]:
         declared_schedules(alias, listed)
     except InvalidSchedule as e:
         found = [str(e)]
-        # Each entry on its own too: a project with several broken ones learns of them
-        # all at once, not one per run of check.
+        # Each entry on its own too (without the tasks' own schedules, whose error would
+        # stand for every entry): a project with several broken ones learns of them all at
+        # once, not one per run of check.
         for name, entry in listed.items() if isinstance(listed, dict) else ():
             try:
-                declared_schedules(alias, {name: entry})
+                listed_schedules(alias, {name: entry})
             except InvalidSchedule as each:
                 if str(each) not in found:
                     found.append(str(each))

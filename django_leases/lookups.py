@@ -18,7 +18,10 @@ from django.db.models.lookups import IContains
 class CaseBlindContains(IContains):
     """``icontains``, both sides lowered on MySQL and MariaDB."""
 
-    def as_mysql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+    def as_mysql(self, compiler: Any, connection: Any) -> tuple[str, Any]:
+        if not self.rhs_is_direct_value():
+            # An expression: Django's own pattern wrapping, as on the default collation.
+            return super().as_sql(compiler, connection)
         lhs, params = self.process_lhs(compiler, connection)
         rhs, rhs_params = self.process_rhs(compiler, connection)
         return f"LOWER({lhs}) LIKE LOWER({rhs})", [*params, *rhs_params]

@@ -349,7 +349,22 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
             add(ScheduleSpec(name, task.module_path, p), name)
     if listed is None:
         listed = (settings.TASKS[alias].get("OPTIONS") or {}).get("SCHEDULES") or {}
-    for name, spec in checked_settings(listed).items():
+    for name, spec in listed_schedules(alias, listed).items():
+        add(spec, f"SCHEDULES[{name!r}]")
+    if specs and not settings.USE_TZ:
+        # Ticks are UTC instants; naive datetime columns would store them shifted.
+        raise InvalidSchedule("USE_TZ", "periodic schedules need USE_TZ = True")
+    return list(specs.values())
+
+
+def listed_schedules(alias: str, listed: Any) -> dict[str, ScheduleSpec]:
+    """``OPTIONS["SCHEDULES"]`` of backend ``alias`` read (checked_settings()), each naming
+    a task declared for it whose function takes the schedule's call. Raise InvalidSchedule
+    naming the schedule and field."""
+    from . import registry
+
+    specs = checked_settings(listed)
+    for name, spec in specs.items():
         listed_task = registry.lookup(alias, spec.task_path)
         if listed_task is None:
             raise InvalidSchedule(
@@ -358,11 +373,7 @@ def declared_schedules(alias: str, listed: Any = None) -> list[ScheduleSpec]:
             )
         if (why := call_misfit(listed_task, spec.periodic)) is not None:
             raise InvalidSchedule(f"SCHEDULES[{name!r}].args/kwargs", why)
-        add(spec, f"SCHEDULES[{name!r}]")
-    if specs and not settings.USE_TZ:
-        # Ticks are UTC instants; naive datetime columns would store them shifted.
-        raise InvalidSchedule("USE_TZ", "periodic schedules need USE_TZ = True")
-    return list(specs.values())
+    return specs
 
 
 def call_misfit(task: Any, p: Periodic) -> str | None:

@@ -40,9 +40,9 @@ def test_unique_keys_that_differ_in_any_character_are_jobs_of_their_own(first, s
     with pytest.raises(DuplicateJob) as held:
         add.using_lease(unique_key=second).enqueue(3, 3)
     assert str(held.value.job_id) == two.id
-    # The ORM path (enqueue_many's and other databases'): the same.
-    three = Job.objects.enqueue(TASK, [4, 4], unique_key=first + "-orm")
-    four = Job.objects.enqueue(TASK, [5, 5], unique_key=second + "-orm", on_duplicate="merge")
+    # The manager's enqueue, as an operator's code calls it: the same.
+    three = Job.objects.enqueue(TASK, [4, 4], unique_key="manager-" + first)
+    four = Job.objects.enqueue(TASK, [5, 5], unique_key="manager-" + second, on_duplicate="merge")
     assert three.pk != four.pk
 
 

@@ -358,12 +358,14 @@ def test_a_process_handlers_timeout_counts_from_its_start_not_its_process_start(
     when told and was killed"), and one never entered was dead-lettered after its
     attempts. The clock starts when the child says its handler starts (2, 6)."""
     result = add.enqueue(2, 2)
+    # A timeout the handler itself meets with room to spare on a loaded machine, shorter
+    # than the child's start-up.
     worker = workers.start(
         "timeout-spawn",
         *FAST,
         "--isolation",
         "process",
-        env_extra={**_options(TIMEOUT_SECONDS=TIMEOUT), "LEASES_WORKER_CHILD_SETUP_SECONDS": "3"},
+        env_extra={**_options(TIMEOUT_SECONDS=5), "LEASES_WORKER_CHILD_SETUP_SECONDS": "6"},
     )
     wait_for(
         lambda: _job(result).state != JobState.CLAIMED and _job(result).attempts > 0,
@@ -382,8 +384,8 @@ def test_a_process_handlers_result_back_in_time_stands_though_its_process_linger
     daemon (or a forked child) keeps its process alive past the timeout; the result had
     come, yet the attempt failed with HandlerTimeout ("it stopped when told") and the job
     ran again. A result back in time stands; the process is killed (2, 4)."""
-    result = returns_leaving_a_thread.enqueue("lingers", 3 * TIMEOUT)
-    worker = _start(workers, "timeout-linger", "--isolation", "process")
+    result = returns_leaving_a_thread.enqueue("lingers", 15)
+    worker = _start(workers, "timeout-linger", "--isolation", "process", timeout=5)
     wait_for(lambda: _phases("lingers") == ["returned"], 30, "the handler to return")
     wait_for(lambda: _job(result).state != JobState.CLAIMED, 30, "the job to end")
     assert (_job(result).state, _job(result).result) == (JobState.SUCCEEDED, "lingers")
@@ -409,6 +411,8 @@ def test_a_process_handler_whose_start_hangs_is_killed_and_said_to_have_not_star
         *FAST,
         "--isolation",
         "process",
+        "--grace",
+        "1",  # the retry's child, should one start, is not waited for at the stop
         env_extra={
             **_options(TIMEOUT_SECONDS=TIMEOUT),
             "LEASES_WORKER_CHILD_SETUP_SECONDS": str(START_ALLOWANCE_SECONDS + 30),

@@ -144,6 +144,7 @@ def _indexes_on(schema_editor: BaseDatabaseSchemaEditor, table: str) -> list[str
 
 
 def _table_collation(schema_editor: BaseDatabaseSchemaEditor, table: str) -> str:
+    """``table``'s default collation: what its columns had before, and get back."""
     with schema_editor.connection.cursor() as cursor:
         cursor.execute(
             "SELECT TABLE_COLLATION FROM information_schema.TABLES "
@@ -183,7 +184,7 @@ def _refuse_rows_the_default_would_merge(
                 )
 
 
-def exact(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
+def set_exact_collations(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     """Forward: the EXACT columns compare as spelled (MySQL and MariaDB only)."""
     if schema_editor.connection.vendor != "mysql":
         return
@@ -192,7 +193,7 @@ def exact(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
         _alter(apps, schema_editor, collation, model_name)
 
 
-def default(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
+def reset_collations(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     """Backward: the table's collation again, once no row would break a unique index."""
     if schema_editor.connection.vendor != "mysql":
         return
@@ -208,4 +209,6 @@ class Migration(migrations.Migration):
         ("django_leases", "0008_worker_process_key"),
     ]
 
-    operations = [migrations.RunPython(exact, default, atomic=False, elidable=False)]
+    operations = [
+        migrations.RunPython(set_exact_collations, reset_collations, atomic=False, elidable=False)
+    ]

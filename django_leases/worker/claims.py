@@ -130,7 +130,7 @@ class Claim:
         self.write_strikes = 0
         self.exited = threading.Event()
         # How long its handler may run (None: no limit); when it began (time.monotonic(),
-        # set by its slot); whether it ran past it (told to stop, its attempt to fail,
+        # set by its slot, or from its child's message); whether it ran past it (told to stop, its attempt to fail,
         # retried unless the task lists HandlerTimeout as non-retryable).
         self.timeout = timeout
         self.timeout_retryable = timeout_retryable
@@ -138,7 +138,7 @@ class Claim:
         self.timed_out = False
         # When its handler was told to stop (time.monotonic()): lost, released, timed out.
         self.told_at: float | None = None
-        # When its handler came back (time.monotonic(), set by its slot), and the outcome
+        # When its handler came back (time.monotonic(), as running_since), and the outcome
         # the worker gave it itself at a stop (a later one from its slot is dropped).
         self.returned_at: float | None = None
         self.decided: Outcome | None = None

@@ -511,8 +511,8 @@ class SharedFlag:
 
 
 def _sent_at(message: tuple[Any, ...], index: int) -> float:
-    """When a child read the monotonic clock for ``message`` (a child of an earlier
-    release sent none: now)."""
+    """When a child read the monotonic clock for ``message``; now for a message without
+    a stamp."""
     stamp = message[index] if len(message) > index else None
     return float(stamp) if isinstance(stamp, int | float) else time.monotonic()
 
