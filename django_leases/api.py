@@ -50,7 +50,7 @@ class _ClaimRef:
 # this process's estimate (WorkerLink.expired), or a checkpoint or fenced write of the
 # handler's touched no row (the worker's reason, when it had one, is the claim's own).
 LEASE_RAN_OUT = "no renewal succeeded for longer than the lease"
-FOUND_TAKEN = "a checkpoint or fenced write found the claim taken over"
+FOUND_TAKEN = "a checkpoint or fenced write found the claim taken over or cancelled"
 
 
 class Stamp:

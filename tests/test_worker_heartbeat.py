@@ -317,6 +317,69 @@ def test_a_handler_that_returns_past_its_lease_by_the_local_clock_is_lost_unsign
         task_finished.disconnect(receiver)
 
 
+def test_a_handler_whose_claim_went_before_it_started_is_not_started():
+    """Invariants 2 and 4: a worker paused between its claim and its handler's start (a
+    SIGSTOP, a stall past the lease) started the handler on resuming, the claim already
+    lost by its own clock, sometimes after another worker had finished the job: unfenced
+    effects ran twice. A claim gone before the start runs nothing and sends no
+    task_started (lost, cancelled or expired); one being released at a stop is stopped."""
+    from django.tasks.signals import task_started
+
+    from django_leases.api import JobHandle, Stamp, WorkerLink
+    from django_leases.worker.claims import Kind
+    from django_leases.worker.running import run_task
+    from tests.testapp.models import Effect
+    from tests.testapp.tasks import record
+
+    def claimed(key):
+        Job.objects.enqueue(record.module_path, [key])
+        [job] = Job.objects.claim("w")
+        link = WorkerLink(
+            lost=threading.Event(),
+            stamp=Stamp(time.monotonic()),
+            lease_seconds=job.lease_seconds,
+            checkpointer=bool,
+        )
+        handle = JobHandle(
+            job_id=job.pk,
+            fence=job.fence,
+            attempt=job.attempts,
+            cursor=None,
+            worker_id="w",
+            claim_token=job.claim_token,
+            link=link,
+        )
+        return job, handle, link
+
+    sent = []
+
+    def receiver(sender, task_result, **kwargs):
+        sent.append(task_result.id)
+
+    task_started.connect(receiver)
+    try:
+        job, handle, link = claimed("expired")
+        link.stamp.value = time.monotonic() - job.lease_seconds - 0.1
+        assert run_task(record, ["expired"], {}, handle, link).kind is Kind.LOST
+        job, handle, link = claimed("lost")
+        link.mark_lost()
+        assert run_task(record, ["lost"], {}, handle, link).kind is Kind.LOST
+        job, handle, link = claimed("released")
+        link.mark_lost(releasing=True)
+        assert run_task(record, ["released"], {}, handle, link).kind is Kind.STOPPED
+        assert sent == []
+        assert not Effect.objects.exists()
+        job, handle, link = claimed("held")
+        assert run_task(record, ["held"], {}, handle, link).kind is Kind.OK
+        assert sent == [str(job.pk)]
+        assert list(Effect.objects.values_list("key", "phase")) == [
+            ("held", "start"),
+            ("held", "done"),
+        ]
+    finally:
+        task_started.disconnect(receiver)
+
+
 def test_a_sub_second_heartbeat_beats_at_the_period_its_row_says(workers):
     """Invariant 4: the admin takes a worker silent for two of its registered periods (and
     a second) for gone, and "Expire stalled claims now" ends its claims. The heartbeat slept

@@ -129,6 +129,14 @@ def _run(
     link: WorkerLink,
     context: Any,
 ) -> Outcome:
+    if why := link.gone(time.monotonic()):
+        # Lost, or run out by this process's clock, before its handler started (a worker
+        # paused between its claim and the start, a cancel meanwhile): the job may be
+        # another worker's now, or done. Nothing runs and no task_started is sent: a
+        # handler's unfenced effects would run again for a job already done.
+        if link.releasing:
+            return Outcome(Kind.STOPPED, message="not started: the worker is stopping")
+        return Outcome(Kind.LOST, message=why)
     started = link.task_result
     if started is None:
         started = link.task_result = _result_at_start(task, handle)
