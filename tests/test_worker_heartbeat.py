@@ -265,6 +265,31 @@ def test_no_claims_while_a_renewal_hangs_for_longer_than_the_lease(workers):
     assert a.wait_exit() == 0
 
 
+def _claimed_with_link(task, args):
+    """A job of ``task`` enqueued and claimed by worker "w", with the handle and link a
+    slot would give its handler (lease stamp: now)."""
+    from django_leases.api import JobHandle, Stamp, WorkerLink
+
+    Job.objects.enqueue(task.module_path, args)
+    [job] = Job.objects.claim("w")
+    link = WorkerLink(
+        lost=threading.Event(),
+        stamp=Stamp(time.monotonic()),
+        lease_seconds=job.lease_seconds,
+        checkpointer=bool,
+    )
+    handle = JobHandle(
+        job_id=job.pk,
+        fence=job.fence,
+        attempt=job.attempts,
+        cursor=None,
+        worker_id="w",
+        claim_token=job.claim_token,
+        link=link,
+    )
+    return job, handle, link
+
+
 def test_a_handler_that_returns_past_its_lease_by_the_local_clock_is_lost_unsignalled():
     """Invariants 2 and 4: a handler that held the GIL through its lease starved the
     heartbeat thread; another worker may run the job now. What it returns or raises then is
@@ -272,30 +297,12 @@ def test_a_handler_that_returns_past_its_lease_by_the_local_clock_is_lost_unsign
     said SUCCESSFUL for a result the worker then discarded."""
     from django.tasks.signals import task_finished
 
-    from django_leases.api import JobHandle, Stamp, WorkerLink
     from django_leases.worker.claims import Kind
     from django_leases.worker.running import run_task
     from tests.testapp.tasks import boom
 
     def claim(task):
-        Job.objects.enqueue(task.module_path, [1, 2] if task is add else [])
-        [job] = Job.objects.claim("w")
-        link = WorkerLink(
-            lost=threading.Event(),
-            stamp=Stamp(time.monotonic()),
-            lease_seconds=job.lease_seconds,
-            checkpointer=bool,
-        )
-        handle = JobHandle(
-            job_id=job.pk,
-            fence=job.fence,
-            attempt=job.attempts,
-            cursor=None,
-            worker_id="w",
-            claim_token=job.claim_token,
-            link=link,
-        )
-        return job, handle, link
+        return _claimed_with_link(task, [1, 2] if task is add else [])
 
     sent = []
 
@@ -325,31 +332,13 @@ def test_a_handler_whose_claim_went_before_it_started_is_not_started():
     task_started (lost, cancelled or expired); one being released at a stop is stopped."""
     from django.tasks.signals import task_started
 
-    from django_leases.api import JobHandle, Stamp, WorkerLink
     from django_leases.worker.claims import Kind
     from django_leases.worker.running import run_task
     from tests.testapp.models import Effect
     from tests.testapp.tasks import record
 
     def claimed(key):
-        Job.objects.enqueue(record.module_path, [key])
-        [job] = Job.objects.claim("w")
-        link = WorkerLink(
-            lost=threading.Event(),
-            stamp=Stamp(time.monotonic()),
-            lease_seconds=job.lease_seconds,
-            checkpointer=bool,
-        )
-        handle = JobHandle(
-            job_id=job.pk,
-            fence=job.fence,
-            attempt=job.attempts,
-            cursor=None,
-            worker_id="w",
-            claim_token=job.claim_token,
-            link=link,
-        )
-        return job, handle, link
+        return _claimed_with_link(record, [key])
 
     sent = []
 
