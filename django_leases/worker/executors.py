@@ -28,7 +28,7 @@ from django.db import connections
 from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .child import KILL_GRACE_SECONDS
 from .claims import LOST, RELEASING, RUNNING, Claim, Kind, Outcome
-from .interpreter import InterpreterGuard, log_restored
+from .interpreter import InterpreterGuard, keep_streams_open, log_restored
 from .logs import claim_fields, configured
 from .running import connect_before_handler, left_in_transaction, run_task, task_context
 from .timeouts import TIMEOUT_CLASS_PATH, timed_out_outcome
@@ -216,9 +216,16 @@ class ThreadExecutor(_Slots):
     ) -> None:
         self._connect_first = connect_first
         # Handlers share this process's interpreter: what they change to its harm is put
-        # back after each job (interpreter.py).
+        # back after each job, and the standard streams they see cannot be closed
+        # (interpreter.py).
         self._interpreter = InterpreterGuard()
+        self._put_streams_back = keep_streams_open()
         super().__init__(size, done, "leases-handler")
+
+    def close(self, wait: float = 0.0) -> None:
+        super().close(wait)
+        if self.running() == 0:  # no handler left to close the originals
+            self._put_streams_back()
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         job = claim.job

@@ -7,14 +7,21 @@ heartbeat waited seconds for its turn and leases ran out, the log lines stopped.
 endangers the worker is put back after each job (a raised limit, a shorter interval or a
 stream the handler replaced are left as they are: the project may want them); a child
 process's interpreter is its own.
+
+A closed sys.stderr cannot wait for the job's end: while it is closed, logging's report of
+any line that fails (the project's own StreamHandler on it, say) raises out of the log
+call, in whichever thread logged, the main loop's too. So the standard streams handlers
+see are ones whose close() only flushes (keep_streams_open()), as Celery's stand-ins are.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, TextIO
 
 logger = logging.getLogger("django_leases.worker")
@@ -55,17 +62,63 @@ class InterpreterGuard:
             return put_back
 
 
+class _OpenFile(io.FileIO):
+    def close(self) -> None:
+        pass  # the descriptor is the process's (closefd=False): nothing to give back
+
+
+class _OpenBuffer(io.BufferedWriter):
+    def close(self) -> None:
+        self.flush()  # the stock close() frees the buffer: any later write raised
+
+
+class _OpenText(io.TextIOWrapper):
+    """A standard stream whose close() flushes and leaves it open, down to its buffer and
+    file: a handler that closes sys.stderr, or sys.stderr.buffer, closes nothing."""
+
+    def close(self) -> None:
+        self.flush()
+
+
+def _kept_open(like: Any, fd: int) -> TextIO:
+    """A stream on ``fd`` that stays open, encoding as ``like`` did, written line by line."""
+    return _OpenText(
+        _OpenBuffer(_OpenFile(fd, "w", closefd=False)),
+        encoding=getattr(like, "encoding", None),
+        errors=getattr(like, "errors", None) or "backslashreplace",
+        line_buffering=True,
+    )
+
+
+def keep_streams_open() -> Callable[[], None]:
+    """Put in sys.stdout and sys.stderr, where they are the process's own (not a project's
+    or a test runner's replacement), streams on the same descriptors that close() cannot
+    close; return what puts the originals back. The originals stay open for whoever holds
+    them (a logging handler configured before)."""
+    swapped: list[tuple[str, Any, Any]] = []
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        original = getattr(sys, name)
+        with contextlib.suppress(Exception):  # no descriptor, another one, closed already
+            if original is getattr(sys, f"__{name}__") and original.fileno() == fd:
+                original.flush()
+                kept = _kept_open(original, fd)
+                setattr(sys, name, kept)
+                swapped.append((name, original, kept))
+
+    def put_back() -> None:
+        for name, original, kept in swapped:
+            if getattr(sys, name) is kept:  # not one a handler put there since
+                with contextlib.suppress(Exception):
+                    kept.flush()
+                setattr(sys, name, original)
+
+    return put_back
+
+
 def _reopened(closed: Any, fd: int) -> TextIO:
     """A new stream on ``fd`` (a standard stream's close leaves its descriptor open), given
     to every logging handler that wrote to ``closed``."""
-    stream = open(  # noqa: SIM115 -- the process's own standard stream, never closed
-        fd,
-        "w",
-        encoding=getattr(closed, "encoding", None),
-        errors=getattr(closed, "errors", None) or "backslashreplace",
-        closefd=False,
-        buffering=1,
-    )
+    stream = _kept_open(closed, fd)
     # Every handler alive (logging keeps weak references to them all): those of loggers,
     # and those only another reaches (a MemoryHandler's target, a QueueListener's).
     for ref in list(getattr(logging, "_handlerList", [])):

@@ -1017,26 +1017,32 @@ def leave_transaction(key: str, how: str) -> str:
 @task
 def meddle_with_the_interpreter() -> str:
     """Change what every thread of the process shares: a lower recursion limit, a longer
-    switch interval, logging disabled, the standard streams closed."""
+    switch interval, logging disabled, a standard stream replaced by one closed, the other
+    closed."""
     import logging
+    import os
     import sys
 
     sys.setrecursionlimit(400)
     sys.setswitchinterval(0.5)
     logging.disable(logging.WARNING)
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- closed at once, as a handler might
     sys.stdout.close()
     sys.stderr.close()
     return "meddled"
 
 
 @task
-def close_stderr(key: str) -> str:
-    """Close the standard error stream (the worker's log stream in thread isolation) and
-    return: the lines logged afterwards cannot be written."""
+def close_stderr(key: str, seconds: float = 0.0) -> str:
+    """Close the standard error stream (the worker's log stream in thread isolation), hold
+    the claim ``seconds``, and return: the lines logged afterwards cannot be written."""
     import sys
+
+    from django_leases.api import current_job
 
     sys.stderr.close()
     _effect(key, "closed")
+    current_job().sleep(seconds)
     return key
 
 
