@@ -1002,17 +1002,24 @@ def test_a_thread_a_handler_left_running_does_not_keep_the_worker_alive(workers)
 
 
 @workers_db
-@pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_handler_that_closes_stderr_and_returns_succeeds_and_so_do_the_others(workers, isolation):
+@pytest.mark.parametrize(
+    ("isolation", "stream"),
+    [("thread", "stderr"), ("thread", "__stderr__"), ("process", "stderr")],
+)
+def test_a_handler_that_closes_stderr_and_returns_succeeds_and_so_do_the_others(
+    workers, isolation, stream
+):
     """A handler that closed sys.stderr, held its claim, then returned; another job was
     claimed, run and acked meanwhile. Lines logged while sys.stderr was closed could not be
     written, and logging's report of that, written to sys.stderr too, raised ValueError out
     of the log call: in a child process the job was recorded as HandlerDied (exit status 1),
     its result lost and the job run again; in thread isolation the job beside it failed,
     or the main loop's own line about the other job raised and the worker ended, both jobs
-    left claimed. A line that cannot be written fails no job and ends no worker (6)."""
+    left claimed. Closing sys.__stderr__ (the stream the project's logging handler holds)
+    turned each later line into a "Logging error" report. A handler closing it fails no
+    job, ends no worker and loses no line (6)."""
     key = _key("stderr")
-    closed = t.close_stderr.enqueue(key, 2.0)
+    closed = t.close_stderr.enqueue(key, 2.0, stream)
     worker = workers.start(
         f"stderr-{isolation}", *STEADY, "--concurrency", "2", "--isolation", isolation
     )
@@ -1038,6 +1045,8 @@ def test_a_handler_that_closes_stderr_and_returns_succeeds_and_so_do_the_others(
     assert not JobFailure.objects.filter(job_id__in=[closed.id, beside.id]).exists()
     worker.signal(signal.SIGTERM)
     assert worker.wait_exit(60) == 0
+    assert "Logging error" not in worker.log(), worker.log()[-3000:]
+    assert worker.events("stopped"), worker.log()[-3000:]
 
 
 @workers_db
@@ -1105,26 +1114,50 @@ def test_the_standard_streams_handlers_share_cannot_be_closed(monkeypatch):
     """In thread isolation sys.stderr is the worker's too: closed by a handler, logging's
     report of any line that failed raised out of the log call, the main loop's included.
     The process's own stream is swapped for one whose close() (its buffer's, its file's)
-    only flushes; a stream the project or a test runner put there is left to it (6)."""
+    only flushes, and the logging handlers that wrote to it write to that one; a stream
+    the project or a test runner put there is left to it. Put back at the end, unless a
+    handler closed the original meanwhile (6)."""
+    import io
+    import logging
     import sys
 
     from django_leases.worker.interpreter import keep_streams_open
 
-    monkeypatch.setattr(sys, "stderr", sys.__stderr__)
-    theirs = sys.stdout  # pytest's capture: not the process's own
-    put_back = keep_streams_open()
-    try:
-        kept = sys.stderr
-        assert kept is not sys.__stderr__ and kept.fileno() == 2
-        kept.close()
-        kept.buffer.close()
-        kept.buffer.raw.close()
-        assert not kept.closed
-        assert kept.write("still open\n") == len("still open\n")
-        assert sys.stdout is theirs
-    finally:
-        put_back()
-    assert sys.stderr is sys.__stderr__ and not sys.__stderr__.closed
+    for closes_the_original in (False, True):
+        # The process's own stderr, as the worker's has it: an object of this test's on
+        # descriptor 2, which it may close.
+        own = open(2, "w", closefd=False)  # noqa: SIM115 -- closed below
+        monkeypatch.setattr(sys, "stderr", own)
+        monkeypatch.setattr(sys, "__stderr__", own)
+        theirs = io.StringIO()  # a replacement of the project's, or a test runner's
+        monkeypatch.setattr(sys, "stdout", theirs)
+        handler = logging.StreamHandler(own)
+        failed: list[logging.LogRecord] = []
+        monkeypatch.setattr(handler, "handleError", failed.append)
+        record = logging.LogRecord("x", logging.WARNING, __file__, 1, "a line", None, None)
+        put_back = keep_streams_open()
+        try:
+            kept = sys.stderr
+            assert kept is not own and kept.fileno() == 2 and kept.name == "<stderr>"
+            assert handler.stream is kept
+            kept.close()
+            kept.buffer.close()
+            kept.buffer.raw.close()
+            assert not kept.closed
+            assert kept.write("") == 0
+            if closes_the_original:
+                own.close()
+            handler.emit(record)
+            assert not failed  # written, to kept
+            assert sys.stdout is theirs
+        finally:
+            put_back()
+        if closes_the_original:
+            assert sys.stderr is kept and handler.stream is kept
+        else:
+            assert sys.stderr is own and handler.stream is own and not own.closed
+        handler.close()
+        own.close()
 
 
 @workers_db

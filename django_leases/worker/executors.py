@@ -224,7 +224,8 @@ class ThreadExecutor(_Slots):
 
     def close(self, wait: float = 0.0) -> None:
         super().close(wait)
-        if self.running() == 0:  # no handler left to close the originals
+        # Not while a slot thread lives: its handler could still close the originals.
+        if not any(thread.is_alive() for thread in self._threads) and self.abandoned() == 0:
             self._put_streams_back()
 
     def execute(self, claim: Claim, task: Any) -> Outcome:

@@ -57,7 +57,7 @@ class InterpreterGuard:
                 # A project's own stream object may have no ``closed``: not a file's.
                 with contextlib.suppress(Exception):
                     if stream is not None and getattr(stream, "closed", False) is True:
-                        setattr(sys, name, _reopened(stream, fd))
+                        setattr(sys, name, _reopened(stream, fd, name))
                         put_back.append(f"sys.{name}")
             return put_back
 
@@ -80,57 +80,75 @@ class _OpenText(io.TextIOWrapper):
         self.flush()
 
 
-def _kept_open(like: Any, fd: int) -> TextIO:
-    """A stream on ``fd`` that stays open, encoding as ``like`` did, written line by line."""
-    return _OpenText(
-        _OpenBuffer(_OpenFile(fd, "w", closefd=False)),
+def _kept_open(like: Any, fd: int, name: str, line_buffering: bool | None = None) -> TextIO:
+    """A stream on ``fd`` that stays open, encoding (and unless told, buffering) as ``like``
+    did."""
+    raw = _OpenFile(fd, "w", closefd=False)
+    raw.name = f"<{name}>"  # as the interpreter names its own
+    text = _OpenText(
+        _OpenBuffer(raw),
         encoding=getattr(like, "encoding", None),
         errors=getattr(like, "errors", None) or "backslashreplace",
-        line_buffering=True,
+        line_buffering=bool(
+            getattr(like, "line_buffering", True) if line_buffering is None else line_buffering
+        ),
+        write_through=bool(getattr(like, "write_through", False)),
     )
+    text.mode = "w"  # type: ignore[misc]  # as open() sets it
+    return text
+
+
+def _hand_over(old: Any, new: Any) -> None:
+    """Point every logging handler that writes to ``old`` at ``new``: those of loggers, and
+    those only another reaches (a MemoryHandler's target, a QueueListener's); logging keeps
+    weak references to them all."""
+    for ref in list(getattr(logging, "_handlerList", [])):
+        handler = ref()
+        if isinstance(handler, logging.StreamHandler) and handler.stream is old:
+            # Not setStream(): it flushes the old stream first, which raises if closed.
+            with contextlib.suppress(Exception):
+                handler.acquire()
+                try:
+                    handler.stream = new
+                finally:
+                    handler.release()
 
 
 def keep_streams_open() -> Callable[[], None]:
     """Put in sys.stdout and sys.stderr, where they are the process's own (not a project's
     or a test runner's replacement), streams on the same descriptors that close() cannot
-    close; return what puts the originals back. The originals stay open for whoever holds
-    them (a logging handler configured before)."""
+    close, and point the logging handlers that wrote to the originals at them (a handler
+    closing ``sys.__stderr__`` then closes nothing logging writes to); return what puts
+    the originals back, unless a handler closed them."""
     swapped: list[tuple[str, Any, Any]] = []
     for name, fd in (("stdout", 1), ("stderr", 2)):
         original = getattr(sys, name)
         with contextlib.suppress(Exception):  # no descriptor, another one, closed already
             if original is getattr(sys, f"__{name}__") and original.fileno() == fd:
                 original.flush()
-                kept = _kept_open(original, fd)
+                kept = _kept_open(original, fd, name)
                 setattr(sys, name, kept)
+                _hand_over(original, kept)
                 swapped.append((name, original, kept))
 
     def put_back() -> None:
         for name, original, kept in swapped:
-            if getattr(sys, name) is kept:  # not one a handler put there since
-                with contextlib.suppress(Exception):
-                    kept.flush()
-                setattr(sys, name, original)
+            with contextlib.suppress(Exception):
+                if original.closed:
+                    continue  # closed by a handler: the stand-in stays
+                kept.flush()
+                _hand_over(kept, original)
+                if getattr(sys, name) is kept:  # not one a handler put there since
+                    setattr(sys, name, original)
 
     return put_back
 
 
-def _reopened(closed: Any, fd: int) -> TextIO:
+def _reopened(closed: Any, fd: int, name: str) -> TextIO:
     """A new stream on ``fd`` (a standard stream's close leaves its descriptor open), given
     to every logging handler that wrote to ``closed``."""
-    stream = _kept_open(closed, fd)
-    # Every handler alive (logging keeps weak references to them all): those of loggers,
-    # and those only another reaches (a MemoryHandler's target, a QueueListener's).
-    for ref in list(getattr(logging, "_handlerList", [])):
-        handler = ref()
-        if isinstance(handler, logging.StreamHandler) and handler.stream is closed:
-            # Not setStream(): it flushes the closed stream first, which raises.
-            with contextlib.suppress(Exception):
-                handler.acquire()
-                try:
-                    handler.stream = stream
-                finally:
-                    handler.release()
+    stream = _kept_open(closed, fd, name, line_buffering=True)
+    _hand_over(closed, stream)
     return stream
 
 

@@ -1033,14 +1033,15 @@ def meddle_with_the_interpreter() -> str:
 
 
 @task
-def close_stderr(key: str, seconds: float = 0.0) -> str:
-    """Close the standard error stream (the worker's log stream in thread isolation), hold
-    the claim ``seconds``, and return: the lines logged afterwards cannot be written."""
+def close_stderr(key: str, seconds: float = 0.0, stream: str = "stderr") -> str:
+    """Close the standard error stream (the worker's log stream in thread isolation), as
+    ``sys.stderr`` or ``sys.__stderr__``, hold the claim ``seconds``, and return: the lines
+    logged afterwards cannot be written."""
     import sys
 
     from django_leases.api import current_job
 
-    sys.stderr.close()
+    getattr(sys, stream).close()
     _effect(key, "closed")
     current_job().sleep(seconds)
     return key
