@@ -77,6 +77,7 @@ LEASE_FIELDS = (
     "attempts",
     "max_attempts",
     "leases_lost",
+    "releases",
     "claimed_by",
     "heartbeat_at",
 )

@@ -34,6 +34,13 @@ SILENT_SLACK_SECONDS = 1.0
 beat by tens of milliseconds, as much as a sub-second period's whole margin, and a healthy
 worker judged gone has its claims ended by the admin's action."""
 
+UNCOUNTED_RELEASES = 10
+"""How many times a job may be given back at a worker's stop, its attempt not counted,
+with no checkpoint between: past it each release counts the attempt (ReleasedTooOften),
+so that a handler that stops its own worker (a signal to it, the memory that gets its pod
+evicted) ends dead instead of restarting workers forever. A checkpoint starts the count
+again: a long job that saves its progress is released at every deploy without cost."""
+
 
 def silent_after(period: float) -> float:
     """Seconds of silence after which a worker beating every ``period`` seconds looks gone

@@ -74,6 +74,11 @@ class HandlerDied(LeasesError):
     """A process-isolated handler exited without reporting a result (killed, crashed)."""
 
 
+class ReleasedTooOften(LeasesError):
+    """The failure recorded for a job given back at a worker's stop more than
+    conf.UNCOUNTED_RELEASES times with no checkpoint between: that release counts its attempt."""
+
+
 class HandlerTimeout(LeasesError):
     """A handler ran past its timeout (the task's ``timeout``, else TIMEOUT_SECONDS): told
     to stop, its process killed (process isolation), its attempt failed."""

@@ -361,24 +361,41 @@ class OwnerVerbs(ClaimVerbs):
         )
 
     @retry_deadlock_victims
-    def release(self, claim: ClaimRef) -> bool:
+    def release(self, claim: ClaimRef, *, at_stop: bool = True) -> bool:
         """Give the job back to pending at once without counting the attempt (nor its
-        worker: claimed_by cleared, so no TaskResult names it among the attempts)."""
+        worker: claimed_by cleared, so no TaskResult names it among the attempts).
+
+        A release ``at_stop`` (a worker stopping with the handler unfinished) is counted
+        in ``releases``, and refused once the job has had UNCOUNTED_RELEASES of them since
+        its last checkpoint: False, as for a lost claim (over_release_limit() tells them
+        apart). A handler that could not connect to the database (``at_stop=False``) is
+        not the job's doing, and not counted."""
+        owned = self._owned(claim)
+        more: dict[str, Any] = {}
+        if at_stop:
+            owned = owned.filter(releases__lt=conf.UNCOUNTED_RELEASES)
+            more["releases"] = F("releases") + 1
         return (
-            self._owned(claim).update(
+            owned.update(
                 state=JobState.PENDING,
                 available_at=Now(),
                 attempts=F("attempts") - 1,
                 claimed_by="",
                 claim_token=None,
                 lease_expires_at=None,
+                **more,
             )
             == 1
         )
 
+    def over_release_limit(self, claim: ClaimRef) -> bool:
+        """Whether the claim is still held and its job has had its UNCOUNTED_RELEASES."""
+        return self._owned(claim).filter(releases__gte=conf.UNCOUNTED_RELEASES).exists()
+
     @retry_deadlock_victims
     def checkpoint(self, claim: ClaimRef, cursor: Any, lease: float | None = None) -> bool:
-        """Commit ``cursor`` and renew the lease in one conditional UPDATE."""
+        """Commit ``cursor`` and renew the lease in one conditional UPDATE; the job's
+        count of releases starts again."""
         cursor = stored_json(cursor, "cursor")
         lease = checked_lease(lease)
         return (
@@ -386,6 +403,7 @@ class OwnerVerbs(ClaimVerbs):
                 cursor=cursor,
                 lease_expires_at=lease_end_by_job([claim], lease),
                 heartbeat_at=Now(),
+                releases=0,  # progress: the stops before it were no poison
             )
             == 1
         )

@@ -571,6 +571,41 @@ def test_release_returns_the_job_without_counting_the_attempt():
     assert (again.attempts, again.fence) == (1, 2)
 
 
+def test_releases_at_stops_are_bounded_and_a_checkpoint_starts_the_count_again():
+    """A job whose handler stops its own worker (a signal to it, the memory that gets its
+    pod evicted) was given back at every stop, its attempt never counted: workers restarted
+    forever and the job never ended (3). After UNCOUNTED_RELEASES releases at a stop with
+    no checkpoint between, release() refuses, the claim untouched, and over_release_limit()
+    says why (the worker fails the attempt instead). A checkpoint starts the count again;
+    a release because the handler could not connect is not the job's doing: not counted."""
+    from django_leases import conf
+
+    enqueue()
+    for n in range(conf.UNCOUNTED_RELEASES):
+        [job] = Job.objects.claim("w")
+        assert Job.objects.release(job) is True
+        stored = Job.objects.get(pk=job.pk)
+        assert (stored.state, stored.attempts, stored.releases) == (JobState.PENDING, 0, n + 1)
+    [job] = Job.objects.claim("w")
+    assert Job.objects.release(job, at_stop=False) is True
+    assert Job.objects.get(pk=job.pk).releases == conf.UNCOUNTED_RELEASES
+    [job] = Job.objects.claim("w")
+    assert Job.objects.release(job) is False
+    assert Job.objects.over_release_limit(job) is True
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.state, stored.claim_token, stored.attempts) == (
+        JobState.CLAIMED,
+        job.claim_token,
+        1,
+    )
+    assert Job.objects.checkpoint(job, {"done_up_to": 7}) is True
+    assert Job.objects.get(pk=job.pk).releases == 0
+    assert Job.objects.over_release_limit(job) is False
+    assert Job.objects.release(job) is True
+    assert Job.objects.get(pk=job.pk).releases == 1
+    assert Job.objects.over_release_limit(job) is False  # a claim no longer held
+
+
 def test_fail_retries_until_max_attempts_then_dead_letters_with_history():
     """Invariant 3: a failing job ends dead, each attempt recorded, never lost."""
     enqueue(max_attempts=2)

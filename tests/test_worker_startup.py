@@ -330,8 +330,10 @@ def test_a_handler_that_cannot_connect_is_released_without_spending_an_attempt(w
                 other.close()
         wait_for(lambda: job_of(result).state == JobState.SUCCEEDED, 20, "the job")
         job = job_of(result)
-        # Every release gave its attempt back: the one that ran is the only one counted.
+        # Every release gave its attempt back: the one that ran is the only one counted,
+        # and none is among the releases at a stop (UNCOUNTED_RELEASES).
         assert (job.result, job.attempts) == (9, 1), (job.result, job.attempts, job.fence)
+        assert job.releases == 0
         assert job.fence > 1
         assert not JobFailure.objects.filter(job=job).exists()
         w.signal(signal.SIGTERM)

@@ -234,6 +234,49 @@ RESULT_SET = (
 ) + "|result = v.result"
 
 
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_job_that_stops_every_worker_running_it_ends_dead_not_released_forever(
+    workers, isolation
+):
+    """A handler that sends its own worker SIGTERM (or whose memory gets its pod evicted)
+    was released at that stop, its attempt not counted, and so at the next worker's stop,
+    forever: it never ended, and every worker that took it stopped (3). Past
+    UNCOUNTED_RELEASES releases with no checkpoint between, the stop fails the attempt
+    (ReleasedTooOften), and out of attempts the job ends dead. The job beside it, released
+    at the same stop, is released as before, its attempt not counted."""
+    from django_leases import conf
+    from tests.testapp.tasks import hold, stop_own_worker
+
+    key = f"poison-{isolation}"
+    beside = hold.enqueue(30)
+    poison = stop_own_worker.enqueue(key)
+    Job.objects.filter(pk=poison.id).update(releases=conf.UNCOUNTED_RELEASES, max_attempts=1)
+    w = workers.start(
+        f"poisoned-{isolation}",
+        *FAST,
+        "--grace",
+        "1",
+        "--concurrency",
+        "2",
+        "--isolation",
+        isolation,
+    )
+    assert w.wait_exit(60) == 0, w.log()[-3000:]
+    job = job_of(poison)
+    assert (job.state, job.dead_reason, job.attempts) == (JobState.DEAD, "attempts", 1), w.log()[
+        -3000:
+    ]
+    [failure] = JobFailure.objects.filter(job_id=poison.id)
+    assert failure.exception_class_path == "django_leases.exceptions.ReleasedTooOften"
+    assert f"{conf.UNCOUNTED_RELEASES} times" in failure.message
+    [dead] = w.events("dead_lettered", job_id=int(poison.id))
+    assert dead["error"] == "django_leases.exceptions.ReleasedTooOften"
+    other = job_of(beside)
+    assert (other.state, other.attempts, other.releases) == (JobState.PENDING, 0, 1)
+    assert not JobFailure.objects.filter(job_id=beside.id).exists()
+    assert w.events("released", job_id=int(beside.id)), w.log()[-3000:]
+
+
 def test_an_outcome_the_database_never_took_is_not_released_at_a_stop(workers):
     """Invariants 3 and 4: the handler succeeded but its ack met a database outage; a stop
     before the database answers must not release the job to run again before its lease

@@ -485,7 +485,7 @@ class Worker(Stopping):
                 continue
             reason = f"; its handler could not connect to the database ({outcome.message})"
             try:
-                self._release(claim, reason)
+                self._release(claim, reason, at_stop=False)
             except DB_ERRORS as e:
                 claim.finish_failed()
                 self._unconnected.put((claim, outcome))

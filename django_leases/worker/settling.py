@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import OperationalError, connections
 
+from .. import conf
 from ..api import FOUND_TAKEN
+from ..exceptions import ReleasedTooOften
 from ..states import FailureKind
 from ..storable import (
     CLASS_PATH_LIMIT,
@@ -419,9 +421,23 @@ class Settling:
         except Exception:  # noqa: BLE001 -- a connection that cannot say is not answering
             return False
 
-    def _release(self, claim: Claim, why: str = "") -> bool:
-        """Give the job back to pending, the attempt not counted; raise on database trouble."""
-        released = self.Job.objects.using(self.database).release(claim.job)
+    def _release(self, claim: Claim, why: str = "", *, at_stop: bool = True) -> bool:
+        """Give the job back to pending, the attempt not counted; raise on database trouble.
+        A job given back at stops too often (conf.UNCOUNTED_RELEASES, none of them its
+        handler's doing but a stop: ``at_stop``) has this attempt failed instead."""
+        jobs = self.Job.objects.using(self.database)
+        released = jobs.release(claim.job, at_stop=at_stop)
+        if not released and at_stop and jobs.over_release_limit(claim.job):
+            self._fail(
+                claim,
+                Outcome(
+                    Kind.ERROR,
+                    exception_class_path=class_path(ReleasedTooOften),
+                    message=f"given back at a worker's stop {conf.UNCOUNTED_RELEASES} times "
+                    f"with no checkpoint between{why}: this stop counts the attempt",
+                ),
+            )
+            return True
         self._forget(claim)
         if released:
             logger.info(

@@ -1048,6 +1048,23 @@ def close_stderr(key: str, seconds: float = 0.0, stream: str = "stderr") -> str:
 
 
 @task
+def stop_own_worker(key: str) -> None:
+    """Send SIGTERM to the worker running this job (its own process in thread isolation,
+    the parent of its child in process isolation), then wait to be stopped: a job that
+    ends every worker that runs it, as one whose memory gets its pod evicted does."""
+    import multiprocessing
+    import os
+    import signal
+
+    from django_leases.api import current_job
+
+    _effect(key, "start")
+    in_child = multiprocessing.parent_process() is not None
+    os.kill(os.getppid() if in_child else os.getpid(), signal.SIGTERM)
+    current_job().sleep(30)
+
+
+@task
 def returns_leaving_a_thread(key: str, seconds: float) -> str:
     """Return at once, leaving a thread that is no daemon running ``seconds``: a child
     process cannot exit before it ends."""
