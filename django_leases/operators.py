@@ -115,6 +115,7 @@ class OperatorVerbs(_VerbsBase):
         }
         if reset_attempts:
             back["attempts"] = 0
+            back["releases"] = 0  # a fresh start at stops too (UNCOUNTED_RELEASES)
         else:
             # Keep the count but leave room for one more try.
             back["max_attempts"] = Case(

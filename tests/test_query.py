@@ -702,13 +702,18 @@ def test_cancel_of_a_claimed_job_makes_its_owner_lose_at_the_next_renewal():
 
 
 def test_requeue_puts_dead_and_cancelled_back_and_says_how_many():
+    """Attempts reset, and the releases at a stop with them: a job dead of too many
+    (ReleasedTooOften) starts afresh at stops too."""
     enqueue(max_attempts=1)
     enqueue()
     [job] = Job.objects.claim("w")
     Job.objects.fail(job, message="x")
+    Job.objects.filter(pk=job.pk).update(releases=10)
     Job.objects.filter(state=JobState.PENDING).cancel()
     assert Job.objects.all().requeue() == 2
-    assert set(Job.objects.values_list("state", "attempts")) == {(JobState.PENDING, 0)}
+    assert set(Job.objects.values_list("state", "attempts", "releases")) == {
+        (JobState.PENDING, 0, 0)
+    }
 
 
 def test_requeue_keeping_attempts_leaves_room_for_one_more_try():
