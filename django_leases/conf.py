@@ -36,10 +36,11 @@ worker judged gone has its claims ended by the admin's action."""
 
 UNCOUNTED_RELEASES = 10
 """How many times a job may be given back at a worker's stop, its attempt not counted,
-with no checkpoint between: past it each release counts the attempt (ReleasedTooOften),
-so that a handler that stops its own worker (a signal to it, the memory that gets its pod
-evicted) ends dead instead of restarting workers forever. A checkpoint starts the count
-again: a long job that saves its progress is released at every deploy without cost."""
+with no checkpoint between that moved its cursor: past it each release counts the attempt
+(ReleasedTooOften), so that a handler that stops its own worker (a signal to it, the memory
+that gets its pod evicted) ends dead instead of restarting workers forever. A checkpoint
+with a new cursor starts the count again: a long job that saves its progress is released
+at every deploy without cost."""
 
 
 def silent_after(period: float) -> float:

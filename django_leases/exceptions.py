@@ -76,7 +76,8 @@ class HandlerDied(LeasesError):
 
 class ReleasedTooOften(LeasesError):
     """The failure recorded for a job given back at a worker's stop more than
-    conf.UNCOUNTED_RELEASES times with no checkpoint between: that release counts its attempt."""
+    conf.UNCOUNTED_RELEASES times with no checkpoint between that moved its cursor: that
+    release counts its attempt."""
 
 
 class HandlerTimeout(LeasesError):

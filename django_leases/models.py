@@ -48,8 +48,8 @@ class Job(models.Model):
     max_attempts = models.PositiveIntegerField(_("max attempts"), default=5)
     # Claims that ended because the lease ran out, counted apart from handler failures.
     leases_lost = models.PositiveIntegerField(_("leases lost"), default=0)
-    # Claims given back at a worker's stop, their attempt not counted, since the last
-    # checkpoint: past UNCOUNTED_RELEASES a release counts (a handler that stops its own
+    # Claims given back at a worker's stop, their attempt not counted, since a checkpoint
+    # last moved the cursor: past UNCOUNTED_RELEASES a release counts (a handler that stops its own
     # worker would otherwise run forever). A database default: raw INSERTs leave it out.
     releases = models.PositiveIntegerField(_("releases"), default=0, db_default=0)
     claimed_by = models.CharField(_("claimed by"), max_length=200, blank=True, default="")

@@ -361,15 +361,15 @@ class OwnerVerbs(ClaimVerbs):
         )
 
     @retry_deadlock_victims
-    def release(self, claim: ClaimRef, *, at_stop: bool = True) -> bool:
+    def release(self, claim: ClaimRef, *, at_stop: bool = False) -> bool:
         """Give the job back to pending at once without counting the attempt (nor its
         worker: claimed_by cleared, so no TaskResult names it among the attempts).
 
-        A release ``at_stop`` (a worker stopping with the handler unfinished) is counted
-        in ``releases``, and refused once the job has had UNCOUNTED_RELEASES of them since
-        its last checkpoint: False, as for a lost claim (over_release_limit() tells them
-        apart). A handler that could not connect to the database (``at_stop=False``) is
-        not the job's doing, and not counted."""
+        A release ``at_stop`` (the worker's, at a stop with the handler unfinished) is
+        counted in ``releases``, and refused once the job has had UNCOUNTED_RELEASES of
+        them since a checkpoint last moved its cursor: False, as for a lost claim
+        (over_release_limit() tells them apart). Any other release (a handler that could
+        not connect to the database: not the job's doing) is not counted."""
         owned = self._owned(claim)
         more: dict[str, Any] = {}
         if at_stop:
@@ -393,17 +393,21 @@ class OwnerVerbs(ClaimVerbs):
         return self._owned(claim).filter(releases__gte=conf.UNCOUNTED_RELEASES).exists()
 
     @retry_deadlock_victims
-    def checkpoint(self, claim: ClaimRef, cursor: Any, lease: float | None = None) -> bool:
-        """Commit ``cursor`` and renew the lease in one conditional UPDATE; the job's
-        count of releases starts again."""
+    def checkpoint(
+        self, claim: ClaimRef, cursor: Any, lease: float | None = None, *, moved: bool = True
+    ) -> bool:
+        """Commit ``cursor`` and renew the lease in one conditional UPDATE. A cursor that
+        ``moved`` (not the one stored before) is progress: the job's count of releases at
+        a stop starts again; the same cursor saved again (a keepalive) leaves it."""
         cursor = stored_json(cursor, "cursor")
         lease = checked_lease(lease)
+        more = {"releases": 0} if moved else {}
         return (
             self._owned(claim).update(
                 cursor=cursor,
                 lease_expires_at=lease_end_by_job([claim], lease),
                 heartbeat_at=Now(),
-                releases=0,  # progress: the stops before it were no poison
+                **more,
             )
             == 1
         )

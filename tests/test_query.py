@@ -575,22 +575,26 @@ def test_releases_at_stops_are_bounded_and_a_checkpoint_starts_the_count_again()
     """A job whose handler stops its own worker (a signal to it, the memory that gets its
     pod evicted) was given back at every stop, its attempt never counted: workers restarted
     forever and the job never ended (3). After UNCOUNTED_RELEASES releases at a stop with
-    no checkpoint between, release() refuses, the claim untouched, and over_release_limit()
-    says why (the worker fails the attempt instead). A checkpoint starts the count again;
-    a release because the handler could not connect is not the job's doing: not counted."""
+    no checkpoint moving its cursor between, release(at_stop=True) refuses, the claim
+    untouched, and over_release_limit() says why (the worker fails the attempt instead). A
+    checkpoint that moves the cursor starts the count again, one that saves it again does
+    not; another release (a handler that could not connect: not the job's doing) is not
+    counted."""
     from django_leases import conf
 
     enqueue()
     for n in range(conf.UNCOUNTED_RELEASES):
         [job] = Job.objects.claim("w")
-        assert Job.objects.release(job) is True
+        if n == 3:  # the same cursor saved again (a keepalive) is no progress
+            assert Job.objects.checkpoint(job, None, moved=False) is True
+        assert Job.objects.release(job, at_stop=True) is True
         stored = Job.objects.get(pk=job.pk)
         assert (stored.state, stored.attempts, stored.releases) == (JobState.PENDING, 0, n + 1)
     [job] = Job.objects.claim("w")
-    assert Job.objects.release(job, at_stop=False) is True
+    assert Job.objects.release(job) is True  # not at a stop: not counted
     assert Job.objects.get(pk=job.pk).releases == conf.UNCOUNTED_RELEASES
     [job] = Job.objects.claim("w")
-    assert Job.objects.release(job) is False
+    assert Job.objects.release(job, at_stop=True) is False
     assert Job.objects.over_release_limit(job) is True
     stored = Job.objects.get(pk=job.pk)
     assert (stored.state, stored.claim_token, stored.attempts) == (
@@ -601,7 +605,7 @@ def test_releases_at_stops_are_bounded_and_a_checkpoint_starts_the_count_again()
     assert Job.objects.checkpoint(job, {"done_up_to": 7}) is True
     assert Job.objects.get(pk=job.pk).releases == 0
     assert Job.objects.over_release_limit(job) is False
-    assert Job.objects.release(job) is True
+    assert Job.objects.release(job, at_stop=True) is True
     assert Job.objects.get(pk=job.pk).releases == 1
     assert Job.objects.over_release_limit(job) is False  # a claim no longer held
 

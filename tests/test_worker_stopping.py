@@ -277,6 +277,40 @@ def test_a_job_that_stops_every_worker_running_it_ends_dead_not_released_forever
     assert w.events("released", job_id=int(beside.id)), w.log()[-3000:]
 
 
+@pytest.mark.parametrize("moved", [True, False])
+def test_a_checkpoint_that_moves_the_cursor_starts_the_count_of_releases_again(workers, moved):
+    """A handler that checkpoints its progress, then has its worker stop, is released as
+    ever however often it happens: the count starts again at each checkpoint that moves the
+    cursor. One that saves the cursor it was given (a keepalive, no progress) does not
+    start it again: past the limit the stop fails its attempt (ReleasedTooOften)."""
+    from django_leases import conf
+    from tests.testapp.tasks import stop_own_worker
+
+    result = stop_own_worker.enqueue(f"checkpointed-{moved}", [2] if moved else [1])
+    Job.objects.filter(pk=result.id).update(
+        releases=conf.UNCOUNTED_RELEASES, max_attempts=1, cursor=[1]
+    )
+    w = workers.start(f"checkpointed-{moved}", *FAST, "--grace", "1")
+    assert w.wait_exit(60) == 0, w.log()[-3000:]
+    job = job_of(result)
+    if moved:
+        assert (job.state, job.attempts, job.releases, job.cursor) == (
+            JobState.PENDING,
+            0,
+            1,
+            [2],
+        ), w.log()[-3000:]
+        assert not JobFailure.objects.filter(job_id=result.id).exists()
+    else:
+        assert (job.state, job.attempts, job.releases) == (
+            JobState.DEAD,
+            1,
+            conf.UNCOUNTED_RELEASES,
+        ), w.log()[-3000:]
+        [failure] = JobFailure.objects.filter(job_id=result.id)
+        assert failure.exception_class_path == "django_leases.exceptions.ReleasedTooOften"
+
+
 def test_an_outcome_the_database_never_took_is_not_released_at_a_stop(workers):
     """Invariants 3 and 4: the handler succeeded but its ack met a database outage; a stop
     before the database answers must not release the job to run again before its lease

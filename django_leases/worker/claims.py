@@ -309,12 +309,24 @@ def read_back_acks(Job: Any, database: str, claims: list[Claim]) -> set[Any]:
 # underestimate a lease, never overestimate it.
 
 
+def _moved(cursor: Any, before: Any) -> bool:
+    """Whether ``cursor`` differs from ``before``; a value that cannot say (an array's
+    comparison, one that raises) counts as moved, and the checkpoint judges it."""
+    try:
+        return bool(cursor != before)
+    except Exception:  # noqa: BLE001 -- the handler's value: stored_json() names its fault
+        return True
+
+
 def store_checkpoint(handle: JobHandle, link: WorkerLink, cursor: Any) -> bool:
     """Store ``cursor`` and renew the lease if the claim still holds; False if it is lost."""
     from ..models import Job
 
     started = time.monotonic()
-    held = Job.objects.using(handle.database).checkpoint(handle.claim, cursor)
+    # handle.cursor: the one stored before (the claim's, or the last checkpoint's).
+    held = Job.objects.using(handle.database).checkpoint(
+        handle.claim, cursor, moved=_moved(cursor, handle.cursor)
+    )
     if held:
         transaction.on_commit(functools.partial(link.renewed, started), using=handle.database)
         logger.debug(

@@ -1048,16 +1048,19 @@ def close_stderr(key: str, seconds: float = 0.0, stream: str = "stderr") -> str:
 
 
 @task
-def stop_own_worker(key: str) -> None:
-    """Send SIGTERM to the worker running this job (its own process in thread isolation,
-    the parent of its child in process isolation), then wait to be stopped: a job that
-    ends every worker that runs it, as one whose memory gets its pod evicted does."""
+def stop_own_worker(key: str, checkpoint: list[int] | None = None) -> None:
+    """Save ``checkpoint`` as the cursor (if given), send SIGTERM to the worker running
+    this job (its own process in thread isolation, the parent of its child in process
+    isolation), then wait to be stopped: a job that ends every worker that runs it, as
+    one whose memory gets its pod evicted does."""
     import multiprocessing
     import os
     import signal
 
     from django_leases.api import current_job
 
+    if checkpoint is not None:
+        current_job().checkpoint(checkpoint)
     _effect(key, "start")
     in_child = multiprocessing.parent_process() is not None
     os.kill(os.getppid() if in_child else os.getpid(), signal.SIGTERM)
