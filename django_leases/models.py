@@ -49,8 +49,9 @@ class Job(models.Model):
     # Claims that ended because the lease ran out, counted apart from handler failures.
     leases_lost = models.PositiveIntegerField(_("leases lost"), default=0)
     # Claims given back at a worker's stop, their attempt not counted, since a checkpoint
-    # last moved the cursor: past UNCOUNTED_RELEASES a release counts (a handler that stops its own
-    # worker would otherwise run forever). A database default: raw INSERTs leave it out.
+    # last moved the cursor: past UNCOUNTED_RELEASES a release counts (a handler that stops
+    # its own worker would otherwise run forever). A database default: raw INSERTs leave
+    # it out.
     releases = models.PositiveIntegerField(_("releases"), default=0, db_default=0)
     claimed_by = models.CharField(_("claimed by"), max_length=200, blank=True, default="")
     heartbeat_at = models.DateTimeField(_("last heartbeat"), null=True, blank=True)

@@ -434,7 +434,8 @@ class Settling:
                     Kind.ERROR,
                     exception_class_path=class_path(ReleasedTooOften),
                     message=f"given back at a worker's stop {conf.UNCOUNTED_RELEASES} times "
-                    f"with no checkpoint moving its cursor between{why}: this stop counts the attempt",
+                    f"with no checkpoint moving its cursor between{why}: this stop counts "
+                    "the attempt",
                 ),
             )
             return True
