@@ -277,6 +277,32 @@ def test_a_job_that_stops_every_worker_running_it_ends_dead_not_released_forever
     assert w.events("released", job_id=int(beside.id)), w.log()[-3000:]
 
 
+def test_a_handler_process_killed_by_each_stop_also_ends_dead_past_the_releases(workers):
+    """The other way a stop gives a job back: its handler process died of the stop's
+    signal (the whole process group's SIGTERM, as systemd sends it). It goes through the
+    same bound (3): past UNCOUNTED_RELEASES the stop fails the attempt (ReleasedTooOften),
+    and out of attempts the job ends dead, not released to kill the next worker's child."""
+    from django_leases import conf
+
+    dies = mortal.enqueue("group-poison", 60)
+    Job.objects.filter(pk=dies.id).update(releases=conf.UNCOUNTED_RELEASES, max_attempts=1)
+    w = workers.start(
+        "group-poison", "--isolation", "process", "--grace", "20", *FAST, own_group=True
+    )
+    wait_for(lambda: phases("group-poison"), 60, "the handler process to start")
+    w.signal_group(signal.SIGTERM)
+    assert w.wait_exit(60) == 0, w.log()[-3000:]
+    job = job_of(dies)
+    assert (job.state, job.dead_reason, job.attempts) == (JobState.DEAD, "attempts", 1), w.log()[
+        -3000:
+    ]
+    [failure] = JobFailure.objects.filter(job_id=dies.id)
+    assert failure.exception_class_path == "django_leases.exceptions.ReleasedTooOften"
+    assert "its handler process died while the worker was stopping" in failure.message
+    assert w.events("dead_lettered", job_id=int(dies.id)), w.log()[-3000:]
+    assert not w.events("released", job_id=int(dies.id)), w.log()[-3000:]
+
+
 @pytest.mark.parametrize("moved", [True, False])
 def test_a_checkpoint_that_moves_the_cursor_starts_the_count_of_releases_again(workers, moved):
     """A handler that checkpoints its progress, then has its worker stop, is released as
