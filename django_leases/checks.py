@@ -182,8 +182,8 @@ def _time_zone_messages(alias: str) -> list[checks.CheckMessage]:
         return []
     return [
         checks.Warning(
-            f"TASKS[{alias!r}]: run_after and deadline {USE_TZ_NEEDED}; such an enqueue "
-            "raises InvalidTask.",
+            f"TASKS[{alias!r}]: run_after and deadline each {USE_TZ_NEEDED}; an enqueue "
+            "given either raises InvalidTask.",
             hint="Set USE_TZ = True (Django's default).",
             obj=f"TASKS[{alias!r}]",
             id="django_leases.W003",

@@ -329,12 +329,13 @@ def validate_options(options: Any) -> list[InvalidLeaseOption]:
     problems: list[InvalidLeaseOption] = []
     for name in options:
         if name not in OPTIONS:
-            close = difflib.get_close_matches(str(name), OPTIONS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            # Compared upper-cased: 'lease_seconds' is a spelling of LEASE_SECONDS.
+            close = difflib.get_close_matches(str(name).upper(), OPTIONS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else "."
             problems.append(
                 InvalidLeaseOption(
                     str(name),
-                    f"is not an option of django_leases{hint} Known options: {', '.join(OPTIONS)}",
+                    f"is not an option of django_leases{hint} Known options: {', '.join(OPTIONS)}.",
                 )
             )
     merged = {name: options.get(name, o.default) for name, o in OPTIONS.items()}
@@ -436,8 +437,8 @@ def _task_module_problems(modules: Any) -> list[InvalidLeaseOption]:
         if not isinstance(module, str) or not module:
             problems.append(
                 InvalidLeaseOption(
-                    "TASK_MODULES",
-                    f"[{i}] must be a dotted module path such as 'shop.jobs', got {module!r}",
+                    f"TASK_MODULES[{i}]",
+                    f"must be a dotted module path such as 'shop.jobs', got {module!r}",
                 )
             )
             continue
@@ -448,7 +449,7 @@ def _task_module_problems(modules: Any) -> list[InvalidLeaseOption]:
         if not found:
             problems.append(
                 InvalidLeaseOption(
-                    "TASK_MODULES", f"[{i}] {module!r} is not a module that can be imported"
+                    f"TASK_MODULES[{i}]", f"{module!r} is not a module that can be imported"
                 )
             )
     return problems

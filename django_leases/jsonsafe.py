@@ -188,13 +188,21 @@ def _checked(value: Any, path: str, depth: int, tally: _Tally, lenient: bool = F
             return copy
         before = tally.most, tally.least
         tally.count(_PER_SCALAR, 2)
-        if isinstance(value, dict):
-            copy = _checked_dict(value, path, depth, tally, lenient)
-        else:
-            copy = [
-                _checked(item, f"{path}[{i}]", depth + 1, tally, lenient)
-                for i, item in enumerate(value)
-            ]
+        try:
+            if isinstance(value, dict):
+                copy = _checked_dict(value, path, depth, tally, lenient)
+            else:
+                copy = [
+                    _checked(item, f"{path}[{i}]", depth + 1, tally, lenient)
+                    for i, item in enumerate(value)
+                ]
+        except (InvalidJobArgument, _PastTheLimit):
+            raise
+        except Exception as e:  # noqa: BLE001 -- a caller's subclass whose items() or __iter__ raises
+            raise InvalidJobArgument(
+                path, f"raised {type(e).__qualname__} when it was read"
+            ) from None
+        if not isinstance(value, dict):
             tally.count(_PER_ITEM * len(copy), 2 * max(len(copy) - 1, 0))  # ", " between
         tally.seen[key] = (value, copy, tally.most - before[0], tally.least - before[1])
         return copy

@@ -17,6 +17,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
+from django.tasks.exceptions import InvalidTask
 from django.utils.module_loading import module_has_submodule
 
 if TYPE_CHECKING:
@@ -47,10 +48,22 @@ _inherited: set[tuple[str, str]] = set()
 def declare(alias: str, task: Task[..., Any]) -> None:
     """Remember ``task`` as runnable by the backend ``alias`` (the first declaration wins,
     unless it was a copy carrying another backend's schedule and this one brings a
-    schedule of its own: see own_schedule())."""
+    schedule of its own: see own_schedule()). Another function at a declared path (a name
+    bound twice, two lambdas of one module) is refused: a worker finds a job's code by its
+    path alone, and would run the first. The same definition again (its module reloaded)
+    takes the old one's place."""
     path = task.module_path
     schedule = getattr(task, "schedule", None)
     with _lock:
+        first = _declared.get(alias, {}).get(path)
+        if first is not None and first.func is not task.func:
+            if not _same_definition(first.func, task.func):
+                raise InvalidTask(
+                    f"{path}: another task is declared at this path ({_where(first.func)}); "
+                    "a worker finds a job's code by its path alone, so each task needs a "
+                    "function of its own name"
+                )
+            _declared[alias][path] = task
         inherited = schedule is not None and any(
             getattr(tasks.get(path), "schedule", None) is schedule
             for other, tasks in _declared.items()
@@ -68,6 +81,26 @@ def declare(alias: str, task: Task[..., Any]) -> None:
         root = getattr(_discovering, "module", None)
         if root is not None:
             _declared_by_discovery.setdefault(path, root)
+
+
+def _same_definition(one: Any, other: Any) -> bool:
+    """Whether two functions come from the same lines of the same file: one module's
+    declaration imported again (importlib.reload()), not a second definition."""
+    first, second = getattr(one, "__code__", None), getattr(other, "__code__", None)
+    if first is None or second is None:
+        return False
+    return bool(
+        (first.co_filename, first.co_firstlineno, first.co_code)
+        == (second.co_filename, second.co_firstlineno, second.co_code)
+    )
+
+
+def _where(func: Any) -> str:
+    """Where ``func`` is defined, for a message: file:line, else its qualified name."""
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return getattr(func, "__qualname__", repr(func))
+    return f"{code.co_filename}:{code.co_firstlineno}"
 
 
 def own_schedule(alias: str, task: Task[..., Any]) -> Any:

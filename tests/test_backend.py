@@ -223,6 +223,42 @@ def test_a_row_naming_an_undeclared_function_is_never_imported():
     assert "tests.testapp.tasks.add" in registry.declared("default")
 
 
+def test_a_second_task_at_a_declared_path_is_refused_and_a_reload_is_not(tmp_path, monkeypatch):
+    """A worker finds a job's code by the path in its row. Two functions at one path (a
+    name bound twice, two lambdas of one module) were both taken at enqueue, and the
+    worker ran the first for both, the jobs ending successful with the wrong result (6).
+    The second declaration is refused, naming the path; the module imported again
+    (importlib.reload()) declares its task anew, as before."""
+    import importlib
+    import sys
+
+    (tmp_path / "twice_declared.py").write_text(
+        "from django.tasks import task\n\n"
+        "@task\ndef dup(x):\n    return 'first'\n\n"
+        "@task\ndef dup(x):  # noqa: F811\n    return 'second'\n"
+    )
+    (tmp_path / "two_lambdas.py").write_text(
+        "from django.tasks import task\n\n"
+        "triple = task(lambda x: x * 3)\nhundred = task(lambda x: x * 100)\n"
+    )
+    (tmp_path / "once_declared.py").write_text(
+        "from django.tasks import task\n\n@task\ndef once(x):\n    return x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module, path in (("twice_declared", "dup"), ("two_lambdas", "<lambda>")):
+        with pytest.raises(InvalidTask, match=rf"^{module}\.{path}: another task is declared"):
+            importlib.import_module(module)
+        first = registry.lookup("default", f"{module}.{path}")
+        assert first is not None and first.func.__code__.co_firstlineno in (3, 4)
+        sys.modules.pop(module, None)
+    once = importlib.import_module("once_declared")
+    try:
+        again = importlib.reload(once)
+        assert registry.lookup("default", "once_declared.once") is again.once
+    finally:
+        sys.modules.pop("once_declared", None)
+
+
 def test_queues_outside_the_backend_are_refused():
     with pytest.raises(InvalidTask, match="Queue"):
         add.using(queue_name="nope")

@@ -59,8 +59,12 @@ def ids(options):
             "['QUEUE_OPTIONS']['reports']['RETRY']['delays']",
         ),
         ({"TASK_MODULES": "shop.jobs"}, "django_leases.E016", "TASK_MODULES"),
-        ({"TASK_MODULES": ["tests.testapp.no_such_module"]}, "django_leases.E016", "TASK_MODULES"),
-        ({"TASK_MODULES": [""]}, "django_leases.E016", "TASK_MODULES"),
+        (
+            {"TASK_MODULES": ["tests.testapp.no_such_module"]},
+            "django_leases.E016",
+            "['TASK_MODULES'][0]",
+        ),
+        ({"TASK_MODULES": [""]}, "django_leases.E016", "['TASK_MODULES'][0]"),
     ],
 )
 def test_each_bad_option_is_an_error_with_its_own_id_naming_the_option(options, check_id, named):
@@ -146,7 +150,37 @@ def test_per_queue_options_for_a_queue_not_listed_are_warned_of():
 
 def test_an_unknown_option_suggests_the_close_one():
     [message] = [m for m in check_backend("default", {"LEASE_SECOND": 30}) if isinstance(m, Error)]
-    assert "did you mean 'LEASE_SECONDS'" in message.msg
+    assert "did you mean 'LEASE_SECONDS'?" in message.msg
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        # in lower case: no suggestion before, and no stop before "Known options"
+        (
+            {"lease_seconds": 30},
+            "['lease_seconds'] is not an option of django_leases; "
+            "did you mean 'LEASE_SECONDS'? Known options: DATABASE, ",
+        ),
+        (
+            {"NOTHING_LIKE_IT": 1},
+            "['NOTHING_LIKE_IT'] is not an option of django_leases. Known options: DATABASE, ",
+        ),
+        # an entry of TASK_MODULES named as Python indexes it (was "['TASK_MODULES'] [0] ...")
+        (
+            {"TASK_MODULES": ["tests.testapp.no_such_module"]},
+            "TASKS['default']['OPTIONS']['TASK_MODULES'][0] 'tests.testapp.no_such_module' is not "
+            "a module that can be imported",
+        ),
+        (
+            {"TASK_MODULES": ["tests.testapp.tasks", ""]},
+            "TASKS['default']['OPTIONS']['TASK_MODULES'][1] must be a dotted module path",
+        ),
+    ],
+)
+def test_option_messages_read_as_sentences_naming_the_setting(options, said):
+    messages = [m for m in check_backend("default", options) if isinstance(m, Error)]
+    assert any(said in m.msg for m in messages), [m.msg for m in messages]
 
 
 def test_defaults_are_modelled_on_sqs_and_pass():
@@ -368,7 +402,7 @@ def test_use_tz_false_is_warned_of_and_a_time_given_is_refused_naming_it():
             if m not in before and m.id != "django_leases.E020"
         ]
         assert isinstance(warning, Warning) and warning.id == "django_leases.W003"
-        assert "USE_TZ" in warning.msg
+        assert "run_after and deadline each needs USE_TZ = True" in warning.msg
         # What the backend says it supports is what it takes (before: True, and refused).
         from django.tasks import task_backends
 

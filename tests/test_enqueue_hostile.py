@@ -63,6 +63,16 @@ def nested(depth: int, kind: str = "list") -> object:
     return value
 
 
+class _UnreadableDict(dict):
+    def items(self):
+        raise RuntimeError("a caller's mapping that cannot be read")
+
+
+class _UnreadableList(list):
+    def __iter__(self):
+        raise RuntimeError("a caller's list that cannot be read")
+
+
 def mark(key: str) -> Effect:
     return Effect.objects.create(key=key, job_id=0, fence=0, worker_id="test", pid=0, phase="x")
 
@@ -608,6 +618,9 @@ def test_an_unknown_option_is_a_type_error_naming_it():
         (lambda: add.enqueue(10**5000, 1), "args[0]"),
         (lambda: add.enqueue(1, b=nested(1200)), "kwargs['b']"),
         (lambda: add.enqueue(1, b="\x00"), "kwargs['b']"),
+        # a caller's subclass that raises when read (its RuntimeError escaped before)
+        (lambda: add.enqueue(1, b={"k": _UnreadableDict(x=1)}), "kwargs['b']['k']"),
+        (lambda: add.enqueue(_UnreadableList([1]), 2), "args[0]"),
         (lambda: add.enqueue_many([((1, 2), {}), ((1, 1e300), {})]), "calls[1].args[1]"),
         (lambda: add.using(queue_name="nope").enqueue(1, 2), "Queue 'nope'"),
         (lambda: async_to_sync(add.aenqueue)(1, [1.5, 2**64]), "args[1][1]"),
