@@ -9,13 +9,13 @@ verb), as a warning an operator can alert on.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
+from .safe_logging import WorkerLogger
 from .states import DeadReason, JobState, LeaseLostPolicy
 
 # The worker's logger by name: its events are listed in django_leases.worker.logs.EVENTS.
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 # The ending of a job parked rather than dead-lettered.
 PARK = "park"

@@ -68,14 +68,26 @@ class RecordedFailure:
 class OwnerVerbs(ClaimVerbs):
     """The claim's owner's writes of JobQuerySet (a mixin, on the claim they follow)."""
 
-    # The renewal on PostgreSQL: the same predicate as the portable path of renew().
+    # The renewal on PostgreSQL: the same predicate as the portable path of renew(), on the
+    # rows no transaction holds. A handler's fenced() block locks its job's row until it
+    # commits; waiting for it held up the renewal of every claim of the process, and the
+    # jobs beside it ran out of lease (their handlers' results discarded, their attempts
+    # counted as expired). A row skipped is read back (held_by_their_claims()).
     _PG_RENEW = """
+    WITH free AS (
+        SELECT f.id, v.lease
+        FROM {job} AS f
+        JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(leases)s::float8[])
+            AS v(id, token, lease) ON f.id = v.id
+        WHERE f.claim_token = v.token AND f.state = '{claimed}'
+        FOR UPDATE OF f SKIP LOCKED
+    )
     UPDATE {job} AS j SET
         lease_expires_at = statement_timestamp()
-            + make_interval(secs => COALESCE(%(lease)s::float8, v.lease)),
+            + make_interval(secs => COALESCE(%(lease)s::float8, free.lease)),
         heartbeat_at = statement_timestamp()
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(leases)s::float8[]) AS v(id, token, lease)
-    WHERE j.id = v.id AND j.claim_token = v.token AND j.state = '{claimed}'
+    FROM free
+    WHERE j.id = free.id
     RETURNING j.id
     """
 
@@ -83,8 +95,10 @@ class OwnerVerbs(ClaimVerbs):
     def renew(self, claims: Iterable[ClaimRef], lease: float | None = None) -> set[Any]:
         """Push the lease of every claim forward in one statement; return the ids still held.
 
-        An id missing from the answer is a lost claim: its handler must stop and its result
-        be discarded.
+        An id missing from the answer is a lost claim (its handler must stop and its result
+        be discarded) unless held_by_their_claims() still finds it: on PostgreSQL a row a
+        transaction holds locked (the handler's own fenced() block) is skipped, not waited
+        for, and its lease not pushed forward this time.
         """
         claims = list(claims)
         if not claims:
@@ -119,6 +133,22 @@ class OwnerVerbs(ClaimVerbs):
         # Tokens are unique per claim and never return to 'claimed', so this read can only
         # shrink the answer (a job its owner just acknowledged), never grow it.
         return set(held.values_list("pk", flat=True))
+
+    def held_by_their_claims(self, jobs: Iterable[ClaimRef]) -> set[Any]:
+        """The ids of ``jobs`` still claimed with their claim's token, as last committed (a
+        plain read, which waits for no lock): a renewal that skipped such a row found it
+        locked by a transaction still open (a fenced() block of its handler, a takeover
+        under way), not lost. Its lease was not pushed forward: the worker's watchdog
+        gives the claim up once that lease has run out by its own clock."""
+        tokens = {job.pk: job.claim_token for job in jobs}
+        ids = list(tokens)
+        held = set()
+        for start in range(0, len(ids), 500):
+            rows = self.filter(pk__in=ids[start : start + 500], state=JobState.CLAIMED)
+            held |= {
+                pk for pk, token in rows.values_list("pk", "claim_token") if token == tokens[pk]
+            }
+        return held
 
     def acked_by_their_claims(self, jobs: Iterable[Any]) -> set[Any]:
         """The ids of ``jobs`` (claimed rows: ``pk``, ``fence``) that succeeded at their

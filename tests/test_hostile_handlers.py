@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import signal
 import threading
+import time
 
 import pytest
 from django.db import connection
@@ -32,7 +33,7 @@ from django_leases.storable import (
 )
 from tests.testapp import tasks as t
 from tests.testapp.models import Effect
-from tests.worker_helpers import wait_for
+from tests.worker_helpers import ROOT, wait_for
 
 # The worker tests: real processes need committed rows.
 workers_db = pytest.mark.django_db(transaction=True)
@@ -1061,6 +1062,73 @@ def test_a_handler_that_closes_stderr_and_returns_succeeds_and_so_do_the_others(
 
 
 @workers_db
+def test_a_log_filter_that_raises_added_by_a_handler_ends_no_worker_and_loses_no_line(workers):
+    """A thread-isolated handler that added a filter that raises to the worker's logger
+    made the main loop's next line raise: the worker died (exit 1), the job beside it and
+    its own left claimed until their leases ran out, then counted as expired attempts. The
+    worker's lines cannot raise: one logging cannot take is written as it is to stderr,
+    with why, and every job ends as it would have (6)."""
+    key = _key("filter")
+    filtered = t.add_raising_log_filter.enqueue(key, 1.0)
+    worker = workers.start("log-filter", *STEADY, "--concurrency", "2")
+    wait_for(
+        lambda: Effect.objects.filter(key=key, phase="filtered").exists(),
+        30,
+        lambda: f"the handler to add its filter: {worker.log()[-3000:]}",
+    )
+    beside = t.hold.enqueue(0)  # claimed, run and acked while the filter is in place
+    for result in (beside, filtered):
+        wait_for(
+            lambda r=result: (
+                Job.objects.get(pk=r.id).state == JobState.SUCCEEDED
+                or worker.proc.poll() is not None
+            ),
+            60,
+            lambda: f"the jobs to end: {worker.log()[-3000:]}",
+        )
+    assert Job.objects.get(pk=filtered.id).state == JobState.SUCCEEDED, worker.log()[-3000:]
+    assert Job.objects.get(pk=beside.id).state == JobState.SUCCEEDED, worker.log()[-3000:]
+    worker.signal(signal.SIGTERM)
+    assert worker.wait_exit(60) == 0, worker.log()[-3000:]
+    log = worker.log()
+    assert "[not logged: ValueError: a log filter that raises]" in log, log[-3000:]
+    # The worker's own last line, written as it is, with why.
+    assert "INFO Worker stopped worker=log-filter [not logged: ValueError" in log, log[-3000:]
+
+
+@workers_db
+def test_the_main_loop_raising_releases_the_jobs_at_once_and_exits_1(workers):
+    """A thread-isolated handler that lowered the recursion limit while it ran made the
+    main loop's next statement raise RecursionError: the worker died, its jobs left claimed
+    until their leases ran out, then counted as expired attempts, the handler's own and the
+    one beside it. Whatever the main loop raises, the limit is put back, the failure
+    logged (loop_failed), and the stop that follows releases the jobs at once, attempts
+    not counted; exit status 1, for a fresh worker (3, 6)."""
+    key = _key("recursion")
+    low = t.lower_recursion_limit.enqueue(key, 35, 30)
+    beside = t.hold.enqueue(30)
+    worker = workers.start("loop-fails", *STEADY, "--concurrency", "3", "--grace", "20")
+    wait_for(
+        lambda: Effect.objects.filter(key=key, phase="start").exists(),
+        30,
+        lambda: f"the handler to start: {worker.log()[-3000:]}",
+    )
+    time.sleep(0.5)  # past the call that lowers the limit
+    later = t.hold.enqueue(30)  # its claim runs under the lowered limit
+    assert worker.wait_exit(60) == 1, worker.log()[-3000:]
+    log = worker.log()
+    failed = worker.events("loop_failed")
+    assert [f["error"] for f in failed] == ["builtins.RecursionError"], log[-3000:]
+    for result in (low, beside, later):
+        job = Job.objects.get(pk=result.id)
+        assert (job.state, job.attempts, job.claim_token) == (JobState.PENDING, 0, None), log[
+            -3000:
+        ]
+    assert not JobFailure.objects.filter(job_id__in=[low.id, beside.id, later.id]).exists()
+    assert worker.events("stopped"), log[-3000:]
+
+
+@workers_db
 def test_what_a_handler_changes_in_the_shared_interpreter_is_put_back_after_its_job(workers):
     """In thread isolation handlers share the worker's interpreter: one that lowered the
     recursion limit, lengthened the switch interval, disabled logging and closed the
@@ -1080,6 +1148,8 @@ def test_what_a_handler_changes_in_the_shared_interpreter_is_put_back_after_its_
         "switch_interval": 0.005,
         "logging_disabled": 0,
         "streams_closed": [False, False],
+        "loggers_disabled": [False, False],
+        "cwd": str(ROOT),
     }
     [restored] = worker.events("interpreter_restored")
     assert restored["job_id"] == int(meddled.id)
@@ -1087,6 +1157,9 @@ def test_what_a_handler_changes_in_the_shared_interpreter_is_put_back_after_its_
         "recursion limit",
         "switch interval",
         "logging.disable",
+        "logger django_leases.worker",
+        "logger django.tasks",
+        "working directory",
         "sys.stdout",
     ]
     worker.signal(signal.SIGTERM)

@@ -37,6 +37,7 @@ DATA = {
     "django_leases.jsonsafe",
     "django_leases.retry",
     "django_leases.storable",
+    "django_leases.safe_logging",
     "django_leases.deadlocks",
     "django_leases.id_chunks",
     "django_leases.schedules",

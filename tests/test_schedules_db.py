@@ -351,8 +351,13 @@ def test_only_a_copied_schedule_is_left_to_the_backend_it_was_declared_for(monke
     monkeypatch.setattr(registry, "_declared", {a: dict(t) for a, t in registry._declared.items()})
     monkeypatch.setattr(registry, "_inherited", set(registry._inherited))
 
+    def function():
+        pass
+
     def declared(alias, path, schedule):
-        registry.declare(alias, SimpleNamespace(module_path=path, schedule=schedule))
+        # One function: the declarations of a path are copies of one task (another
+        # function at a declared path is refused).
+        registry.declare(alias, SimpleNamespace(module_path=path, schedule=schedule, func=function))
         return registry.own_schedule(alias, registry.lookup(alias, path))
 
     p, q = object(), object()

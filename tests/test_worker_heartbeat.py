@@ -224,10 +224,11 @@ def test_a_short_lease_claimed_mid_wait_is_no_overdue_heartbeat(workers, isolati
 
 @pytest.mark.slow
 def test_no_claims_while_a_renewal_hangs_for_longer_than_the_lease(workers):
-    """A renewal that hangs (here on a row lock; in production on a half-open connection)
-    makes the watchdog give up the claims it holds; a job claimed meanwhile could not be
-    renewed either, so the worker claims nothing until a renewal goes through again, then
-    carries on (3)."""
+    """A renewal that hangs (here on a lock of the worker's own row, which each beat
+    updates; in production on a half-open connection) makes the watchdog give up the
+    claims it holds; a job claimed meanwhile could not be renewed either, so the worker
+    claims nothing until a renewal goes through again, then carries on (3). (A lock of the
+    job's row no longer holds it up on PostgreSQL: the renewal skips such a row.)"""
     if connection.vendor == "sqlite":
         pytest.skip("SQLite locks the whole database: a claim would wait like the renewal")
     held = hold.enqueue(60)
@@ -240,7 +241,7 @@ def test_no_claims_while_a_renewal_hangs_for_longer_than_the_lease(workers):
     def lock_the_row():
         try:
             with transaction.atomic():
-                list(Job.objects.select_for_update().filter(pk=job_of(held).pk))
+                list(WorkerProcess.objects.select_for_update().filter(worker_id="stuck-a"))
                 locked.set()
                 unlock.wait(60)
         finally:
@@ -389,3 +390,33 @@ def test_a_sub_second_heartbeat_beats_at_the_period_its_row_says(workers):
     assert max(gaps) < conf.silent_after(0.3), gaps
     w.signal(signal.SIGTERM)
     assert w.wait_exit(30) == 0
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the renewal skips locked rows on PostgreSQL"
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_fenced_block_outlasting_the_lease_spares_the_claims_beside_it(workers):
+    """A handler's fenced() block locks its job's row until it commits. The renewal of all
+    the worker's claims (one statement) waited for that lock: a block longer than the lease
+    starved every claim of the process, and the job beside it lost its claim, its result
+    discarded, its attempt counted as expired (6: other jobs are untouched). The renewal
+    skips a locked row, read back as still held: the job beside it is renewed throughout
+    and succeeds in one attempt, its claim never lost (2)."""
+    from tests.testapp.tasks import hold_fenced
+
+    locked = hold_fenced.enqueue("fenced-long", 5.0)
+    beside = hold.enqueue(7, "fenced-beside")
+    a = workers.start(
+        "fenced-a", "--lease", "3", "--heartbeat", "0.5", "--poll", str(POLL), "--concurrency", "2"
+    )
+    wait_for(lambda: job_of(beside).state == JobState.SUCCEEDED, 40, lambda: a.log()[-3000:])
+    job = job_of(beside)
+    assert (job.attempts, job.fence) == (1, 1), a.log()[-3000:]
+    assert not a.events("lost", job_id=job.pk), a.log()[-3000:]
+    assert not JobFailure.objects.filter(job_id=job.pk).exists()
+    # Its own claim is given up once its lease has run out by the worker's clock: the
+    # block outlived it (operations.md), and its row's lease was not pushed forward.
+    assert a.events("lost", job_id=int(locked.id)), a.log()[-3000:]
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit(30) == 0, a.log()[-3000:]

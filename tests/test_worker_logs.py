@@ -689,3 +689,51 @@ def test_the_text_formats_time_as_loggings_own_formatter_does(created):
         else:
             os.environ["TZ"] = saved
         time.tzset()
+
+
+def test_the_workers_log_calls_never_raise_and_lose_no_line(capfd):
+    """(6) A filter that raises on the worker's logger (a thread-isolated handler may add
+    one) made the worker's log call raise, out of its main loop. The line goes to
+    descriptor 2 as it is, with why; a line whose exception cannot be formatted is logged
+    without its traceback."""
+    from django_leases.safe_logging import WorkerLogger
+
+    name = "django_leases.worker.test_never_raising"
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    underlying = logging.getLogger(name)
+    underlying.addHandler(handler)
+    underlying.setLevel(logging.INFO)
+
+    def refuse(record: logging.LogRecord) -> bool:
+        raise RuntimeError("a filter that raises")
+
+    class Unformattable(Exception):
+        def __str__(self) -> str:
+            raise ValueError("no text")
+
+    def no_traceback(record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            raise ValueError("cannot format that traceback")
+        return True
+
+    logger = WorkerLogger(name)
+    try:
+        underlying.addFilter(refuse)
+        logger.info("Acked job=%s worker=%s", 7, "w1", extra={"event": "acked"})
+        underlying.removeFilter(refuse)
+        assert "INFO Acked job=7 worker=w1 [not logged: RuntimeError: a filter that raises]" in (
+            capfd.readouterr().err
+        )
+        underlying.addFilter(no_traceback)
+        logger.warning("Raised job=%s", 8, exc_info=Unformattable())
+        [record] = records
+        assert (record.getMessage(), record.exc_info, record.funcName) == (
+            "Raised job=8",
+            None,
+            "test_the_workers_log_calls_never_raise_and_lose_no_line",
+        )
+    finally:
+        underlying.removeHandler(handler)
+        underlying.filters.clear()

@@ -16,7 +16,6 @@ a terminal, sent to the worker's group, does not reach it either).
 from __future__ import annotations
 
 import contextlib
-import logging
 import multiprocessing
 import os
 import signal
@@ -24,7 +23,9 @@ import threading
 import time
 from typing import Any, NoReturn
 
-logger = logging.getLogger("django_leases.worker")
+from ..safe_logging import WorkerLogger
+
+logger = WorkerLogger()
 
 # How long a child whose claim is lost may take to stop on its own before SIGKILL.
 KILL_GRACE_SECONDS = 1.0

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -28,9 +27,10 @@ from typing import Any
 from django.db import connections, transaction
 
 from ..api import JobHandle, Stamp, WorkerLink
+from ..safe_logging import WorkerLogger
 from .dberrors import DB_ERRORS
 
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 RUNNING = "running"
 FINISHING = "finishing"
@@ -298,6 +298,21 @@ def read_back_acks(Job: Any, database: str, claims: list[Claim]) -> set[Any]:
             connections[database].close()
         return set()
     return acked
+
+
+def read_back_held(Job: Any, database: str, claims: list[Claim]) -> set[Any]:
+    """The ids of ``claims`` still theirs though a renewal skipped them: their rows locked
+    by a transaction still open (PostgreSQL's renewal skips locked rows). Database trouble
+    answers none (the claims are then said lost, as a miss was before this read)."""
+    if not claims:
+        return set()
+    try:
+        held: set[Any] = Job.objects.using(database).held_by_their_claims([c.job for c in claims])
+    except DB_ERRORS:
+        with contextlib.suppress(Exception):
+            connections[database].close()
+        return set()
+    return held
 
 
 # -- checkpoints ---------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -25,6 +24,7 @@ from typing import Any
 
 from django.db import connections
 
+from ..safe_logging import WorkerLogger
 from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
 from .child import KILL_GRACE_SECONDS
 from .claims import LOST, RELEASING, RUNNING, Claim, Kind, Outcome
@@ -33,7 +33,7 @@ from .logs import claim_fields, configured
 from .running import connect_before_handler, left_in_transaction, run_task, task_context
 from .timeouts import TIMEOUT_CLASS_PATH, timed_out_outcome
 
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 Done = Callable[[Claim, Outcome], None]
 
@@ -196,6 +196,11 @@ class _Slots:
         """Kill the handlers' processes still running, for a process about to end at once
         (run_lease_worker). A thread cannot be killed: it ends with the process."""
 
+    def restore_interpreter(self) -> list[str]:
+        """Put back what handlers sharing this interpreter changed to the worker's harm
+        (interpreter.py), now rather than after their jobs; the names of what was."""
+        return []
+
     def close(self, wait: float = 0.0) -> None:
         """Let each slot thread end once its handler is done (at once if idle), closing its
         connections; wait up to ``wait`` seconds for them."""
@@ -227,6 +232,9 @@ class ThreadExecutor(_Slots):
         # Not while a slot thread lives: its handler could still close the originals.
         if not any(thread.is_alive() for thread in self._threads) and self.abandoned() == 0:
             self._put_streams_back()
+
+    def restore_interpreter(self) -> list[str]:
+        return self._interpreter.restore()
 
     def execute(self, claim: Claim, task: Any) -> Outcome:
         job = claim.job

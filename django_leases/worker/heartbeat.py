@@ -11,7 +11,6 @@ survive any exception of one round (vital.py).
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,8 +18,9 @@ from typing import Any
 from django.db import connections
 
 from ..api import LEASE_RAN_OUT
+from ..safe_logging import WorkerLogger
 from ..storable import first_line
-from .claims import RUNNING, ClaimBook, read_back_acks
+from .claims import RUNNING, ClaimBook, read_back_acks, read_back_held
 from .dberrors import DB_ERRORS, outage_met
 from .logs import claim_fields
 from .repeats import Trouble
@@ -28,7 +28,7 @@ from .timeouts import RunTimeouts
 from .vital import VitalThread
 from .waker import Waker
 
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 
 # Longest the heartbeat thread sleeps before looking at the claims it must renew again.
@@ -168,10 +168,15 @@ class Heartbeat(VitalThread):
         # worker's ack landing: nothing to read.)
         unheard = [c for c in missed if c.state == RUNNING and not c.acked]
         acked = read_back_acks(Job, self.database, unheard)
+        # Skipped, locked by a transaction still open (its handler's fenced() block): still
+        # its claim, unrenewed; the watchdog gives it up should its lease run out meanwhile.
+        busy = read_back_held(Job, self.database, [c for c in unheard if c.pk not in acked])
         lost = 0
         for claim in missed:
             if claim.pk in acked:
                 claim.mark_acked()
+            elif claim.pk in busy:
+                continue
             elif claim.mark_lost(
                 "renewal matched no row: the lease ran out and the job was "
                 "claimed again, or it was cancelled"

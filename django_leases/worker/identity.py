@@ -17,14 +17,15 @@ only sign.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import uuid
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger("django_leases.worker")
+from ..safe_logging import WorkerLogger
+
+logger = WorkerLogger()
 
 # How often a process waiting for its id says so again.
 HELD_LOG_EVERY = 60.0

@@ -1,9 +1,11 @@
 """The interpreter's settings a handler shares with the worker in thread isolation.
 
 A handler that lowers the recursion limit, lengthens the thread switch interval, closes
-sys.stdout or sys.stderr, or disables logging changes them for the worker's own threads
-too: the main loop's next statement raised RecursionError and the process ended, the
-heartbeat waited seconds for its turn and leases ran out, the log lines stopped. What
+sys.stdout or sys.stderr, disables logging (or the worker's loggers, by setting up logging
+again) or changes the working directory changes them for the worker's own threads too:
+the main loop's next statement raised RecursionError and the process ended, the heartbeat
+waited seconds for its turn and leases ran out, the log lines stopped, the next handler's
+connection opened another SQLite file (a relative NAME). What
 endangers the worker is put back after each job (a raised limit, a shorter interval or a
 stream the handler replaced are left as they are: the project may want them); a child
 process's interpreter is its own.
@@ -19,12 +21,16 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TextIO
 
-logger = logging.getLogger("django_leases.worker")
+from ..safe_logging import WORKER_LOGGER, WorkerLogger
+from .logs import TASKS_LOGGER
+
+logger = WorkerLogger()
 
 
 class InterpreterGuard:
@@ -34,6 +40,13 @@ class InterpreterGuard:
         self.recursion_limit = sys.getrecursionlimit()
         self.switch_interval = sys.getswitchinterval()
         self.logging_disabled = logging.root.manager.disable
+        # The loggers the worker writes to that were on (a project's logging set up again,
+        # dictConfig's disable_existing_loggers, turns them off for good).
+        self.loggers_on = [
+            name for name in (WORKER_LOGGER, TASKS_LOGGER) if not logging.getLogger(name).disabled
+        ]
+        # Where relative paths lead (a relative SQLite NAME, the project's own files).
+        self.cwd = _cwd()
         # Slots finish together: one of them puts back, the other finds nothing to.
         self._lock = threading.Lock()
 
@@ -52,6 +65,14 @@ class InterpreterGuard:
             if logging.root.manager.disable > self.logging_disabled:
                 logging.disable(self.logging_disabled)
                 put_back.append("logging.disable")
+            for name in self.loggers_on:
+                if logging.getLogger(name).disabled:
+                    logging.getLogger(name).disabled = False
+                    put_back.append(f"logger {name}")
+            if self.cwd is not None and _cwd() != self.cwd:
+                with contextlib.suppress(OSError):  # the directory is gone: nowhere to go back
+                    os.chdir(self.cwd)
+                    put_back.append("working directory")
             for name, fd in (("stdout", 1), ("stderr", 2)):
                 stream = getattr(sys, name)
                 # A project's own stream object may have no ``closed``: not a file's.
@@ -60,6 +81,13 @@ class InterpreterGuard:
                         setattr(sys, name, _reopened(stream, fd, name))
                         put_back.append(f"sys.{name}")
             return put_back
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the working directory was removed
+        return None
 
 
 class _OpenFile(io.FileIO):

@@ -7,18 +7,18 @@ connection or NOTIFY=False (PgBouncer transaction pooling) costs latency, never 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from typing import Any
 
 from django.db import connections
 
+from ..safe_logging import WorkerLogger
 from ..storable import first_line
 from .repeats import Trouble
 from .waker import Waker
 
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 # Enqueue wake-ups on PostgreSQL (sent by the trigger of migration 0002): the payload is the
 # queue name.

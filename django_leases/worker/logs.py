@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from ..api import current_job
+from ..safe_logging import WORKER_LOGGER
 from ..storable import MESSAGE_LIMIT, cut_middle
 
-WORKER_LOGGER = "django_leases.worker"
 TASKS_LOGGER = "django.tasks"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -49,6 +49,8 @@ EVENTS: dict[str, str] = {
     "max_jobs": "the worker ran its --max-jobs",
     "burst_done": "nothing claimable under --burst; leaving",
     "thread_died": "a thread the worker needs died: releasing and exiting with status 1 (role)",
+    "loop_failed": "the main loop raised (a bug, or a thread-isolated handler's change to the "
+    "interpreter): releasing and exiting with status 1 (error, exc_info)",
     "thread_crashed": "a thread the worker needs ended on an exception (exc_info)",
     "thread_error": "an unexpected error in one round of a thread; it carries on (error)",
     "stopped": "the worker stopped",
@@ -102,8 +104,8 @@ EVENTS: dict[str, str] = {
     "db_refused": "the database refused a write that cannot succeed later (error)",
     "cleanup_failed": "the handler's connections could not be closed after its job (error)",
     "interpreter_restored": "a handler lowered the recursion limit, lengthened the switch "
-    "interval, disabled logging or left a closed stream in sys.stdout or sys.stderr: put back "
-    "(job_id, restored)",
+    "interval, disabled logging or the worker's loggers, changed the working directory or "
+    "left a closed stream in sys.stdout or sys.stderr: put back (job_id, restored)",
     "tidy_failed": "a connection could not be tidied after a job (error)",
     # Periodic schedules
     "schedules_synced": "synced with the code at start (added, changed, removed, unchanged, taken)",

@@ -9,7 +9,6 @@ stopping.py's Stopping: Worker is built on both.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import queue
 import random
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import connections
 
 from .. import conf, registry
+from ..safe_logging import WorkerLogger
 from ..storable import (
     first_line,
 )
@@ -51,7 +51,7 @@ from .waker import Waker
 if TYPE_CHECKING:
     from ..backends import LeaseBackend
 
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 # How long a worker woken by a finished handler waits for the others still running, so
 # that their acks and the claim for their slots go out together: short beside any real
@@ -143,7 +143,8 @@ class Worker(Stopping):
         self.stop_request.request()
 
     def run(self) -> int:
-        """Serve until stopped; 0, or 1 if the heartbeat or the watchdog thread died."""
+        """Serve until stopped; 0, or 1 if the heartbeat or the watchdog thread died or
+        the loop itself raised (its jobs then released at once, as for a dead thread)."""
         from ..models import Job, WorkerProcess
 
         self.Job, self.WorkerProcess = Job, WorkerProcess
@@ -169,7 +170,10 @@ class Worker(Stopping):
                 self.poll,
                 extra={"event": "started", "worker": self.worker_id, "queue": self.queues_text},
             )
-            self._loop()
+            try:
+                self._loop()
+            except Exception as e:  # noqa: BLE001 -- its claims are released, not left to run out
+                self._loop_failed(e)
             status = self._shutdown()
         finally:
             for thread in threads:

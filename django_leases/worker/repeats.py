@@ -10,11 +10,12 @@ saying how many it held back, and the first success after it says how long it la
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
-logger = logging.getLogger("django_leases.worker")
+from ..safe_logging import WorkerLogger
+
+logger = WorkerLogger()
 
 # Longest a trouble that goes on stays unsaid.
 REPEAT_SECONDS = 60.0

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import logging
 import os
 import threading
 import time
@@ -30,6 +29,7 @@ from django.tasks.signals import task_finished, task_started
 from ..api import JobHandle, WorkerLink
 from ..exceptions import LeaseLost, NonRetryable, TransactionLeftOpen
 from ..fits import task_misfit
+from ..safe_logging import WorkerLogger
 from ..storable import (
     class_path,
     describe_exception,
@@ -41,7 +41,7 @@ from .claims import Kind, Outcome
 from .dberrors import DB_ERRORS, outages_met
 from .shutdown import exit_status
 
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 UNKNOWN_TASK = "django_leases.exceptions.UnknownTask"
 INVALID_ARGUMENT = "django_leases.exceptions.InvalidJobArgument"

@@ -9,7 +9,6 @@ pause. A claim whose write went through is settled (claims.py), so nothing is se
 
 from __future__ import annotations
 
-import logging
 import queue
 from collections.abc import Callable
 from dataclasses import replace
@@ -20,6 +19,7 @@ from django.db import OperationalError, connections
 from .. import conf
 from ..api import FOUND_TAKEN
 from ..exceptions import ReleasedTooOften
+from ..safe_logging import WorkerLogger
 from ..states import FailureKind
 from ..storable import (
     CLASS_PATH_LIMIT,
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .repeats import Trouble
     from .shutdown import StopRequest
 
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 # How many times one claim's ack or fail may fail over a connection that still answers
 # (not an outage, then) before the database counts as refusing it.

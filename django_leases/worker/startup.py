@@ -7,18 +7,18 @@ here first. SIGTERM/SIGINT/SIGHUP while waiting ends the wait, and the command e
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 
 from django.db import connections
 
+from ..safe_logging import WorkerLogger
 from ..storable import first_line
 from .dberrors import DB_ERRORS
 from .loop import Backoff
 from .shutdown import StopRequest
 from .waker import Waker
 
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 # Waits between attempts: 0.5 s doubling to 10 s, with jitter.
 FIRST_WAIT, LONGEST_WAIT = 0.5, 10.0

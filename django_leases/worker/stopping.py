@@ -7,12 +7,13 @@ after its job is released only until the process exits, right after.
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import queue
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..storable import first_line
+from ..safe_logging import WorkerLogger
+from ..storable import class_path, first_line
 from .child import KILL_GRACE_SECONDS
 from .claims import RELEASING, Claim
 from .dberrors import DB_ERRORS, refused_by_database
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from .vital import VitalThread
     from .waker import Waker
 
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 # How long thread-isolated handlers told to stop at release may take to return before
 # their jobs are released anyway (a thread cannot be killed; it ends with the process).
@@ -46,6 +47,8 @@ class Stopping(Settling):
     _writes_until: float | None = None
     # Stopping because more abandoned handlers ran than the worker has slots: exit 1.
     abandoned_limit = False
+    # What the main loop raised, if it did: stop at once, exit 1.
+    loop_error: Exception | None = None
 
     def handlers_running(self) -> bool:
         """Whether a handler still runs now that run() has returned: told to stop and deaf
@@ -77,6 +80,35 @@ class Stopping(Settling):
 
         def _release_unconnected(self) -> None: ...
 
+    def _loop_failed(self, error: Exception) -> None:
+        """The main loop raised: a bug, or what a thread-isolated handler changed in the
+        interpreter it shares with the loop (a recursion limit lowered while it runs, a
+        descriptor it closed). Before, the worker died with its jobs claimed until their
+        leases ran out, a finished handler's result lost; its attempt, and those of the
+        jobs beside it, then counted as expired. What can be put back is, and the stop
+        that follows writes what came back and releases the rest at once, as for a dead
+        heartbeat: exit status 1, for the process manager to start a fresh worker."""
+        self.loop_error = error
+        executor = getattr(self, "executor", None)
+        with contextlib.suppress(Exception):
+            if executor is not None:
+                executor.restore_interpreter()
+        logger.critical(
+            "Main loop failed worker=%s error=%s: %s; releasing its %d jobs and stopping, "
+            "exit status 1",
+            self.worker_id,
+            class_path(type(error)),
+            first_line(error),
+            len(self.book),
+            exc_info=error,
+            extra={
+                "event": "loop_failed",
+                "worker": self.worker_id,
+                "error": class_path(type(error)),
+            },
+        )
+        self.stop_request.request("the main loop failed")
+
     def _shutdown(self) -> int:
         """Let handlers finish within the grace; then tell the rest to stop, write what
         came back, mark the worker stopped and release their jobs, in that order, within
@@ -88,7 +120,7 @@ class Stopping(Settling):
         dead = self._dead_thread()
         if dead is not None:
             self._log_death(dead)
-        elif self.stop_request.stopping:
+        elif self.stop_request.stopping and self.loop_error is None:
             logger.info(
                 "Stopping on %s worker=%s: claiming nothing more; %d running, waiting up to %gs",
                 self.stop_request.signal_name,
@@ -101,7 +133,7 @@ class Stopping(Settling):
                     "signal": self.stop_request.signal_name,
                 },
             )
-        deadline = time.monotonic() + (0 if dead else self.grace)
+        deadline = time.monotonic() + (0 if dead or self.loop_error else self.grace)
         while self.book and not self.stop_request.hurry and time.monotonic() < deadline:
             self._settle()
             self._release_unconnected()
@@ -142,7 +174,8 @@ class Stopping(Settling):
             self.worker_id,
             extra={"event": "stopped", "worker": self.worker_id},
         )
-        return 0 if dead is None and not unwritten and not self.abandoned_limit else 1
+        failed = dead is not None or self.loop_error is not None or self.abandoned_limit
+        return 1 if failed or unwritten else 0
 
     def _may_retry(self) -> bool:
         """Whether a last write that met database trouble is tried again: not past

@@ -8,17 +8,17 @@ looking; whether a tick is due is the database's answer.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
 from .. import registry
+from ..safe_logging import WorkerLogger
 from ..schedules import declared_names, declared_schedules
 from ..storable import first_line
 from .dberrors import DB_ERRORS
 from .repeats import Trouble
 
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 # After trouble that is not the database's (a declaration that cannot work), the next look
 # waits this many ``every`` intervals: the warning is not repeated every poll.

@@ -15,15 +15,15 @@ is abandoned the same way, so that a hung handler never keeps a slot for good.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..safe_logging import WorkerLogger
 from .child import KILL_GRACE_SECONDS
 from .claims import ACKED, LOST, RUNNING, Claim, Kind, Outcome
 from .logs import claim_fields
 
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 # How long a handler told to stop (timed out, or its claim lost) may take to return before
 # a thread-isolated one is abandoned: as long as a process-isolated one has before its kill.

@@ -10,12 +10,12 @@ woken: it claims nothing more, lets go of its claims and exits non-zero.
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 
+from ..safe_logging import WorkerLogger
 from .waker import Waker
 
-logger = logging.getLogger("django_leases.worker")
+logger = WorkerLogger()
 
 
 class VitalThread(threading.Thread):

@@ -1017,15 +1017,21 @@ def leave_transaction(key: str, how: str) -> str:
 @task
 def meddle_with_the_interpreter() -> str:
     """Change what every thread of the process shares: a lower recursion limit, a longer
-    switch interval, logging disabled, a standard stream replaced by one closed, the other
+    switch interval, logging disabled (and the worker's loggers, by a logging set-up of
+    its own), the working directory, a standard stream replaced by one closed, the other
     closed."""
     import logging
+    import logging.config
     import os
     import sys
+    import tempfile
 
     sys.setrecursionlimit(400)
     sys.setswitchinterval(0.5)
     logging.disable(logging.WARNING)
+    # A project's logging set up again from a handler: every existing logger disabled.
+    logging.config.dictConfig({"version": 1})
+    os.chdir(tempfile.mkdtemp())  # a relative SQLite NAME would now name another file
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- closed at once, as a handler might
     sys.stdout.close()
     sys.stderr.close()
@@ -1083,6 +1089,7 @@ def returns_leaving_a_thread(key: str, seconds: float) -> str:
 def interpreter_settings() -> dict:
     """What the interpreter's shared settings are as this handler runs."""
     import logging
+    import os
     import sys
 
     return {
@@ -1090,4 +1097,55 @@ def interpreter_settings() -> dict:
         "switch_interval": sys.getswitchinterval(),
         "logging_disabled": logging.root.manager.disable,
         "streams_closed": [sys.stdout.closed, sys.stderr.closed],
+        "loggers_disabled": [
+            logging.getLogger(name).disabled for name in ("django_leases.worker", "django.tasks")
+        ],
+        "cwd": os.getcwd(),
     }
+
+
+@task
+def add_raising_log_filter(key: str, seconds: float = 0.0) -> str:
+    """Add a filter that raises to the worker's logger (shared in thread isolation), hold
+    the claim ``seconds``, and return: every line the worker logs afterwards meets it."""
+    import logging
+
+    from django_leases.api import current_job
+
+    def refuse(record: logging.LogRecord) -> bool:
+        raise ValueError("a log filter that raises")
+
+    logging.getLogger("django_leases.worker").addFilter(refuse)
+    _effect(key, "filtered")
+    current_job().sleep(seconds)
+    return key
+
+
+@task
+def lower_recursion_limit(key: str, limit: int, seconds: float) -> str:
+    """Lower the recursion limit (shared with the worker in thread isolation) to ``limit``
+    and hold the claim ``seconds``: the main loop runs under that limit meanwhile."""
+    import sys
+
+    from django_leases.api import current_job
+
+    _effect(key, "start")
+    sys.setrecursionlimit(limit)
+    current_job().sleep(seconds)
+    return key
+
+
+@task
+def hold_fenced(key: str, seconds: float) -> str:
+    """Checkpoint inside one fenced() block and keep the block open ``seconds``: the job's
+    row stays locked until it commits (batch work written in one long block)."""
+    import time
+
+    from django_leases.api import current_job
+    from django_leases.fencing import fenced
+
+    with fenced():
+        current_job().checkpoint({"locked": True})
+        _effect(key, "locked")
+        time.sleep(seconds)
+    return key
