@@ -68,19 +68,31 @@ class RecordedFailure:
 class OwnerVerbs(ClaimVerbs):
     """The claim's owner's writes of JobQuerySet (a mixin, on the claim they follow)."""
 
-    # The renewal on PostgreSQL: the same predicate as the portable path of renew(), on the
-    # rows no transaction holds. A handler's fenced() block locks its job's row until it
-    # commits; waiting for it held up the renewal of every claim of the process, and the
-    # jobs beside it ran out of lease (their handlers' results discarded, their attempts
-    # counted as expired). A row skipped is read back (held_by_their_claims()).
+    # The renewal on PostgreSQL: the same predicate as the portable path of renew().
     _PG_RENEW = """
+    UPDATE {job} AS j SET
+        lease_expires_at = statement_timestamp()
+            + make_interval(secs => COALESCE(%(lease)s::float8, v.lease)),
+        heartbeat_at = statement_timestamp()
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(leases)s::float8[]) AS v(id, token, lease)
+    WHERE j.id = v.id AND j.claim_token = v.token AND j.state = '{claimed}'
+    RETURNING j.id
+    """
+
+    # The heartbeat's renewal on PostgreSQL (skip_locked): the same predicate, on the rows
+    # no transaction holds. A handler's fenced() block that checkpoints locks its job's row
+    # until it commits; waiting for it held up the renewal of every claim of the process,
+    # and the jobs beside it ran out of lease (their results discarded, their attempts
+    # counted as expired). FOR NO KEY UPDATE: the lock the plain UPDATE takes, which the
+    # foreign-key checks of a failure or an effect row inserted meanwhile do not wait for.
+    _PG_RENEW_SKIPPING = """
     WITH free AS (
         SELECT f.id, v.lease
         FROM {job} AS f
         JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(leases)s::float8[])
             AS v(id, token, lease) ON f.id = v.id
         WHERE f.claim_token = v.token AND f.state = '{claimed}'
-        FOR UPDATE OF f SKIP LOCKED
+        FOR NO KEY UPDATE OF f SKIP LOCKED
     )
     UPDATE {job} AS j SET
         lease_expires_at = statement_timestamp()
@@ -92,13 +104,15 @@ class OwnerVerbs(ClaimVerbs):
     """
 
     @retry_deadlock_victims
-    def renew(self, claims: Iterable[ClaimRef], lease: float | None = None) -> set[Any]:
+    def renew(
+        self, claims: Iterable[ClaimRef], lease: float | None = None, *, skip_locked: bool = False
+    ) -> set[Any]:
         """Push the lease of every claim forward in one statement; return the ids still held.
 
-        An id missing from the answer is a lost claim (its handler must stop and its result
-        be discarded) unless held_by_their_claims() still finds it: on PostgreSQL a row a
-        transaction holds locked (the handler's own fenced() block) is skipped, not waited
-        for, and its lease not pushed forward this time.
+        An id missing from the answer is a lost claim: its handler must stop and its result
+        be discarded. With ``skip_locked`` (the heartbeat's), on PostgreSQL, a row that a
+        transaction still open holds locked (its handler's fenced() block) is skipped, not
+        waited for, and so missing too: held_by_their_claims() tells such a row apart.
         """
         claims = list(claims)
         if not claims:
@@ -109,7 +123,7 @@ class OwnerVerbs(ClaimVerbs):
             return pg_ids(
                 self.model,
                 db,
-                self._PG_RENEW,
+                self._PG_RENEW_SKIPPING if skip_locked else self._PG_RENEW,
                 {
                     "ids": [c.pk for c in claims],
                     "tokens": [c.claim_token for c in claims],

@@ -10,6 +10,7 @@ project chose, not the row.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import pkgutil
 import sys
@@ -50,8 +51,8 @@ def declare(alias: str, task: Task[..., Any]) -> None:
     unless it was a copy carrying another backend's schedule and this one brings a
     schedule of its own: see own_schedule()). Another function at a declared path (a name
     bound twice, two lambdas of one module) is refused: a worker finds a job's code by its
-    path alone, and would run the first. The same definition again (its module reloaded)
-    takes the old one's place."""
+    path alone, and would run the first. The same definition again, unchanged (its module
+    reloaded), takes the old one's place."""
     path = task.module_path
     schedule = getattr(task, "schedule", None)
     with _lock:
@@ -84,9 +85,12 @@ def declare(alias: str, task: Task[..., Any]) -> None:
 
 
 def _same_definition(one: Any, other: Any) -> bool:
-    """Whether two functions come from the same lines of the same file: one module's
-    declaration imported again (importlib.reload()), not a second definition."""
-    first, second = getattr(one, "__code__", None), getattr(other, "__code__", None)
+    """Whether two functions come from the same lines of the same file, unchanged: one
+    module's declaration imported again (importlib.reload()), not a second definition.
+    Decorated functions are compared by what they wrap (functools.wraps): one decorator's
+    wrappers share its code."""
+    first = getattr(_unwrapped(one), "__code__", None)
+    second = getattr(_unwrapped(other), "__code__", None)
     if first is None or second is None:
         return False
     return bool(
@@ -95,9 +99,16 @@ def _same_definition(one: Any, other: Any) -> bool:
     )
 
 
+def _unwrapped(func: Any) -> Any:
+    try:
+        return inspect.unwrap(func)
+    except ValueError:  # a __wrapped__ chain that loops
+        return func
+
+
 def _where(func: Any) -> str:
     """Where ``func`` is defined, for a message: file:line, else its qualified name."""
-    code = getattr(func, "__code__", None)
+    code = getattr(_unwrapped(func), "__code__", None)
     if code is None:
         return getattr(func, "__qualname__", repr(func))
     return f"{code.co_filename}:{code.co_firstlineno}"

@@ -227,8 +227,8 @@ def test_a_second_task_at_a_declared_path_is_refused_and_a_reload_is_not(tmp_pat
     """A worker finds a job's code by the path in its row. Two functions at one path (a
     name bound twice, two lambdas of one module) were both taken at enqueue, and the
     worker ran the first for both, the jobs ending successful with the wrong result (6).
-    The second declaration is refused, naming the path; the module imported again
-    (importlib.reload()) declares its task anew, as before."""
+    The second declaration is refused, naming the path, decorated or not; the module
+    imported again unchanged (importlib.reload()) declares its task anew, as before."""
     import importlib
     import sys
 
@@ -241,15 +241,24 @@ def test_a_second_task_at_a_declared_path_is_refused_and_a_reload_is_not(tmp_pat
         "from django.tasks import task\n\n"
         "triple = task(lambda x: x * 3)\nhundred = task(lambda x: x * 100)\n"
     )
+    (tmp_path / "twice_wrapped.py").write_text(
+        "import functools\nfrom django.tasks import task\n\n"
+        "def logged(f):\n    @functools.wraps(f)\n    def wrapper(*a, **k):\n"
+        "        return f(*a, **k)\n    return wrapper\n\n"
+        "@task\n@logged\ndef dup(x):\n    return 'first'\n\n"
+        "@task\n@logged\ndef dup(x):  # noqa: F811\n    return 'second'\n"
+    )
     (tmp_path / "once_declared.py").write_text(
         "from django.tasks import task\n\n@task\ndef once(x):\n    return x\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    for module, path in (("twice_declared", "dup"), ("two_lambdas", "<lambda>")):
+    # Two wrappers of one decorator share its code: what they wrap tells them apart.
+    cases = (("twice_declared", "dup"), ("two_lambdas", "<lambda>"), ("twice_wrapped", "dup"))
+    for module, path in cases:
         with pytest.raises(InvalidTask, match=rf"^{module}\.{path}: another task is declared"):
             importlib.import_module(module)
         first = registry.lookup("default", f"{module}.{path}")
-        assert first is not None and first.func.__code__.co_firstlineno in (3, 4)
+        assert first is not None and first.call(1) in ("first", 3)
         sys.modules.pop(module, None)
     once = importlib.import_module("once_declared")
     try:

@@ -226,3 +226,33 @@ def test_fenced_refuses_an_owner_that_has_not_heard_of_the_takeover(ack):
         assert not handle.lost
         effect(job, "unheard")
     assert_the_stale_owner_changed_nothing(job, thief, handle, "unheard")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fenced_waits_for_a_lock_another_transaction_holds_on_its_row():
+    """Invariant 2: the renewal closing a fenced() block waits for a lock another
+    transaction holds on the job's row (the heartbeat's renewal, an admin's action), then
+    commits the block. Only the heartbeat's renewal skips locked rows: with the block's
+    own, a locked row read as a lost claim, LeaseLost raised and the writes rolled back."""
+    from tests.worker_helpers import held_open
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite locks the whole database: no row lock to wait on")
+    job = claimed()
+    handle = handle_for(job)
+
+    def commit_once_it_blocks(held):
+        try:
+            if held.until_it_blocks_another():
+                held.commit()
+        finally:
+            connection.close()  # this thread's own
+
+    with held_open(lambda: list(Job.objects.select_for_update().filter(pk=job.pk))) as held:
+        waiter = threading.Thread(target=commit_once_it_blocks, args=(held,))
+        waiter.start()
+        with fenced(handle=handle):
+            effect(job, "waited")
+        waiter.join(30)
+    assert not handle.lost
+    assert Effect.objects.filter(phase="waited").count() == 1

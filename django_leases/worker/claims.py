@@ -300,10 +300,11 @@ def read_back_acks(Job: Any, database: str, claims: list[Claim]) -> set[Any]:
     return acked
 
 
-def read_back_held(Job: Any, database: str, claims: list[Claim]) -> set[Any]:
+def read_back_held(Job: Any, database: str, claims: list[Claim]) -> set[Any] | None:
     """The ids of ``claims`` still theirs though a renewal skipped them: their rows locked
-    by a transaction still open (PostgreSQL's renewal skips locked rows). Database trouble
-    answers none (the claims are then said lost, as a miss was before this read)."""
+    by a transaction still open (PostgreSQL's heartbeat renewal skips locked rows). None
+    on database trouble, which tells neither: a claim only locked must not be stopped, and
+    one lost is given up by the watchdog once its lease has run out by this clock."""
     if not claims:
         return set()
     try:
@@ -311,7 +312,7 @@ def read_back_held(Job: Any, database: str, claims: list[Claim]) -> set[Any]:
     except DB_ERRORS:
         with contextlib.suppress(Exception):
             connections[database].close()
-        return set()
+        return None
     return held
 
 

@@ -153,7 +153,9 @@ class Heartbeat(VitalThread):
             # Connect first: a fresh connection's own setup statements are not renewals.
             connections[self.database].ensure_connection()
             with connections[self.database].execute_wrapper(count):
-                held = Job.objects.using(self.database).renew([c.job for c in claims], self.lease)
+                held = Job.objects.using(self.database).renew(
+                    [c.job for c in claims], self.lease, skip_locked=True
+                )
         if not WorkerProcess.objects.using(self.database).seen(self.worker_id, self.instance):
             self._replaced(WorkerProcess)
         self.beat_ok_at, self.trying_since = started, None
@@ -170,7 +172,11 @@ class Heartbeat(VitalThread):
         acked = read_back_acks(Job, self.database, unheard)
         # Skipped, locked by a transaction still open (its handler's fenced() block): still
         # its claim, unrenewed; the watchdog gives it up should its lease run out meanwhile.
-        busy = read_back_held(Job, self.database, [c for c in unheard if c.pk not in acked])
+        # Unread (database trouble): each is left to the watchdog alike.
+        skipped = [c for c in unheard if c.pk not in acked]
+        busy = read_back_held(Job, self.database, skipped)
+        if busy is None:
+            busy = {c.pk for c in skipped}
         lost = 0
         for claim in missed:
             if claim.pk in acked:

@@ -143,8 +143,9 @@ class Worker(Stopping):
         self.stop_request.request()
 
     def run(self) -> int:
-        """Serve until stopped; 0, or 1 if the heartbeat or the watchdog thread died or
-        the loop itself raised (its jobs then released at once, as for a dead thread)."""
+        """Serve until stopped; 0, or 1 if the heartbeat or the watchdog thread died. What
+        the loop itself raises is raised once its jobs are released (at once, as for a
+        dead thread): run_lease_worker then exits with status 1."""
         from ..models import Job, WorkerProcess
 
         self.Job, self.WorkerProcess = Job, WorkerProcess
@@ -175,6 +176,9 @@ class Worker(Stopping):
             except Exception as e:  # noqa: BLE001 -- its claims are released, not left to run out
                 self._loop_failed(e)
             status = self._shutdown()
+            if self.loop_error is not None:
+                # Released: now raised to the caller (run_burst()'s test, call_command()).
+                raise self.loop_error
         finally:
             for thread in threads:
                 thread.stop()

@@ -93,12 +93,16 @@ class Stopping(Settling):
         with contextlib.suppress(Exception):
             if executor is not None:
                 executor.restore_interpreter()
+        try:
+            said = first_line(error)
+        except Exception:  # noqa: BLE001 -- an error whose text cannot be read
+            said = "(its message could not be read)"
         logger.critical(
-            "Main loop failed worker=%s error=%s: %s; releasing its %d jobs and stopping, "
-            "exit status 1",
+            "Main loop failed worker=%s error=%s: %s; stopping at once, its %d jobs "
+            "released, exit status 1",
             self.worker_id,
             class_path(type(error)),
-            first_line(error),
+            said,
             len(self.book),
             exc_info=error,
             extra={
@@ -107,7 +111,8 @@ class Stopping(Settling):
                 "error": class_path(type(error)),
             },
         )
-        self.stop_request.request("the main loop failed")
+        if not self.stop_request.stopping:  # a stop under way: not a second signal
+            self.stop_request.request("the main loop failed")
 
     def _shutdown(self) -> int:
         """Let handlers finish within the grace; then tell the rest to stop, write what
