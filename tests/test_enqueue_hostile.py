@@ -32,7 +32,7 @@ from django_leases.exceptions import InvalidJobArgument, InvalidLeaseOption
 from django_leases.jsonsafe import MAX_DEPTH, ensure_json
 from django_leases.models import Job
 from tests.testapp.models import Effect
-from tests.testapp.tasks import add, echo, with_context
+from tests.testapp.tasks import _ItemsRaise, add, echo, with_context
 
 pytestmark = pytest.mark.django_db
 
@@ -61,11 +61,6 @@ def nested(depth: int, kind: str = "list") -> object:
     for _ in range(depth):
         value = [value] if kind == "list" else {"k": value}
     return value
-
-
-class _UnreadableDict(dict):
-    def items(self):
-        raise RuntimeError("a caller's mapping that cannot be read")
 
 
 class _UnreadableList(list):
@@ -619,7 +614,7 @@ def test_an_unknown_option_is_a_type_error_naming_it():
         (lambda: add.enqueue(1, b=nested(1200)), "kwargs['b']"),
         (lambda: add.enqueue(1, b="\x00"), "kwargs['b']"),
         # a caller's subclass that raises when read (its RuntimeError escaped before)
-        (lambda: add.enqueue(1, b={"k": _UnreadableDict(x=1)}), "kwargs['b']['k']"),
+        (lambda: add.enqueue(1, b={"k": _ItemsRaise(x=1)}), "kwargs['b']['k']"),
         (lambda: add.enqueue(_UnreadableList([1]), 2), "args[0]"),
         (lambda: add.enqueue_many([((1, 2), {}), ((1, 1e300), {})]), "calls[1].args[1]"),
         (lambda: add.using(queue_name="nope").enqueue(1, 2), "Queue 'nope'"),

@@ -289,15 +289,7 @@ def read_back_acks(Job: Any, database: str, claims: list[Claim]) -> set[Any]:
     before its acked flag was set; the claim was not lost. Database trouble answers none
     (the claims are said lost, as a miss was before this read, which only spares a false
     alarm) and drops this thread's broken connection."""
-    if not claims:
-        return set()
-    try:
-        acked: set[Any] = Job.objects.using(database).acked_by_their_claims([c.job for c in claims])
-    except DB_ERRORS:
-        with contextlib.suppress(Exception):
-            connections[database].close()
-        return set()
-    return acked
+    return _read_back(Job, database, claims, "acked_by_their_claims") or set()
 
 
 def read_back_held(Job: Any, database: str, claims: list[Claim]) -> set[Any] | None:
@@ -305,15 +297,21 @@ def read_back_held(Job: Any, database: str, claims: list[Claim]) -> set[Any] | N
     by a transaction still open (PostgreSQL's heartbeat renewal skips locked rows). None
     on database trouble, which tells neither: a claim only locked must not be stopped, and
     one lost is given up by the watchdog once its lease has run out by this clock."""
+    return _read_back(Job, database, claims, "held_by_their_claims")
+
+
+def _read_back(Job: Any, database: str, claims: list[Claim], verb: str) -> set[Any] | None:
+    """The ids the read ``verb`` answers for ``claims``' jobs; None on database trouble,
+    this thread's broken connection dropped."""
     if not claims:
         return set()
     try:
-        held: set[Any] = Job.objects.using(database).held_by_their_claims([c.job for c in claims])
+        ids: set[Any] = getattr(Job.objects.using(database), verb)([c.job for c in claims])
     except DB_ERRORS:
         with contextlib.suppress(Exception):
             connections[database].close()
         return None
-    return held
+    return ids
 
 
 # -- checkpoints ---------------------------------------------------------------------------
