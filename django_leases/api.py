@@ -162,6 +162,12 @@ class JobHandle:
     ``fence`` grows by one at every claim of the job: pass it to stores outside the queue so
     they can refuse a writer whose claim was taken over. ``lost`` turns true within one
     heartbeat period of the worker learning that the claim is gone.
+
+    ``checkpoint()``, ``sleep()`` and ``fenced()`` are synchronous, as the ORM is: from an
+    ``async def`` handler, call them through ``asgiref.sync.sync_to_async`` (``await
+    sync_to_async(job.checkpoint)(cursor)``), which runs them on the slot's thread and its
+    connection (called directly, a write raises ``SynchronousOnlyOperation`` and ``sleep()``
+    blocks the event loop).
     """
 
     def __init__(

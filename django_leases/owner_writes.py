@@ -22,6 +22,7 @@ from django.db.models.functions import Now
 from . import conf
 from .claiming import _DUE_CLAIM_CTES, _ROW_RETURNING, ClaimedJob, ClaimVerbs, _claimed_rows
 from .deadlocks import retry_deadlock_victims
+from .id_chunks import id_chunks
 from .jsonsafe import statement_runs, stored_json
 from .lease_statements import (
     ClaimRef,
@@ -155,14 +156,7 @@ class OwnerVerbs(ClaimVerbs):
         under way), not lost. Its lease was not pushed forward: the worker's watchdog
         gives the claim up once that lease has run out by its own clock."""
         tokens = {job.pk: job.claim_token for job in jobs}
-        ids = list(tokens)
-        held = set()
-        for start in range(0, len(ids), 500):
-            rows = self.filter(pk__in=ids[start : start + 500], state=JobState.CLAIMED)
-            held |= {
-                pk for pk, token in rows.values_list("pk", "claim_token") if token == tokens[pk]
-            }
-        return held
+        return self._ids_still_reading(tokens, JobState.CLAIMED, "claim_token")
 
     def acked_by_their_claims(self, jobs: Iterable[Any]) -> set[Any]:
         """The ids of ``jobs`` (claimed rows: ``pk``, ``fence``) that succeeded at their
@@ -170,13 +164,16 @@ class OwnerVerbs(ClaimVerbs):
         A renewal that misses such a job raced its handler's own ``fenced(ack=True)``
         commit: the claim ended in success, it was not lost."""
         fences = {job.pk: job.fence for job in jobs}
-        ids = list(fences)
-        acked = set()
-        # In slices: SQLite caps a statement's parameters (999 before 3.32).
-        for start in range(0, len(ids), 500):
-            done = self.filter(pk__in=ids[start : start + 500], state=JobState.SUCCEEDED)
-            acked |= {pk for pk, fence in done.values_list("pk", "fence") if fence == fences[pk]}
-        return acked
+        return self._ids_still_reading(fences, JobState.SUCCEEDED, "fence")
+
+    def _ids_still_reading(self, expected: dict[Any, Any], state: str, field: str) -> set[Any]:
+        """The ids of ``expected`` whose row is in ``state`` with ``field`` at the value
+        ``expected`` maps the id to, read in slices one statement can take."""
+        found = set()
+        for ids in id_chunks(self.db, list(expected)):
+            rows = self.filter(pk__in=ids, state=state).values_list("pk", field)
+            found |= {pk for pk, value in rows if value == expected[pk]}
+        return found
 
     def _owned(self, claim: ClaimRef) -> JobQuerySet:
         db = self._db or router.db_for_write(self.model)

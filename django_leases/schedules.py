@@ -411,6 +411,12 @@ def checked_settings(listed: Any) -> dict[str, ScheduleSpec]:
         task_path = values.pop("task", None)
         if not isinstance(task_path, str) or not task_path:
             raise InvalidSchedule(f"{where}.task", "must be the dotted path of a task")
+        if "name" in values and values["name"] != name:
+            # The entry's key names it: another name here was silently dropped.
+            raise InvalidSchedule(
+                f"{where}.name",
+                f"is {shown(values['name'])}, but the key names this schedule; leave it out",
+            )
         try:
             periodic = Periodic.from_json({**values, "name": name})
         except InvalidSchedule as e:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import signal
 import threading
-import time
 
 import pytest
 from django.db import connection
@@ -22,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_leases.models import Job, JobFailure
-from django_leases.states import DeadReason, FailureKind, JobState
+from django_leases.states import TERMINAL_STATES, DeadReason, FailureKind, JobState
 from django_leases.storable import (
     MESSAGE_LIMIT,
     TRACEBACK_LIMIT,
@@ -1097,7 +1096,7 @@ def test_a_log_filter_that_raises_added_by_a_handler_ends_no_worker_and_loses_no
 
 
 @workers_db
-def test_the_main_loop_raising_releases_the_jobs_at_once_and_exits_1(workers):
+def test_the_main_loop_raising_releases_the_jobs_at_once_and_exits_1(workers, tmp_path):
     """A thread-isolated handler that lowered the recursion limit while it ran made the
     main loop's next statement raise RecursionError: the worker died, its jobs left claimed
     until their leases ran out, then counted as expired attempts, the handler's own and the
@@ -1105,16 +1104,13 @@ def test_the_main_loop_raising_releases_the_jobs_at_once_and_exits_1(workers):
     logged (loop_failed), and the stop that follows releases the jobs at once, attempts
     not counted; exit status 1, for a fresh worker (3, 6)."""
     key = _key("recursion")
-    low = t.lower_recursion_limit.enqueue(key, 35, 30)
+    lowered = tmp_path / "lowered"
+    low = t.lower_recursion_limit.enqueue(key, 35, 30, str(lowered))
     beside = t.hold.enqueue(30)
-    worker = workers.start("loop-fails", *STEADY, "--concurrency", "3", "--grace", "20")
-    wait_for(
-        lambda: Effect.objects.filter(key=key, phase="start").exists(),
-        30,
-        lambda: f"the handler to start: {worker.log()[-3000:]}",
-    )
-    time.sleep(0.5)  # past the call that lowers the limit
-    later = t.hold.enqueue(30)  # its claim runs under the lowered limit
+    # A slot left free: the loop goes on polling, under the limit.
+    worker = workers.start("loop-fails", *STEADY, "--concurrency", "4", "--grace", "20")
+    wait_for(lowered.exists, 30, lambda: f"the limit lowered: {worker.log()[-3000:]}")
+    later = t.hold.enqueue(30)  # claimed under the lowered limit and released, or never
     assert worker.wait_exit(60) == 1, worker.log()[-3000:]
     log = worker.log()
     failed = worker.events("loop_failed")
@@ -1131,10 +1127,11 @@ def test_the_main_loop_raising_releases_the_jobs_at_once_and_exits_1(workers):
 @workers_db
 def test_what_a_handler_changes_in_the_shared_interpreter_is_put_back_after_its_job(workers):
     """In thread isolation handlers share the worker's interpreter: one that lowered the
-    recursion limit, lengthened the switch interval, disabled logging and closed the
-    standard streams, and returned, left them so for the worker's threads and the jobs
-    after it (a limit of 30 ended the worker with RecursionError, a switch interval of
-    30 s starved the heartbeat, a closed stderr ended it with "lost sys.stderr"). They
+    recursion limit, lengthened the switch interval, disabled logging, set an event loop
+    policy and closed the standard streams, and returned, left them so for the worker's
+    threads and the jobs after it (a limit of 30 ended the worker with RecursionError, a
+    switch interval of 30 s starved the heartbeat, a closed stderr ended it with "lost
+    sys.stderr", a policy that makes no loops failed every later async job). They
     are put back after the job, logged (interpreter_restored): sys.stdout, replaced by a
     stream of its own then closed, is reopened; sys.stderr, closed, never was (its close()
     only flushes). The next job sees the worker's own, and the worker's lines go on (6)."""
@@ -1143,6 +1140,13 @@ def test_what_a_handler_changes_in_the_shared_interpreter_is_put_back_after_its_
     wait_for(lambda: worker.events("interpreter_restored"), 30, lambda: worker.log()[-3000:])
     after = t.interpreter_settings.enqueue()
     wait_for(lambda: Job.objects.get(pk=after.id).state == JobState.SUCCEEDED, 30, "the job after")
+    async_after = t.async_add.enqueue(2, 3)
+    wait_for(
+        lambda: Job.objects.get(pk=async_after.id).state in TERMINAL_STATES,
+        30,
+        "the async job after",
+    )
+    assert Job.objects.get(pk=async_after.id).state == JobState.SUCCEEDED, worker.log()[-3000:]
     assert Job.objects.get(pk=after.id).result == {
         "recursion_limit": 1000,
         "switch_interval": 0.005,
@@ -1160,6 +1164,7 @@ def test_what_a_handler_changes_in_the_shared_interpreter_is_put_back_after_its_
         "logger django_leases.worker",
         "logger django.tasks",
         "working directory",
+        "asyncio event loop policy",
         "sys.stdout",
     ]
     worker.signal(signal.SIGTERM)

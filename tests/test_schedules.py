@@ -185,7 +185,10 @@ def test_the_settings_form_names_the_schedule_and_field():
         checked_settings({"x\x00y": {"task": "a.b", "every": 60}})
     with pytest.raises(InvalidSchedule, match=r"SCHEDULES\['nightly'\]\.color"):
         checked_settings({"nightly": {"task": "a.b", "every": 60, "color": "red"}})
-    specs = checked_settings({"n": {"task": "a.b", "every": 60, "args": [1]}})
+    # The key names the entry: another "name" inside it was silently dropped.
+    with pytest.raises(InvalidSchedule, match=r"SCHEDULES\['nightly'\]\.name: is 'daily'"):
+        checked_settings({"nightly": {"task": "a.b", "every": 60, "name": "daily"}})
+    specs = checked_settings({"n": {"task": "a.b", "every": 60, "args": [1], "name": "n"}})
     assert specs["n"].task_path == "a.b" and specs["n"].periodic.args == [1]
 
 

@@ -2,10 +2,11 @@
 
 A handler that lowers the recursion limit, lengthens the thread switch interval, closes
 sys.stdout or sys.stderr, disables logging (or the worker's loggers, by setting up logging
-again) or changes the working directory changes them for the worker's own threads too:
-the main loop's next statement raised RecursionError and the process ended, the heartbeat
-waited seconds for its turn and leases ran out, the log lines stopped, the next handler's
-connection opened another SQLite file (a relative NAME). What
+again), changes the working directory or sets an asyncio event loop policy changes them
+for the worker's own threads too: the main loop's next statement raised RecursionError and
+the process ended, the heartbeat waited seconds for its turn and leases ran out, the log
+lines stopped, the next handler's connection opened another SQLite file (a relative NAME),
+every later async handler ran on the policy's loops (or failed, its loops refused). What
 endangers the worker is put back after each job (a raised limit, a shorter interval or a
 stream the handler replaced are left as they are: the project may want them); a child
 process's interpreter is its own.
@@ -18,12 +19,14 @@ see are ones whose close() only flushes (keep_streams_open()), as Celery's stand
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import logging
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -47,6 +50,8 @@ class InterpreterGuard:
         ]
         # Where relative paths lead (a relative SQLite NAME, the project's own files).
         self.cwd = _cwd()
+        # Where each async handler's event loop comes from (asyncio.run asks the policy).
+        self.loop_policy = _loop_policy()
         # Slots finish together: one of them puts back, the other finds nothing to.
         self._lock = threading.Lock()
 
@@ -73,6 +78,12 @@ class InterpreterGuard:
                 with contextlib.suppress(OSError):  # the directory is gone: nowhere to go back
                     os.chdir(self.cwd)
                     put_back.append("working directory")
+            if _loop_policy() is not self.loop_policy:
+                with warnings.catch_warnings():
+                    # Python 3.14 deprecates the policy functions; still what asyncio asks.
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    asyncio.set_event_loop_policy(self.loop_policy)
+                put_back.append("asyncio event loop policy")
             for name, fd in (("stdout", 1), ("stderr", 2)):
                 stream = getattr(sys, name)
                 # A project's own stream object may have no ``closed``: not a file's.
@@ -81,6 +92,16 @@ class InterpreterGuard:
                         setattr(sys, name, _reopened(stream, fd, name))
                         put_back.append(f"sys.{name}")
             return put_back
+
+
+def _loop_policy() -> Any:
+    """The policy in force, as asyncio holds it (get_event_loop_policy() warns on Python
+    3.14); the default one made first, as asyncio's first loop would (not a change)."""
+    if getattr(asyncio.events, "_event_loop_policy", None) is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            asyncio.get_event_loop_policy()
+    return getattr(asyncio.events, "_event_loop_policy", None)
 
 
 def _cwd() -> str | None:

@@ -104,8 +104,9 @@ EVENTS: dict[str, str] = {
     "db_refused": "the database refused a write that cannot succeed later (error)",
     "cleanup_failed": "the handler's connections could not be closed after its job (error)",
     "interpreter_restored": "a handler lowered the recursion limit, lengthened the switch "
-    "interval, disabled logging or the worker's loggers, changed the working directory or "
-    "left a closed stream in sys.stdout or sys.stderr: put back (job_id, restored)",
+    "interval, disabled logging or the worker's loggers, changed the working directory, set "
+    "an asyncio event loop policy or left a closed stream in sys.stdout or sys.stderr: put "
+    "back (job_id, restored)",
     "tidy_failed": "a connection could not be tidied after a job (error)",
     # Periodic schedules
     "schedules_synced": "synced with the code at start (added, changed, removed, unchanged, taken)",

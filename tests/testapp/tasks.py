@@ -1018,8 +1018,9 @@ def leave_transaction(key: str, how: str) -> str:
 def meddle_with_the_interpreter() -> str:
     """Change what every thread of the process shares: a lower recursion limit, a longer
     switch interval, logging disabled (and the worker's loggers, by a logging set-up of
-    its own), the working directory, a standard stream replaced by one closed, the other
-    closed."""
+    its own), the working directory, an event loop policy whose loops are refused, a
+    standard stream replaced by one closed, the other closed."""
+    import asyncio
     import logging
     import logging.config
     import os
@@ -1032,6 +1033,12 @@ def meddle_with_the_interpreter() -> str:
     # A project's logging set up again from a handler: every existing logger disabled.
     logging.config.dictConfig({"version": 1})
     os.chdir(tempfile.mkdtemp())  # a relative SQLite NAME would now name another file
+
+    class NoLoops(asyncio.DefaultEventLoopPolicy):
+        def new_event_loop(self) -> asyncio.AbstractEventLoop:
+            raise RuntimeError("this policy makes no loops")
+
+    asyncio.set_event_loop_policy(NoLoops())  # every later async handler would fail
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- closed at once, as a handler might
     sys.stdout.close()
     sys.stderr.close()
@@ -1122,15 +1129,19 @@ def add_raising_log_filter(key: str, seconds: float = 0.0) -> str:
 
 
 @task
-def lower_recursion_limit(key: str, limit: int, seconds: float) -> str:
-    """Lower the recursion limit (shared with the worker in thread isolation) to ``limit``
-    and hold the claim ``seconds``: the main loop runs under that limit meanwhile."""
+def lower_recursion_limit(key: str, limit: int, seconds: float, lowered: str) -> str:
+    """Lower the recursion limit (shared with the worker in thread isolation) to ``limit``,
+    say so by creating the file ``lowered`` (no Python frame: a write to the database
+    would not fit under the limit), and hold the claim ``seconds``: the main loop runs
+    under that limit meanwhile."""
+    import os
     import sys
 
     from django_leases.api import current_job
 
     _effect(key, "start")
     sys.setrecursionlimit(limit)
+    os.close(os.open(lowered, os.O_CREAT | os.O_WRONLY))
     current_job().sleep(seconds)
     return key
 
