@@ -1096,6 +1096,51 @@ def test_a_log_filter_that_raises_added_by_a_handler_ends_no_worker_and_loses_no
 
 
 @workers_db
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_what_an_async_handler_leaves_running_does_not_keep_its_job_claimed(workers, isolation):
+    """An async handler that returned (or raised) leaving in its event loop a task that
+    swallows its cancellation, or a run_in_executor() call it never awaited: asyncio.run's
+    teardown waited for them, and the job stayed claimed, renewed, for as long (a --burst
+    worker never exited; stopped, the job was released to run again). The teardown is
+    cut 2 s after the coroutine is done (async_teardown_cut): the outcome stands (3, 6)."""
+    key = _key(f"left-{isolation}")
+    left = {
+        "task": t.leave_behind.enqueue(key, "task", 600),
+        "executor": t.leave_behind.enqueue(key, "executor", 600),
+    }
+    raised = t.leave_behind.using_lease(max_attempts=1).enqueue(key, "task", 600, then="raise")
+    worker = workers.start(
+        f"left-{isolation}",
+        *STEADY,
+        "--burst",
+        "--concurrency",
+        "2",
+        "--isolation",
+        isolation,
+        "--grace",
+        "2",
+        ready=False,
+    )
+    # The executor's thread outlives the run: the process ends without it after the grace.
+    assert worker.wait_exit(120) == 0, worker.log()[-3000:]
+    for kind, result in left.items():
+        job = Job.objects.get(pk=result.id)
+        assert (job.state, job.result, job.attempts) == (JobState.SUCCEEDED, kind, 1), kind
+    job = Job.objects.get(pk=raised.id)
+    assert (job.state, job.attempts) == (JobState.DEAD, 1)
+    failure = job.failures.get()
+    assert (failure.exception_class_path, failure.message) == (
+        "builtins.ValueError",
+        "raised after leaving a task behind",
+    )
+    cut = {line["job_id"] for line in worker.events("async_teardown_cut")}
+    assert cut == {int(r.id) for r in (*left.values(), raised)}, worker.log()[-3000:]
+    if isolation == "thread":
+        [left_running] = worker.events("threads_left")
+        assert any(name.startswith("asyncio") for name in left_running["threads"]), left_running
+
+
+@workers_db
 def test_the_main_loop_raising_releases_the_jobs_at_once_and_exits_1(workers, tmp_path):
     """A thread-isolated handler that lowered the recursion limit while it ran made the
     main loop's next statement raise RecursionError: the worker died, its jobs left claimed

@@ -73,6 +73,7 @@ EVENTS: dict[str, str] = {
     "acked": "a job was acknowledged",
     "raised_after_ack": "a handler raised after acknowledging its job in fenced(); it stays succeeded (error)",
     "left_open_after_ack": "a handler returned inside a transaction after acknowledging its job in fenced(); it stays succeeded, its later writes there are rolled back (databases)",
+    "async_teardown_cut": "an async handler's event loop was closed 2 s after its coroutine returned, with what it left still running (tasks that ignore cancellation, executor calls never awaited); its outcome stands",
     "ack_rejected": "an ack matched no row: the claim was lost first",
     "ack_refused": "the database refused a result; the attempt is failed instead (error)",
     "batch_ack_refused": "the database refused a batch of acks; sent one by one (error)",

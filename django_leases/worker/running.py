@@ -148,7 +148,7 @@ def _run(
             # As Django's Task.call() runs it: the handler's sync_to_async calls (the
             # async ORM's) come back to this slot thread and its own connection, which
             # is tidied after each job, not to one thread shared by every handler.
-            result = async_to_sync(_run_async)(task.func, args, kwargs, link)
+            result = _call_async(task.func, args, kwargs, link, handle)
         else:
             with _forked_children_end_here():
                 result = task.func(*args, **kwargs)
@@ -364,7 +364,48 @@ def _send(signal: Any, task: Any, task_result: TaskResult[..., Any] | None) -> N
             )
 
 
-async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any], link: WorkerLink) -> Any:
+# Once an async handler's coroutine is done, its event loop's teardown (asyncio.run's:
+# the tasks it left cancelled and awaited, the default executor's calls waited for) may
+# take this long; past it the loop is stopped and closed, what still runs left behind, and
+# the coroutine's own outcome stands. Unbounded, a task that swallows its cancellation, or
+# a run_in_executor() call the handler never awaited, kept the job claimed for as long.
+ASYNC_TEARDOWN_SECONDS = 2.0
+
+
+class _Returned:
+    """What an async handler's coroutine came back with, and whether its loop's teardown
+    was cut short after it."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.cut = False
+
+    def cut_short(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.cut = True
+        loop.stop()  # asyncio.run's run_until_complete raises; the loop is then closed
+
+
+def _call_async(
+    func: Any, args: list[Any], kwargs: dict[str, Any], link: WorkerLink, handle: JobHandle
+) -> Any:
+    """Run an ``async def`` handler as Django's Task.call() does (async_to_sync), its
+    loop's teardown bounded by ASYNC_TEARDOWN_SECONDS."""
+    returned = _Returned()
+    try:
+        return async_to_sync(_run_async)(func, args, kwargs, link, returned)
+    except BaseException:
+        if not returned.cut:
+            raise
+    _teardown_cut(handle)
+    if returned.error is not None:
+        raise returned.error
+    return returned.value
+
+
+async def _run_async(
+    func: Any, args: list[Any], kwargs: dict[str, Any], link: WorkerLink, returned: _Returned
+) -> Any:
     """Await the handler in a task that is cancelled as soon as the claim is lost."""
     loop = asyncio.get_running_loop()
     inner = asyncio.ensure_future(_forked_children_end_in(func(*args, **kwargs)))
@@ -375,7 +416,34 @@ async def _run_async(func: Any, args: list[Any], kwargs: dict[str, Any], link: W
             loop.call_soon_threadsafe(inner.cancel)
 
     link.on_lost(cancel)
-    return await inner
+    try:
+        returned.value = await inner
+    except BaseException as e:
+        returned.error = e
+        raise
+    finally:
+        # Never fires when the teardown ends first: the loop is closed by then.
+        loop.call_later(ASYNC_TEARDOWN_SECONDS, returned.cut_short, loop)
+    return returned.value
+
+
+def _teardown_cut(handle: JobHandle) -> None:
+    """Say that an async handler's loop was closed with what it left still running."""
+    logger.warning(
+        "The event loop of job=%s fence=%s was closed %gs after its handler returned, "
+        "with what the handler left still running (a task that ignores cancellation, a "
+        "run_in_executor() call never awaited); the handler's outcome stands worker=%s",
+        handle.job_id,
+        handle.fence,
+        ASYNC_TEARDOWN_SECONDS,
+        handle.worker_id,
+        extra={
+            "event": "async_teardown_cut",
+            "job_id": handle.job_id,
+            "fence": handle.fence,
+            "worker": handle.worker_id,
+        },
+    )
 
 
 async def _forked_children_end_in(handler: Any) -> Any:

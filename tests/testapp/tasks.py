@@ -137,6 +137,41 @@ async def astubborn(key: str, seconds: float) -> dict:
     return {"fence": current_job().fence}
 
 
+# What leave_behind() leaves running: the event loop holds its tasks weakly.
+_LEFT_BEHIND: list[object] = []
+
+
+@task
+async def leave_behind(key: str, kind: str, seconds: float, then: str = "return") -> str:
+    """Leave behind in its event loop what runs on ``seconds`` after it: a task that
+    swallows its cancellation (``kind="task"``) or a run_in_executor() call it never
+    awaits (``"executor"``); then return ``kind``, or raise ValueError (``then="raise"``)."""
+    import asyncio
+    import time
+
+    from asgiref.sync import sync_to_async
+
+    deadline = time.monotonic() + seconds
+
+    async def deaf() -> None:
+        while time.monotonic() < deadline:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                continue
+
+    loop = asyncio.get_running_loop()
+    if kind == "task":
+        _LEFT_BEHIND.append(loop.create_task(deaf()))
+    else:
+        _LEFT_BEHIND.append(loop.run_in_executor(None, time.sleep, seconds))
+    await asyncio.sleep(0)
+    await sync_to_async(_effect)(key, "left")
+    if then == "raise":
+        raise ValueError(f"raised after leaving a {kind} behind")
+    return kind
+
+
 @task
 def ack_then_linger(key: str, seconds: float, heed: bool = True) -> None:
     """Acknowledge the job in its own fenced transaction, then go on (say, cleaning up) for

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import concurrent.futures.thread
 import contextlib
 import logging
 import multiprocessing
@@ -249,9 +250,14 @@ def _end_if_threads_linger(status: int, worker: Worker) -> None:
 
 
 def _threads_python_waits_for() -> list[threading.Thread]:
-    """The threads besides this one that Python would join at exit: alive, no daemon."""
+    """The threads besides this one that Python would join at exit: alive, no daemon,
+    or an executor's, which concurrent.futures joins at exit even as daemons (asyncio's
+    default executor's among them: a run_in_executor() call an async handler left)."""
     current = threading.current_thread()
-    return [t for t in threading.enumerate() if t is not current and not t.daemon and t.is_alive()]
+    waited = [t for t in threading.enumerate() if not t.daemon]
+    executors = getattr(concurrent.futures.thread, "_threads_queues", {})
+    waited += [t for t in list(executors) if t not in waited]
+    return [t for t in waited if t is not current and t.is_alive()]
 
 
 def _end_now(status: int, worker: Worker) -> None:
