@@ -209,6 +209,15 @@ class LeaseBackend(BaseTaskBackend):
         if task.run_after is not None and not self.supports_defer:
             # Before Django's own "does not support run_after": this one says why.
             raise InvalidTask(f"{task.module_path}: run_after: {USE_TZ_NEEDED}")
+        if self.queues and task.queue_name not in self.queues:
+            # Before Django's own "Queue ... is not valid for backend.": this one names the
+            # task, the setting to change and what it holds.
+            raise InvalidTask(
+                f"{task.module_path}: Queue {task.queue_name!r} is not valid for backend "
+                f"{self.alias!r}: queue_name must be one of TASKS[{self.alias!r}]['QUEUES'] "
+                f"({', '.join(sorted(map(repr, self.queues)))}); add it there, and start a "
+                f"worker that serves it"
+            )
         super().validate_task(task)
         try:
             check_task_options(task)

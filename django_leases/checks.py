@@ -318,7 +318,8 @@ def _discovery_failed(alias: str, error: Exception) -> list[checks.CheckMessage]
             f"TASKS[{alias!r}]: importing the modules that declare tasks (each installed "
             f"app's tasks module or package, and TASK_MODULES) raised "
             f"{type(error).__name__}: {first_line(error).rstrip('.')}. No worker can start.",
-            hint="Fix the module, or move it out of the tasks package if it holds no task.",
+            hint="Fix what the error names (a task's option, a queue missing from QUEUES), "
+            "or move the module out of the tasks package if it holds no task.",
             obj=f"TASKS[{alias!r}]",
             id="django_leases.E023",
         )

@@ -23,6 +23,7 @@ from django.db.models.functions import Now
 from .enqueue import insert_job
 from .enqueue_options import JobFields
 from .exceptions import DuplicateJob, InvalidSchedule
+from .jsonsafe import shown
 from .schedules import Periodic, ScheduleSpec, first_tick, plan
 from .states import ACTIVE_STATES
 
@@ -336,6 +337,11 @@ class ScheduleQuerySet(models.QuerySet["Schedule"]):
         link a job some other call made to this schedule. A schedule the code no longer
         declares (removed_at set) raises ValueError: what it would run is no longer asked
         for; LookupError when this process declares no such task."""
+        if not isinstance(schedule, self.model):
+            raise TypeError(
+                f"schedule: must be a {self.model.__name__} row "
+                f"(Schedule.objects.get(name=...)), got {shown(schedule)}"
+            )
         if schedule.removed_at is not None:
             raise ValueError("removed from the code: it runs no more, even by hand")
         if fields is None:

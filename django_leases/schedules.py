@@ -160,7 +160,18 @@ def _seconds(name: str, value: Any, low: float, high: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         _fail(name, f"must be a number of seconds, got {shown(value)}")
     if not (low <= value <= high) or math.isnan(value):
-        _fail(name, f"must be between {low:g} and {high:g} seconds, got {shown(value)}")
+        _fail(
+            name, f"must be between {_amount(low)} and {_amount(high)} seconds, got {shown(value)}"
+        )
+
+
+def _amount(seconds: float) -> str:
+    """Seconds as people write them: 31,622,400 (366 days), not 3.16224e+07."""
+    if float(seconds).is_integer():
+        whole = int(seconds)
+        days = f" ({whole // 86400:,} days)" if whole >= 86400 and whole % 86400 == 0 else ""
+        return f"{whole:,}{days}"
+    return f"{seconds:g}"
 
 
 def check_periodic(p: Periodic) -> None:

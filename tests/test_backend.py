@@ -269,8 +269,13 @@ def test_a_second_task_at_a_declared_path_is_refused_and_a_reload_is_not(tmp_pat
 
 
 def test_queues_outside_the_backend_are_refused():
-    with pytest.raises(InvalidTask, match="Queue"):
+    """(6) Django's own words named neither the task nor the setting to change."""
+    with pytest.raises(InvalidTask) as refused:
         add.using(queue_name="nope")
+    assert str(refused.value).startswith(
+        "tests.testapp.tasks.add: Queue 'nope' is not valid for backend 'default': "
+        "queue_name must be one of TASKS['default']['QUEUES'] ("
+    ), refused.value
 
 
 needs_task_kwargs = pytest.mark.skipif(

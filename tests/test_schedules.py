@@ -175,6 +175,15 @@ def test_a_bad_declaration_names_its_field(kwargs, field):
     assert caught.value.field.startswith(field), caught.value
 
 
+def test_an_interval_out_of_bounds_says_them_as_people_write_them():
+    """Invariant 6: the bound read 3.16224e+07 seconds."""
+    with pytest.raises(InvalidSchedule) as caught:
+        Periodic(every=0)
+    assert str(caught.value) == (
+        "every: must be between 1 and 31,622,400 (366 days) seconds, got 0"
+    ), caught.value
+
+
 def test_the_settings_form_names_the_schedule_and_field():
     """Invariant 6: OPTIONS["SCHEDULES"] errors read SCHEDULES['name'].field."""
     with pytest.raises(InvalidSchedule, match=r"SCHEDULES\['nightly'\]\.timezone"):

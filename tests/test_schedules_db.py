@@ -236,6 +236,9 @@ def test_run_now_needs_only_the_schedule():
     Schedule.objects.filter(pk=gone.pk).update(task_path="tests.testapp.tasks.not_declared")
     with pytest.raises(LookupError, match="not_declared"):
         Schedule.objects.run_now(Schedule.objects.get(pk=gone.pk))
+    # Its name instead of the row: AttributeError on 'removed_at' before.
+    with pytest.raises(TypeError, match=r"^schedule: must be a Schedule row .* got 's'"):
+        Schedule.objects.run_now("s")
 
 
 def test_a_removed_schedule_stops_ticking():

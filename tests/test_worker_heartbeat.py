@@ -296,7 +296,7 @@ def test_a_handler_that_returns_past_its_lease_by_the_local_clock_is_lost_unsign
     heartbeat thread; another worker may run the job now. What it returns or raises then is
     a lost claim's (discarded; the database decides), and task_finished is not sent: it
     said SUCCESSFUL for a result the worker then discarded."""
-    from django.tasks.signals import task_finished
+    from django.tasks.signals import task_finished, task_started
 
     from django_leases.worker.claims import Kind
     from django_leases.worker.running import run_task
@@ -321,6 +321,24 @@ def test_a_handler_that_returns_past_its_lease_by_the_local_clock_is_lost_unsign
             link.stamp.value = time.monotonic() - job.lease_seconds - 0.1
             assert run_task(task, args, {}, handle, link).kind is Kind.LOST, task
             assert sent == [], task
+        # Told to stop by the worker's stop (released at the end), a result still stands
+        # while the lease lasts; not once it ran out (a worker paused past its lease, then
+        # sent SIGTERM, said SUCCESSFUL for a job another worker held).
+        for expired, kind, signalled in ((False, Kind.OK, True), (True, Kind.LOST, False)):
+            sent.clear()
+            job, handle, link = claim(add)
+
+            def stop(sender, task_result, link=link, lease=job.lease_seconds, late=expired, **kw):
+                link.mark_lost(releasing=True)  # the worker's stop, as the handler runs
+                if late:
+                    link.stamp.value = time.monotonic() - lease - 0.1
+
+            task_started.connect(stop, weak=False)
+            try:
+                assert run_task(add, [1, 2], {}, handle, link).kind is kind, expired
+            finally:
+                task_started.disconnect(stop)
+            assert sent == ([(str(job.pk), "SUCCESSFUL")] if signalled else []), expired
     finally:
         task_finished.disconnect(receiver)
 

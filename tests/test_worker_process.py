@@ -22,10 +22,17 @@ from django.db.models import Count
 
 from django_leases.api import FOUND_TAKEN
 from django_leases.models import Job, JobFailure, WorkerProcess
-from django_leases.states import FailureKind, JobState
+from django_leases.states import TERMINAL_STATES, FailureKind, JobState
 from tests.testapp.models import Effect
 from tests.testapp.tasks import ack_then_linger, add, hold, record, spawns, stubborn
-from tests.worker_helpers import ON_POSTGRES, PG_ONLY, Workers, process_ended, wait_for
+from tests.worker_helpers import (
+    ON_POSTGRES,
+    PG_ONLY,
+    Workers,
+    descendants,
+    process_ended,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -63,6 +70,7 @@ def test_bad_options_are_refused_before_any_claim():
         (["--grace", "-1"], "--grace"),
         (["--max-jobs", "0"], "--max-jobs"),
         (["--backend", "nope"], "--backend"),
+        (["--backend", ""], "--backend"),  # served the first backend without a word
         (["--queue", "nowhere"], "--queue"),
     ]
     for args, option in cases:
@@ -302,6 +310,38 @@ def test_a_stop_right_after_a_childs_own_ack_releases_nothing(workers):
     assert not a.events("released", job_id=int(result.id)), a.log()
     [killed] = a.events("process_killed", job_id=int(result.id))
     assert killed["reason"] == "acked", a.log()
+
+
+def test_a_stop_signal_to_a_handler_process_still_starting_waits_for_its_handler(workers):
+    """A SIGTERM to every process of the service (systemd's KillMode=control-group, a
+    container runtime) reached a handler process still starting (its interpreter, before
+    its handlers for stop signals were in), and its default disposition ended it: the job
+    failed (HandlerDied), an attempt counted. The thread that starts a child blocks them;
+    the child unblocks them once it ignores them, and the job goes on (3, 6)."""
+    result = hold.enqueue(1.0)
+    a = workers.start("boot-term", "--isolation", "process", *FAST)
+    signalled = set()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for _ in range(100):  # from its first moments, as often as the machine allows
+            for pid in descendants(a.pid):
+                with contextlib.suppress(OSError):
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    if b"--multiprocessing-fork" in command and b"resource_tracker" not in command:
+                        os.kill(pid, signal.SIGTERM)
+                        signalled.add(pid)
+            time.sleep(0.002)
+        if (
+            job_of(result).state in TERMINAL_STATES
+            or JobFailure.objects.filter(job_id=result.id).exists()
+        ):
+            break
+    assert signalled, "no handler process seen"
+    job = job_of(result)
+    failures = list(JobFailure.objects.filter(job_id=result.id).values_list("message", flat=True))
+    assert (job.state, job.attempts, failures) == (JobState.SUCCEEDED, 1, []), a.log()[-3000:]
+    a.signal(signal.SIGTERM)
+    assert a.wait_exit() == 0, a.log()[-3000:]
 
 
 def test_a_handler_process_whose_worker_dies_while_it_starts_never_runs(workers):

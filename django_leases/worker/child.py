@@ -29,6 +29,9 @@ logger = WorkerLogger()
 
 # How long a child whose claim is lost may take to stop on its own before SIGKILL.
 KILL_GRACE_SECONDS = 1.0
+# What the child does not stop for: the worker decides (the parent blocks them in the
+# thread that starts a child, which unblocks them here once its handler is in).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _ignore_stop_signal(signum: int, frame: Any) -> None:
@@ -47,8 +50,11 @@ def _end_group() -> NoReturn:
 
 
 def child_main(conn: Any, payload: dict[str, Any], lost: Any, stamp: Any, acked: Any) -> None:
-    for stop_signal in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for stop_signal in STOP_SIGNALS:
         signal.signal(stop_signal, _ignore_stop_signal)
+    if hasattr(signal, "pthread_sigmask"):
+        # Blocked since the parent started this process: one sent meanwhile lands now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     if hasattr(os, "setpgid"):
         # Its own process group, so that the worker's kill (executors.kill_handler) ends
         # the processes the handler starts too: a subprocess left running would go on

@@ -14,19 +14,20 @@ import contextlib
 import functools
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.resource_tracker
 import os
 import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import connections
 
 from ..safe_logging import WorkerLogger
 from ..storable import MESSAGE_LIMIT, describe_exception, storable_text
-from .child import KILL_GRACE_SECONDS
+from .child import KILL_GRACE_SECONDS, STOP_SIGNALS
 from .claims import LOST, RELEASING, RUNNING, Claim, Kind, Outcome
 from .interpreter import InterpreterGuard, keep_streams_open, log_restored
 from .logs import claim_fields, configured
@@ -349,7 +350,8 @@ class ProcessExecutor(_Slots):
         # through its Process until start() returns): it is killed here. (A worker that
         # ends before that leaves a child that sees it gone and ends itself, child.py.)
         spawned = time.monotonic()
-        process.start()
+        with stop_signals_blocked():
+            process.start()
         theirs.close()
         with self._children_lock:
             self._children.add(process)
@@ -547,6 +549,28 @@ def _timed_out_unsaid(claim: Claim, outcome: Outcome) -> bool:
         and outcome.kind in (Kind.OK, Kind.ERROR, Kind.LOST)
         and outcome.exception_class_path != TIMEOUT_CLASS_PATH
     )
+
+
+@contextlib.contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """Block the stop signals in this (slot) thread while it starts a child: the child
+    inherits the mask through exec and unblocks them once its own handlers are in
+    (child.py). A SIGTERM sent to every process of the service (systemd's control-group
+    kill, a container runtime's) reached a child still starting, whose default
+    disposition ended it: its job failed, an attempt counted. The main thread, where
+    the worker handles them, blocks nothing."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    # multiprocessing starts its resource tracker at a first start(), then unblocks SIGINT
+    # and SIGTERM in the calling thread: started first, it is found running.
+    with contextlib.suppress(Exception):
+        multiprocessing.resource_tracker.ensure_running()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _worker_error(exc: BaseException, doing: str) -> Outcome:

@@ -26,7 +26,7 @@ from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
-from ..api import JobHandle, WorkerLink
+from ..api import LEASE_RAN_OUT, JobHandle, WorkerLink
 from ..exceptions import LeaseLost, NonRetryable, TransactionLeftOpen
 from ..fits import task_misfit
 from ..safe_logging import WorkerLogger
@@ -175,7 +175,7 @@ def _run(
         outcome = Outcome(Kind.ACKED, result=link.acked_result)
         if aliases := _left_open():
             _left_open_after_ack(handle, aliases)
-    elif (why := link.gone(time.monotonic())) and not link.releasing:
+    elif why := _discarded(link, time.monotonic()):
         return Outcome(Kind.LOST, message=why)
     else:
         try:
@@ -205,6 +205,16 @@ def _run(
         _finished(started, TaskResultStatus.SUCCESSFUL, return_value=outcome.result),
     )
     return outcome
+
+
+def _discarded(link: WorkerLink, now: float) -> str:
+    """Why a result returned at ``now`` is discarded, "" if it stands. Told to stop by the
+    worker's stop (releasing), a result is still acknowledged under its claim, unless the
+    lease ran out meanwhile by this process's clock: a worker paused past its lease, then
+    signalled, sent task_finished SUCCESSFUL for a job another worker had taken over."""
+    if link.releasing:
+        return LEASE_RAN_OUT if link.expired(now) else ""
+    return link.gone(now)
 
 
 def _failed(

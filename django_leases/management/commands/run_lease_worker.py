@@ -196,7 +196,7 @@ class Command(LeasesCommand):
 
         try:
             return worker_kwargs(
-                backend=options["backend"] or None,
+                backend=options["backend"],
                 queues=options["queues"],
                 all_queues=options.get("all_queues", False),
                 lease=options["lease"],
