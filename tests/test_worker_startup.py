@@ -104,6 +104,31 @@ def test_a_stop_while_the_database_is_down_ends_within_its_bound_with_status_1(
 
 
 @over_tcp
+def test_a_stop_after_its_claims_ran_out_in_an_outage_ends_with_status_1(workers, down_database):
+    """SIGTERM during an outage longer than the lease: the watchdog had given the claim up
+    (its lease ran out by the worker's clock), so nothing was left to release, and the
+    worker row could not be marked stopped; the worker exited 0, as after a clean stop.
+    A last write that never went is status 1, for the process manager to see (3)."""
+    from tests.testapp.models import Effect
+    from tests.testapp.tasks import hold
+
+    down_database.heal()
+    key = f"down-lost-{uuid.uuid4().hex[:8]}"
+    result = hold.enqueue(60, key)
+    env = {"LEASES_WORKER_DB_PORT": str(down_database.port)}
+    w = workers.start(
+        "down-lost", "--lease", "3", "--heartbeat", "1", "--grace", "2", env_extra=env
+    )
+    wait_for(lambda: Effect.objects.filter(key=key).exists(), 30, "the handler to start")
+    down_database.cut()
+    w.wait_event("lost", timeout=20, job_id=int(result.id))
+    w.signal(signal.SIGTERM)
+    assert w.wait_exit(timeout=30) == 1, w.log()[-3000:]
+    assert w.events("stopped"), w.log()[-3000:]
+    assert job_of(result).state == JobState.CLAIMED
+
+
+@over_tcp
 def test_an_outage_is_told_once_per_trouble_and_when_it_ends(workers, down_database):
     """Eight seconds without the database: the claim loop, the renewals (every 0.5 s), the
     wake-up connection (PostgreSQL) and the schedule ticker (of a backend that declares a

@@ -165,14 +165,17 @@ class Stopping(Settling):
         unfinished = self._tell_to_stop()
         unwritten = self._settle_before_exit()
         # Tried once: the row's heartbeat going stale says as much, and the releases are
-        # what the time is kept for.
-        self._call_until_done(
+        # what the time is kept for. Not written, it is a last write that never went:
+        # with no claim left to release (the watchdog gave them up in the outage), the
+        # status was 0, as after a clean stop.
+        marked = self._call_until_done(
             "mark stopped",
             lambda: self.WorkerProcess.objects.using(self.database).stopped(
                 self.worker_id, self.instance
             ),
             tries=1,
         )
+        unwritten += marked is None
         unwritten += self._release_all(unfinished)
         logger.info(
             "Worker stopped worker=%s",
