@@ -165,9 +165,10 @@ class JobHandle:
 
     ``checkpoint()``, ``sleep()`` and ``fenced()`` are synchronous, as the ORM is: from an
     ``async def`` handler, call them through ``asgiref.sync.sync_to_async`` (``await
-    sync_to_async(job.checkpoint)(cursor)``), which runs them on the slot's thread and its
-    connection (called directly, a write raises ``SynchronousOnlyOperation`` and ``sleep()``
-    blocks the event loop).
+    sync_to_async(job.checkpoint)(cursor)``; a ``with fenced():`` block goes whole into a
+    sync function called so), which runs them on the slot's thread and its connection
+    (called directly, a write raises ``SynchronousOnlyOperation`` and ``sleep()`` blocks
+    the event loop).
     """
 
     def __init__(

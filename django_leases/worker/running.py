@@ -394,6 +394,10 @@ class _Returned:
     def cut_short(self, loop: asyncio.AbstractEventLoop) -> None:
         self.cut = True
         loop.stop()  # asyncio.run's run_until_complete raises; the loop is then closed
+        # A stop that the teardown phase under way outlives by finishing in the same turn
+        # is spent: the next phase (the default executor's wait) is cut too. Closing the
+        # loop drops this timer.
+        loop.call_later(0.1, self.cut_short, loop)
 
 
 def _call_async(
@@ -429,7 +433,10 @@ async def _run_async(
     try:
         returned.value = await inner
     except BaseException as e:
-        returned.error = e
+        # SystemExit and KeyboardInterrupt leave the handler's task through the loop, and
+        # the teardown then cancels this one: the handler's own error is the outcome.
+        own = inner.exception() if inner.done() and not inner.cancelled() else None
+        returned.error = own if own is not None else e
         raise
     finally:
         # Never fires when the teardown ends first: the loop is closed by then.

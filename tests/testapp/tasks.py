@@ -145,7 +145,8 @@ _LEFT_BEHIND: list[object] = []
 async def leave_behind(key: str, kind: str, seconds: float, then: str = "return") -> str:
     """Leave behind in its event loop what runs on ``seconds`` after it: a task that
     swallows its cancellation (``kind="task"``) or a run_in_executor() call it never
-    awaits (``"executor"``); then return ``kind``, or raise ValueError (``then="raise"``)."""
+    awaits (``"executor"``); then return ``kind``, or raise ValueError (``then="raise"``)
+    or SystemExit(3) (``then="exit"``, which leaves its task through the event loop)."""
     import asyncio
     import time
 
@@ -169,6 +170,8 @@ async def leave_behind(key: str, kind: str, seconds: float, then: str = "return"
     await sync_to_async(_effect)(key, "left")
     if then == "raise":
         raise ValueError(f"raised after leaving a {kind} behind")
+    if then == "exit":
+        raise SystemExit(3)
     return kind
 
 

@@ -234,6 +234,7 @@ def _end_if_threads_linger(status: int, worker: Worker) -> None:
     threads get the grace to end; then the process ends without them, naming them."""
     wait = max(worker.grace, 1.0)
     deadline = time.monotonic() + wait
+    _end_idle_executor_threads()
     for thread in _threads_python_waits_for():
         thread.join(max(0.0, deadline - time.monotonic()))
     names = [thread.name for thread in _threads_python_waits_for()]
@@ -247,6 +248,22 @@ def _end_if_threads_linger(status: int, worker: Worker) -> None:
             extra={"event": "threads_left", "threads": names},
         )
     _end_now(status, worker)
+
+
+def _end_idle_executor_threads() -> None:
+    """Tell every executor's threads to end once idle, as Python's exit does before it
+    joins them: an idle one waits on its queue for work (asgiref keeps a pool's thread
+    per async_to_sync call until it is collected), and joined without this word it held
+    the stop for the whole grace. No executor takes work from here on."""
+    module = concurrent.futures.thread
+    queues = getattr(module, "_threads_queues", None)
+    lock = getattr(module, "_global_shutdown_lock", None)
+    if queues is None or lock is None:
+        return
+    with lock:
+        module._shutdown = True
+    for work in list(queues.values()):
+        work.put(None)
 
 
 def _threads_python_waits_for() -> list[threading.Thread]:
